@@ -1,0 +1,90 @@
+public import Foundation
+
+/// A token as the store keeps it: the value and the times the sync engine needs to resume.
+///
+/// `description` never includes the token value: it shows the fingerprint.
+public struct StoredToken: Sendable, Equatable, CustomStringConvertible {
+    /// Which subject the token is for.
+    public var key: TokenKey
+    /// The raw token (a JWT). Never log it; use ``fingerprint``.
+    public var value: String
+    /// When the token stops being valid: the earlier of the provider's stated expiry and the JWT `exp`.
+    public var expiresAt: Date
+    /// The JWT `iat`, when the token has one.
+    public var issuedAt: Date?
+    /// When this process received it from the provider.
+    public var fetchedAt: Date
+    /// When a caller last asked for it, if recorded.
+    public var lastUsedAt: Date?
+
+    /// Creates a stored token.
+    public init(key: TokenKey, value: String, expiresAt: Date, issuedAt: Date? = nil,
+                fetchedAt: Date, lastUsedAt: Date? = nil) {
+        self.key = key
+        self.value = value
+        self.expiresAt = expiresAt
+        self.issuedAt = issuedAt
+        self.fetchedAt = fetchedAt
+        self.lastUsedAt = lastUsedAt
+    }
+
+    /// The token's fingerprint, safe to show.
+    public var fingerprint: TokenFingerprint { TokenFingerprint(of: value) }
+
+    /// Seconds from issue (or fetch, without `iat`) to expiry; the base of the refresh rules.
+    public var lifetime: TimeInterval {
+        max(0, expiresAt.timeIntervalSince(issuedAt ?? fetchedAt))
+    }
+
+    /// A redacted description: key, fingerprint and expiry.
+    public var description: String {
+        "\(key) token \(fingerprint) expiring \(expiresAt.formatted(.iso8601))"
+    }
+}
+
+/// Why refreshing a key failed, and when to try again: persisted so that restarts and crash
+/// loops honour the backoff.
+public struct RefreshFailureState: Sendable, Equatable {
+    /// Failures in a row since the last success.
+    public var consecutiveFailures: Int
+    /// No fetch for this key before this time.
+    public var nextAttemptAt: Date
+    /// A short machine-readable kind, e.g. `httpStatus`, `timeout`, `subjectMismatch`.
+    public var lastErrorKind: String
+    /// The operator-readable message of the last error (never contains a token).
+    public var lastErrorMessage: String?
+    /// When the last failure happened.
+    public var lastFailureAt: Date
+
+    /// Creates a failure state.
+    public init(consecutiveFailures: Int, nextAttemptAt: Date, lastErrorKind: String,
+                lastErrorMessage: String? = nil, lastFailureAt: Date) {
+        self.consecutiveFailures = consecutiveFailures
+        self.nextAttemptAt = nextAttemptAt
+        self.lastErrorKind = lastErrorKind
+        self.lastErrorMessage = lastErrorMessage
+        self.lastFailureAt = lastFailureAt
+    }
+}
+
+/// Everything the store holds for one key: a token, a failure state, or both.
+public struct TokenEntry: Sendable, Equatable {
+    /// The key.
+    public var key: TokenKey
+    /// The current token, if one was ever fetched and not purged.
+    public var token: StoredToken?
+    /// The refresh failure state, if the last refresh failed.
+    public var failure: RefreshFailureState?
+
+    /// Creates an entry.
+    public init(key: TokenKey, token: StoredToken?, failure: RefreshFailureState?) {
+        self.key = key
+        self.token = token
+        self.failure = failure
+    }
+
+    /// The entry's status at `now` under `policy`'s soft point (without jitter).
+    public func status(at now: Date, policy: RefreshPolicy = RefreshPolicy()) -> TokenStatus {
+        TokenStatus(token: token, failure: failure, at: now, policy: policy)
+    }
+}

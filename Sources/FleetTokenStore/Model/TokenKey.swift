@@ -1,0 +1,101 @@
+/// What a token authorizes: the kind of Fleet Engine resource named in its `authorization` claim.
+///
+/// The raw values are what the store records and what `tokenctl` and `token-agent` accept.
+public enum TokenKind: String, Sendable, Hashable, CaseIterable, Codable, CustomStringConvertible {
+    /// An on-demand-trips vehicle (`authorization.vehicleid`), the Driver SDK's context.
+    case vehicle
+    /// An on-demand trip (`authorization.tripid`), the Consumer SDK's context.
+    case trip
+    /// A scheduled-tasks delivery vehicle (`authorization.deliveryvehicleid`).
+    case deliveryVehicle
+    /// A scheduled task (`authorization.taskid`).
+    case task
+
+    /// The JWT `authorization` claim member that names this kind's subject.
+    public var authorizationClaim: String {
+        switch self {
+        case .vehicle: "vehicleid"
+        case .trip: "tripid"
+        case .deliveryVehicle: "deliveryvehicleid"
+        case .task: "taskid"
+        }
+    }
+
+    /// The raw value, as stored and as typed on the command line.
+    public var description: String { rawValue }
+}
+
+/// Identifies one token: its kind and the subject (vehicle or trip id) it is minted for.
+///
+/// Tokens are cached, stored and refreshed per key, as the Fleet Engine SDKs cache them per
+/// vehicle ID or trip ID.
+public struct TokenKey: Hashable, Sendable, Comparable, CustomStringConvertible {
+    /// The kind of subject.
+    public let kind: TokenKind
+    /// The subject's id, e.g. a vehicle ID.
+    public let subjectID: String
+
+    /// The longest subject id accepted, in UTF-8 bytes.
+    public static let maximumSubjectIDLength = 512
+
+    /// Creates a key, checking the subject id.
+    /// - Throws: ``InvalidTokenKey`` when the id is empty, longer than
+    ///   ``maximumSubjectIDLength`` bytes, or contains control characters.
+    public init(kind: TokenKind, subjectID: String) throws(InvalidTokenKey) {
+        if subjectID.isEmpty { throw .emptySubjectID(kind: kind) }
+        if subjectID.utf8.count > Self.maximumSubjectIDLength {
+            throw .subjectIDTooLong(kind: kind, length: subjectID.utf8.count)
+        }
+        if subjectID.unicodeScalars.contains(where: { $0.properties.generalCategory == .control }) {
+            throw .controlCharacters(kind: kind)
+        }
+        self.kind = kind
+        self.subjectID = subjectID
+    }
+
+    /// A vehicle's key. - Throws: ``InvalidTokenKey`` for a bad id.
+    public static func vehicle(_ id: String) throws(InvalidTokenKey) -> TokenKey {
+        try TokenKey(kind: .vehicle, subjectID: id)
+    }
+
+    /// A trip's key. - Throws: ``InvalidTokenKey`` for a bad id.
+    public static func trip(_ id: String) throws(InvalidTokenKey) -> TokenKey {
+        try TokenKey(kind: .trip, subjectID: id)
+    }
+
+    /// `kind/subjectID`, e.g. `vehicle/truck-7`.
+    public var description: String { "\(kind.rawValue)/\(subjectID)" }
+
+    /// Orders by kind, then subject id: the store's listing order.
+    public static func < (lhs: TokenKey, rhs: TokenKey) -> Bool {
+        (lhs.kind.rawValue, lhs.subjectID) < (rhs.kind.rawValue, rhs.subjectID)
+    }
+
+    /// Builds a key from values already validated (read back from the store).
+    init(uncheckedKind kind: TokenKind, subjectID: String) {
+        self.kind = kind
+        self.subjectID = subjectID
+    }
+}
+
+/// A subject id that cannot name a token.
+public enum InvalidTokenKey: Error, Sendable, Equatable, CustomStringConvertible {
+    /// The id is empty.
+    case emptySubjectID(kind: TokenKind)
+    /// The id is longer than ``TokenKey/maximumSubjectIDLength`` bytes.
+    case subjectIDTooLong(kind: TokenKind, length: Int)
+    /// The id contains control characters (newlines, tabs, NUL...).
+    case controlCharacters(kind: TokenKind)
+
+    /// What is wrong and what to do.
+    public var description: String {
+        switch self {
+        case .emptySubjectID(let kind):
+            "the \(kind) id is empty: give the id the token is minted for"
+        case .subjectIDTooLong(let kind, let length):
+            "the \(kind) id is \(length) bytes long, more than the \(TokenKey.maximumSubjectIDLength) allowed: check the id"
+        case .controlCharacters(let kind):
+            "the \(kind) id contains control characters (newline, tab, NUL...): check how the id was read"
+        }
+    }
+}

@@ -1,0 +1,203 @@
+import Foundation
+import GRDB
+import Logging
+import Synchronization
+
+/// Tells subscribers which tokens other connections changed.
+///
+/// GRDB cannot observe other processes, so one fixed read-only connection polls
+/// `PRAGMA data_version` (a single cheap query, off the hot path); only when it moves does the
+/// monitor read the `token_changes` log that the schema's triggers fill, so every writer, even a
+/// stock `sqlite3` shell, is seen. Changes this process's own repository wrote are skipped: their
+/// log sequence numbers are noted inside the writing transaction, before they can be read.
+final class ChangeMonitor: Sendable {
+    private struct State: Sendable {
+        var continuations: [UInt64: AsyncStream<TokenStoreChange>.Continuation] = [:]
+        var nextID: UInt64 = 0
+        var ownRanges: [ClosedRange<Int64>] = []
+        var pollTask: Task<Void, Never>?
+        var closed = false
+    }
+
+    /// More changes than this in one poll are reported as ``TokenStoreChange/unknown``.
+    static let maximumItemizedChanges = 5000
+
+    private let state = Mutex(State())
+    private let path: String
+    private let interval: Duration
+    private let busyTimeout: TimeInterval
+    private let logger: Logger
+
+    init(path: String, interval: TimeInterval, busyTimeout: TimeInterval, logger: Logger) {
+        self.path = path
+        self.interval = .milliseconds(Int64(max(interval, 0.01) * 1000))
+        self.busyTimeout = busyTimeout
+        self.logger = logger
+    }
+
+    /// A stream of changes; polling runs while at least one stream is alive.
+    func subscribe() -> AsyncStream<TokenStoreChange> {
+        let (stream, continuation) = AsyncStream<TokenStoreChange>.makeStream()
+        let id: UInt64? = state.withLock { state in
+            guard !state.closed else { return nil }
+            let id = state.nextID
+            state.nextID += 1
+            state.continuations[id] = continuation
+            if state.pollTask == nil {
+                state.pollTask = Task { [weak self] in await self?.poll() }
+            }
+            return id
+        }
+        guard let id else {
+            continuation.finish()
+            return stream
+        }
+        continuation.onTermination = { [weak self] _ in
+            self?.state.withLock { _ = $0.continuations.removeValue(forKey: id) }
+        }
+        return stream
+    }
+
+    /// Marks log rows written by this process's repository, so they are not echoed back.
+    func noteOwnChanges(_ range: ClosedRange<Int64>) {
+        state.withLock { $0.ownRanges.append(range) }
+    }
+
+    /// Forgets a noted range whose transaction did not commit.
+    func forgetOwnChanges(_ range: ClosedRange<Int64>) {
+        state.withLock { $0.ownRanges.removeAll { $0 == range } }
+    }
+
+    /// Ends every stream and stops polling.
+    func close() {
+        let (continuations, task) = state.withLock { state in
+            state.closed = true
+            defer { state.continuations = [:]; state.pollTask = nil }
+            return (Array(state.continuations.values), state.pollTask)
+        }
+        task?.cancel()
+        continuations.forEach { $0.finish() }
+    }
+
+    private var hasSubscribers: Bool {
+        state.withLock { !$0.continuations.isEmpty && !$0.closed }
+    }
+
+    private func poll() async {
+        let reader: DatabaseQueue
+        var configuration = Configuration()
+        configuration.readonly = true
+        configuration.busyMode = .timeout(busyTimeout)
+        configuration.label = "FleetTokenStore.changes"
+        var dataVersion: Int64
+        var lastSeq: Int64
+        do {
+            reader = try DatabaseQueue(path: path, configuration: configuration)
+            (dataVersion, lastSeq) = try await reader.read { db in
+                (try Int64.fetchOne(db, sql: "PRAGMA data_version") ?? 0, try ChangeLog.lastSequence(db))
+            }
+        } catch {
+            logger.error("cannot watch the token store for changes by other processes", metadata: [
+                "store": .string(path), "error": .string(TokenStoreError(error, path: path).description),
+            ])
+            return
+        }
+        defer { try? reader.close() }
+
+        while hasSubscribers {
+            do {
+                try await Task.sleep(for: interval)
+            } catch {
+                return // cancelled: the repository closed
+            }
+            do {
+                let knownVersion = dataVersion
+                let since = lastSeq
+                let batch = try await reader.read { db -> ChangeLog.Batch? in
+                    let version = try Int64.fetchOne(db, sql: "PRAGMA data_version") ?? 0
+                    guard version != knownVersion else { return nil }
+                    return try ChangeLog.read(db, after: since, dataVersion: version,
+                                              limit: Self.maximumItemizedChanges)
+                }
+                guard let batch else { continue }
+                dataVersion = batch.dataVersion
+                deliver(batch, after: lastSeq)
+                lastSeq = max(lastSeq, batch.lastSequence)
+            } catch {
+                logger.warning("could not read the token store's change log; will retry", metadata: [
+                    "store": .string(path), "error": .string(TokenStoreError(error, path: path).description),
+                ])
+            }
+        }
+    }
+
+    private func deliver(_ batch: ChangeLog.Batch, after lastSeq: Int64) {
+        let (changes, continuations) = state.withLock { state -> ([TokenStoreChange], [AsyncStream<TokenStoreChange>.Continuation]) in
+            let own = state.ownRanges
+            state.ownRanges.removeAll { $0.upperBound <= batch.lastSequence }
+            var changes: [TokenStoreChange] = []
+            if batch.truncated || (batch.firstRetained > lastSeq + 1 && batch.lastSequence > lastSeq) {
+                // Too much happened, or the log was pruned past what we read: ask for a re-read.
+                changes.append(.unknown)
+            } else {
+                for item in batch.items where !own.contains(where: { $0.contains(item.seq) }) {
+                    changes.append(item.change)
+                }
+            }
+            return (changes, Array(state.continuations.values))
+        }
+        for change in changes {
+            for continuation in continuations { continuation.yield(change) }
+        }
+    }
+}
+
+/// Reading and pruning the `token_changes` table.
+enum ChangeLog {
+    struct Item: Sendable {
+        let seq: Int64
+        let change: TokenStoreChange
+    }
+
+    struct Batch: Sendable {
+        let dataVersion: Int64
+        let items: [Item]
+        /// Highest sequence number assigned so far.
+        let lastSequence: Int64
+        /// Lowest sequence number still in the log (lastSequence + 1 when empty).
+        let firstRetained: Int64
+        /// More rows than the limit were waiting.
+        let truncated: Bool
+    }
+
+    /// The highest sequence number ever assigned (AUTOINCREMENT keeps it past pruning).
+    static func lastSequence(_ db: Database) throws -> Int64 {
+        try Int64.fetchOne(db, sql: "SELECT seq FROM sqlite_sequence WHERE name = 'token_changes'") ?? 0
+    }
+
+    static func read(_ db: Database, after seq: Int64, dataVersion: Int64, limit: Int) throws -> Batch {
+        let rows = try Row.fetchAll(db, sql: """
+            SELECT seq, kind, subject_id, operation FROM token_changes
+            WHERE seq > ? ORDER BY seq LIMIT ?
+            """, arguments: [seq, limit + 1])
+        let last = try lastSequence(db)
+        let first = try Int64.fetchOne(db, sql: "SELECT min(seq) FROM token_changes") ?? (last + 1)
+        var items: [Item] = []
+        items.reserveCapacity(min(rows.count, limit))
+        for row in rows.prefix(limit) {
+            let kindText: String = row["kind"]
+            let operation: String = row["operation"]
+            guard let kind = TokenKind(rawValue: kindText) else { continue }
+            let key = TokenKey(uncheckedKind: kind, subjectID: row["subject_id"])
+            items.append(Item(seq: row["seq"], change: operation == "delete" ? .removed(key) : .upserted(key)))
+        }
+        return Batch(dataVersion: dataVersion, items: items, lastSequence: last,
+                     firstRetained: first, truncated: rows.count > limit)
+    }
+
+    /// Deletes log rows older than `date`.
+    static func prune(_ db: Database, olderThan date: Date) throws {
+        try db.execute(sql: "DELETE FROM token_changes WHERE changed_at < ?",
+                       arguments: [date.timeIntervalSince1970])
+    }
+}

@@ -1,0 +1,252 @@
+import FleetTokenMigrations
+public import Foundation
+import GRDB
+public import Logging
+import Synchronization
+
+/// The token store: a SQLite file (GRDB `DatabasePool`, WAL, `synchronous=NORMAL`, writes in
+/// `BEGIN IMMEDIATE`, busy timeout) holding one row per ``TokenKey``.
+///
+/// Several processes may share one store: WAL lets readers run beside the writer, the busy
+/// timeout makes writers queue instead of failing, and ``changes()`` reports what the others
+/// changed. The schema comes from the migrations embedded in the binary.
+///
+/// ```swift
+/// let store = try SQLiteTokenRepository(path: "/var/lib/agent/tokens.sqlite", logger: logger)
+/// if let report = store.openReport.quarantinedTo { logger.error("moved corrupt store to \(report)") }
+/// ```
+public final class SQLiteTokenRepository: TokenRepository {
+    /// The store file's absolute path.
+    public let path: String
+    /// What opening did: creation, migration, tightened modes, quarantine.
+    public let openReport: StoreOpenReport
+    /// The configuration the store was opened with.
+    public let configuration: StoreConfiguration
+
+    let pool: DatabasePool
+    private let files: StoreFiles
+    private let logger: Logger
+    private let monitor: ChangeMonitor
+    private let lastPrune = Mutex(Date.distantPast)
+
+    /// Opens (and, as `mode` allows, creates, migrates or repairs) the store at `path`.
+    ///
+    /// - Parameters:
+    ///   - path: The store file. Its `-wal` and `-shm` side files live beside it.
+    ///   - mode: What opening may do; ``StoreOpenMode/agent`` by default.
+    ///   - configuration: Timeouts and checks.
+    ///   - logger: Receives warnings (tightened modes) and errors (quarantine). Never a token.
+    /// - Throws: ``TokenStoreError``: a missing or unwritable directory, a missing store (when
+    ///   `mode` does not create), a store newer (or, without migration, older) than this build,
+    ///   corruption (when `mode` does not quarantine), a failed migration, busy, read-only.
+    public convenience init(path: String, mode: StoreOpenMode = .agent,
+                            configuration: StoreConfiguration = StoreConfiguration(),
+                            logger: Logger) throws(TokenStoreError) {
+        try self.init(path: path, mode: mode, configuration: configuration, logger: logger,
+                      migrator: SchemaMigrator())
+    }
+
+    init(path: String, mode: StoreOpenMode, configuration: StoreConfiguration, logger: Logger,
+         migrator: SchemaMigrator) throws(TokenStoreError) {
+        let files = StoreFiles(path: path)
+        let opened = try StoreOpener(files: files, mode: mode, configuration: configuration,
+                                     logger: logger, migrator: migrator).open()
+        self.path = files.path
+        self.files = files
+        self.pool = opened.pool
+        self.openReport = opened.report
+        self.configuration = configuration
+        self.logger = logger
+        self.monitor = ChangeMonitor(path: files.path, interval: configuration.changePollInterval,
+                                     busyTimeout: configuration.busyTimeout, logger: logger)
+    }
+
+    deinit {
+        monitor.close()
+    }
+
+    /// Closes the store: ends ``changes()`` streams, folds the write-ahead log into the store
+    /// file (so a clean shutdown leaves one self-contained file), and closes the connections.
+    /// Later calls throw ``TokenStoreError/closed(path:)``.
+    public func close() {
+        monitor.close()
+        do {
+            if !pool.configuration.readonly {
+                // GRDB closes the writer before its read-only readers, so SQLite's own
+                // checkpoint-on-close never runs; do it here.
+                try pool.writeWithoutTransaction { try $0.checkpoint(.truncate) }
+            }
+            try pool.close()
+        } catch {
+            logger.warning("token store did not close cleanly", metadata: [
+                "store": .string(path), "error": .string(TokenStoreError(error, path: path).description),
+            ])
+        }
+    }
+
+    // MARK: - Reading
+
+    /// The entry for `key`, or nil.
+    /// - Throws: ``TokenStoreError``.
+    public func entry(for key: TokenKey) async throws(TokenStoreError) -> TokenEntry? {
+        try await read { db in
+            try Row.fetchOne(db.cachedStatement(sql: "SELECT * FROM tokens WHERE kind = ? AND subject_id = ?"),
+                             arguments: [key.kind.rawValue, key.subjectID])
+                .flatMap(TokenRow.entry(from:))
+        }
+    }
+
+    /// Entries matching `filter`, ordered by kind then subject id.
+    /// - Throws: ``TokenStoreError``.
+    public func list(_ filter: TokenFilter, page: TokenPage = TokenPage()) async throws(TokenStoreError) -> [TokenEntry] {
+        var condition = TokenRow.condition(for: filter)
+        if let after = page.after {
+            condition.append("(kind, subject_id) > (?, ?)", [after.kind.rawValue, after.subjectID])
+        }
+        let sql = "SELECT * FROM tokens \(condition.whereClause) ORDER BY kind, subject_id LIMIT ?"
+        let arguments = condition.arguments + [max(0, page.limit).databaseValue]
+        return try await read { db in
+            try Row.fetchAll(db, sql: sql, arguments: StatementArguments(arguments)).compactMap(TokenRow.entry(from:))
+        }
+    }
+
+    /// Counts by kind and status, schema version, file size and expiry range.
+    /// - Throws: ``TokenStoreError``.
+    public func stats(at now: Date = Date(), policy: RefreshPolicy = RefreshPolicy()) async throws(TokenStoreError) -> TokenStoreStats {
+        let files = self.files
+        let migrator = SchemaMigrator()
+        return try await read { db in
+            var counts: [TokenKind: [TokenStatus: Int]] = [:]
+            var total = 0
+            let rows = try Row.fetchAll(db, sql: """
+                SELECT kind, \(TokenRow.statusSQL) AS status, count(*) AS n FROM tokens GROUP BY 1, 2
+                """, arguments: [now.timeIntervalSince1970, policy.softPointFraction])
+            for row in rows {
+                guard let kind = TokenKind(rawValue: row["kind"]),
+                      let status = TokenStatus(rawValue: row["status"]) else { continue }
+                let n: Int = row["n"]
+                counts[kind, default: [:]][status, default: 0] += n
+                total += n
+            }
+            let range = try Row.fetchOne(db, sql: "SELECT min(expires_at) AS lo, max(expires_at) AS hi FROM tokens WHERE expires_at IS NOT NULL")
+            return TokenStoreStats(
+                total: total, counts: counts,
+                schemaVersion: try migrator.state(db).storeVersion,
+                fileSizeBytes: files.sizeInBytes,
+                oldestExpiry: (range?["lo"] as Double?).map(Date.init(timeIntervalSince1970:)),
+                newestExpiry: (range?["hi"] as Double?).map(Date.init(timeIntervalSince1970:)))
+        }
+    }
+
+    /// The schema version recorded in the store.
+    /// - Throws: ``TokenStoreError``.
+    public func schemaVersion() async throws(TokenStoreError) -> Int {
+        try await read { db in try SchemaMigrator().state(db).storeVersion }
+    }
+
+    /// `PRAGMA integrity_check`: an empty array when the store is sound, else SQLite's findings.
+    /// - Throws: ``TokenStoreError``.
+    public func integrityProblems() async throws(TokenStoreError) -> [String] {
+        try await read { db in
+            let lines = try String.fetchAll(db, sql: "PRAGMA integrity_check")
+            return lines == ["ok"] ? [] : lines
+        }
+    }
+
+    /// Changes to tokens committed by other connections or processes (not by this repository),
+    /// within about ``StoreConfiguration/changePollInterval`` of their commit.
+    public func changes() -> AsyncStream<TokenStoreChange> {
+        monitor.subscribe()
+    }
+
+    // MARK: - Writing
+
+    /// Stores `token` in one transaction, replacing the key's previous token.
+    /// - Throws: ``TokenStoreError``; on failure nothing was written.
+    public func upsert(_ token: StoredToken, clearFailure: Bool = true) async throws(TokenStoreError) {
+        try await write { db in try TokenRow.upsert(token, clearFailure: clearFailure, db) }
+    }
+
+    /// Stores `tokens` in one transaction (group commit): all or nothing.
+    /// - Throws: ``TokenStoreError``; on failure nothing was written.
+    public func upsert(_ tokens: [StoredToken], clearFailure: Bool = true) async throws(TokenStoreError) {
+        guard !tokens.isEmpty else { return }
+        try await write { db in
+            for token in tokens { try TokenRow.upsert(token, clearFailure: clearFailure, db) }
+        }
+    }
+
+    /// Deletes the entries matching `filter` in one transaction; returns how many went.
+    /// - Throws: ``TokenStoreError``; on failure nothing was deleted.
+    public func purge(_ filter: TokenFilter) async throws(TokenStoreError) -> Int {
+        let condition = TokenRow.condition(for: filter)
+        let sql = "DELETE FROM tokens \(condition.whereClause)"
+        let arguments = condition.arguments
+        return try await write { db in
+            try db.execute(sql: sql, arguments: StatementArguments(arguments))
+            return db.changesCount
+        }
+    }
+
+    /// Deletes the entries whose token expired before `date`; returns how many went.
+    /// - Throws: ``TokenStoreError``.
+    public func deleteExpired(before date: Date) async throws(TokenStoreError) -> Int {
+        try await write { db in
+            try db.execute(sql: "DELETE FROM tokens WHERE expires_at < ?", arguments: [date.timeIntervalSince1970])
+            return db.changesCount
+        }
+    }
+
+    /// Records a failed refresh of `key`.
+    /// - Throws: ``TokenStoreError``.
+    public func recordFailure(_ failure: RefreshFailureState, for key: TokenKey) async throws(TokenStoreError) {
+        try await write { db in try TokenRow.recordFailure(failure, for: key, db) }
+    }
+
+    /// Forgets the failure state of `key`; removes the entry when it holds no token.
+    /// - Throws: ``TokenStoreError``.
+    public func clearFailure(for key: TokenKey) async throws(TokenStoreError) {
+        try await write { db in try TokenRow.clearFailure(for: key, db) }
+    }
+
+    // MARK: - Plumbing
+
+    func read<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws(TokenStoreError) -> T {
+        do {
+            return try await pool.read(body)
+        } catch {
+            throw TokenStoreError(error, path: path, busyTimeout: configuration.busyTimeout)
+        }
+    }
+
+    /// Runs `body` in one `BEGIN IMMEDIATE` transaction. The change-log rows it causes are noted
+    /// as this repository's own before commit, so the change monitor never echoes them.
+    func write<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws(TokenStoreError) -> T {
+        let noted = Mutex<ClosedRange<Int64>?>(nil)
+        let monitor = self.monitor
+        let retention = configuration.changeLogRetention
+        let pruneDue = lastPrune.withLock { last in
+            let now = Date()
+            guard now.timeIntervalSince(last) > 60 else { return false }
+            last = now
+            return true
+        }
+        do {
+            return try await pool.write { db in
+                let before = try ChangeLog.lastSequence(db)
+                let result = try body(db)
+                let after = try ChangeLog.lastSequence(db)
+                if after > before {
+                    let range = (before + 1)...after
+                    monitor.noteOwnChanges(range)
+                    noted.withLock { $0 = range }
+                }
+                if pruneDue { try ChangeLog.prune(db, olderThan: Date().addingTimeInterval(-retention)) }
+                return result
+            }
+        } catch {
+            if let range = noted.withLock({ $0 }) { monitor.forgetOwnChanges(range) }
+            throw TokenStoreError(error, path: path, busyTimeout: configuration.busyTimeout)
+        }
+    }
+}

@@ -1,0 +1,73 @@
+import FleetTokenMigrations
+import GRDB
+
+/// Applies the embedded SQL migrations with GRDB's migrator, one transaction each, and refuses
+/// stores written by newer builds (GRDB's migrator would silently skip what it does not know).
+struct SchemaMigrator: Sendable {
+    let migrations: [EmbeddedMigration]
+
+    init(migrations: [EmbeddedMigration] = EmbeddedMigrations.all) {
+        self.migrations = migrations.sorted { $0.version < $1.version }
+    }
+
+    var latestVersion: Int { migrations.last?.version ?? 0 }
+
+    /// Where a store stands against this build.
+    struct State: Sendable, Equatable {
+        /// Highest version recorded in the store (0 when none).
+        var storeVersion: Int
+        /// Recorded identifiers this build does not know.
+        var unknownIdentifiers: [String]
+        /// Known migrations not yet applied.
+        var pending: [String]
+    }
+
+    func state(_ db: Database) throws -> State {
+        let migrator = makeMigrator()
+        let applied = try migrator.appliedIdentifiers(db)
+        let known = Set(migrations.map(\.identifier))
+        // GRDB's own test for a newer store; the unknown identifiers name it for the message.
+        let unknown = try migrator.hasBeenSuperseded(db) ? applied.subtracting(known).sorted() : []
+        let storeVersion = applied.compactMap { EmbeddedMigration(identifier: $0, sql: "")?.version }.max() ?? 0
+        let pending = migrations.map(\.identifier).filter { !applied.contains($0) }
+        return State(storeVersion: storeVersion, unknownIdentifiers: unknown, pending: pending)
+    }
+
+    /// Applies pending migrations, each in its own transaction. A failing one is rolled back
+    /// and the error names it; earlier ones stay applied.
+    func migrate(_ writer: any DatabaseWriter) throws(MigrationFailure) {
+        let migrator = makeMigrator()
+        let applied: Set<String>
+        do {
+            applied = try writer.read { try migrator.appliedIdentifiers($0) }
+        } catch {
+            throw MigrationFailure(identifier: "(reading applied migrations)", underlying: error)
+        }
+        // One pending target at a time, so a failure names its migration. (GRDB traps when
+        // asked to migrate up to a migration the store is already past.)
+        for migration in migrations where !applied.contains(migration.identifier) {
+            do {
+                try migrator.migrate(writer, upTo: migration.identifier)
+            } catch {
+                throw MigrationFailure(identifier: migration.identifier, underlying: error)
+            }
+        }
+    }
+
+    private func makeMigrator() -> DatabaseMigrator {
+        var migrator = DatabaseMigrator()
+        for migration in migrations {
+            let sql = migration.sql
+            migrator.registerMigration(migration.identifier) { db in
+                try db.execute(sql: sql)
+            }
+        }
+        return migrator
+    }
+}
+
+/// A migration that failed, with GRDB's error.
+struct MigrationFailure: Error {
+    let identifier: String
+    let underlying: any Error
+}

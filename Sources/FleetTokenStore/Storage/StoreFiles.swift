@@ -1,0 +1,147 @@
+import Foundation
+import Logging
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// File-system work around a store: its path, directory, modes and quarantine. Token stores
+/// hold credentials, so every file is 0600 and every directory the store creates is 0700.
+struct StoreFiles: Sendable {
+    /// The store file's absolute path.
+    let path: String
+
+    init(path: String) {
+        self.path = URL(fileURLWithPath: path).standardizedFileURL.path
+    }
+
+    var directory: String { (path as NSString).deletingLastPathComponent }
+    var walPath: String { path + "-wal" }
+    var shmPath: String { path + "-shm" }
+    /// The store and the SQLite side files that exist now.
+    var existingFiles: [String] { [path, walPath, shmPath].filter { Self.exists($0) } }
+
+    enum Kind { case missing, file, other }
+
+    var kind: Kind {
+        var info = stat()
+        guard lstat(path, &info) == 0 else { return .missing }
+        // A symlink to a file is accepted as the file; stat follows it.
+        guard stat(path, &info) == 0 else { return .missing }
+        return (info.st_mode & S_IFMT) == S_IFREG ? .file : .other
+    }
+
+    static func exists(_ path: String) -> Bool {
+        var info = stat()
+        return stat(path, &info) == 0
+    }
+
+    static func mode(of path: String) -> mode_t? {
+        var info = stat()
+        guard stat(path, &info) == 0 else { return nil }
+        return info.st_mode & 0o7777
+    }
+
+    /// Makes sure the directory exists (creating missing levels with mode 0700 when allowed) and
+    /// is writable.
+    func prepareDirectory(create: Bool) throws(TokenStoreError) {
+        var missing: [String] = []
+        var current = directory
+        while !Self.exists(current), current != "/", !current.isEmpty {
+            missing.append(current)
+            current = (current as NSString).deletingLastPathComponent
+        }
+        if !missing.isEmpty {
+            guard create else { throw .directoryMissing(path: path) }
+            for dir in missing.reversed() {
+                if mkdir(dir, 0o700) != 0 && errno != EEXIST {
+                    throw .directoryNotWritable(path: path, reason: "cannot create \(dir): \(Self.errnoText())")
+                }
+                // mkdir honours the umask, which can only remove bits; set exactly 0700.
+                _ = chmod(dir, 0o700)
+            }
+        }
+        if access(directory, W_OK | X_OK) != 0 {
+            throw .directoryNotWritable(path: path, reason: "\(directory): \(Self.errnoText())")
+        }
+    }
+
+    /// Creates the empty store file with mode 0600 before SQLite opens it. SQLite gives the
+    /// `-wal` and `-shm` files the mode of the database file, so they are born 0600 too, with
+    /// no process-wide umask change racing other threads.
+    func createEmptyFile() throws(TokenStoreError) {
+        let fd = open(path, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0o600)
+        if fd < 0 {
+            if errno == EEXIST { return }
+            if errno == EACCES || errno == EROFS { throw .directoryNotWritable(path: path, reason: Self.errnoText()) }
+            throw .sqlite(path: path, code: 14, message: "cannot create the store file: \(Self.errnoText())")
+        }
+        _ = fchmod(fd, 0o600)
+        close(fd)
+    }
+
+    /// Files among the store and its side files whose mode grants anything to group or others.
+    func looseFiles() -> [String] {
+        existingFiles.filter { (Self.mode(of: $0) ?? 0) & 0o077 != 0 }
+    }
+
+    /// Sets every loose file to 0600 and returns the ones changed, logging a warning for each.
+    func tightenModes(logger: Logger) -> [String] {
+        let loose = looseFiles()
+        for file in loose {
+            let before = Self.mode(of: file) ?? 0
+            if chmod(file, 0o600) == 0 {
+                logger.warning("token store file mode was too open; set to 0600", metadata: [
+                    "file": .string(file), "previous_mode": .string(String(before, radix: 8)),
+                ])
+            } else {
+                logger.warning("token store file mode is too open and could not be changed", metadata: [
+                    "file": .string(file), "mode": .string(String(before, radix: 8)),
+                    "error": .string(Self.errnoText()),
+                ])
+            }
+        }
+        return loose.filter { (Self.mode(of: $0) ?? 0) & 0o077 == 0 }
+    }
+
+    /// Renames the store and its side files to `<name>.corrupt-<UTC time>` (side files keep
+    /// their `-wal`/`-shm` suffix after it, so `sqlite3` opens the evidence as it was).
+    /// Nothing is deleted. Returns the new path of the main file.
+    func quarantine(now: Date = Date()) throws(TokenStoreError) -> String {
+        var stamp = Self.compactUTCTimestamp(now)
+        var target = "\(path).corrupt-\(stamp)"
+        var attempt = 1
+        while Self.exists(target) {
+            attempt += 1
+            stamp = Self.compactUTCTimestamp(now) + "-\(attempt)"
+            target = "\(path).corrupt-\(stamp)"
+        }
+        for (source, destination) in [(walPath, target + "-wal"), (shmPath, target + "-shm"), (path, target)]
+        where Self.exists(source) {
+            if rename(source, destination) != 0 {
+                throw .directoryNotWritable(path: path, reason: "cannot move corrupt \(source) aside: \(Self.errnoText())")
+            }
+        }
+        return target
+    }
+
+    /// Size of the store file plus its write-ahead log.
+    var sizeInBytes: Int64 {
+        [path, walPath].reduce(0) { total, file in
+            var info = stat()
+            return stat(file, &info) == 0 ? total + Int64(info.st_size) : total
+        }
+    }
+
+    /// `20261121T081600Z`: sortable, no characters a shell or file system minds.
+    static func compactUTCTimestamp(_ date: Date) -> String {
+        var seconds = time_t(date.timeIntervalSince1970.rounded(.down))
+        var parts = tm()
+        gmtime_r(&seconds, &parts)
+        return String(format: "%04d%02d%02dT%02d%02d%02dZ", Int(parts.tm_year) + 1900, Int(parts.tm_mon) + 1,
+                      Int(parts.tm_mday), Int(parts.tm_hour), Int(parts.tm_min), Int(parts.tm_sec))
+    }
+
+    static func errnoText() -> String { String(cString: strerror(errno)) }
+}

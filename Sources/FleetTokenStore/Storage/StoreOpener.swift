@@ -1,0 +1,163 @@
+import Foundation
+import GRDB
+import Logging
+
+/// The steps of opening a store, in order: path checks, file creation with safe modes, the
+/// connection pool, the integrity check, the newer-store refusal, migrations, and quarantine of
+/// a corrupt store when the mode allows it.
+struct StoreOpener {
+    let files: StoreFiles
+    let mode: StoreOpenMode
+    let configuration: StoreConfiguration
+    let logger: Logger
+    let migrator: SchemaMigrator
+
+    func open() throws(TokenStoreError) -> (pool: DatabasePool, report: StoreOpenReport) {
+        do {
+            return try openOnce(report: StoreOpenReport())
+        } catch let error {
+            guard case .corrupt(_, let detail) = error, mode.quarantineCorrupt, !mode.readOnly else { throw error }
+            let moved = try files.quarantine()
+            logger.error("token store is corrupt; moved it aside and started a fresh one (tokens will be refetched)", metadata: [
+                "store": .string(files.path), "moved_to": .string(moved), "detail": .string(detail),
+            ])
+            var report = StoreOpenReport()
+            report.quarantinedTo = moved
+            report.corruptionDetail = detail
+            return try openOnce(report: report)
+        }
+    }
+
+    private func openOnce(report: StoreOpenReport) throws(TokenStoreError) -> (pool: DatabasePool, report: StoreOpenReport) {
+        var report = report
+        switch files.kind {
+        case .other:
+            throw .notAFile(path: files.path)
+        case .missing:
+            guard mode.createIfMissing, !mode.readOnly else { throw .storeMissing(path: files.path) }
+            try files.prepareDirectory(create: configuration.createParentDirectories)
+            try files.createEmptyFile()
+            report.created = true
+        case .file:
+            if mode.readOnly {
+                for file in files.looseFiles() {
+                    logger.warning("token store file mode is too open (read-only command, not changed): run the agent or `chmod 600`", metadata: [
+                        "file": .string(file),
+                        "mode": .string(String(StoreFiles.mode(of: file) ?? 0, radix: 8)),
+                    ])
+                }
+            } else {
+                report.tightenedFiles = files.tightenModes(logger: logger)
+            }
+        }
+
+        // Judge an existing file through one read-only connection first: a corrupt or newer
+        // store must be refused before anything writes to it (opening a writable pool does).
+        let state: SchemaMigrator.State
+        if report.created {
+            state = SchemaMigrator.State(storeVersion: 0, unknownIdentifiers: [], pending: migrator.migrations.map(\.identifier))
+        } else {
+            state = try inspect()
+        }
+        report.schemaVersionBefore = state.storeVersion
+        report.schemaVersion = state.storeVersion
+        if !state.unknownIdentifiers.isEmpty {
+            throw .storeNewerThanBuild(path: files.path, storeVersion: state.storeVersion, buildVersion: migrator.latestVersion)
+        }
+        let migrate = !state.pending.isEmpty
+        if migrate && !(mode.applyMigrations && !mode.readOnly) {
+            throw .storeOlderThanBuild(path: files.path, storeVersion: state.storeVersion, buildVersion: migrator.latestVersion)
+        }
+
+        let pool: DatabasePool
+        do {
+            pool = try DatabasePool(path: files.path, configuration: poolConfiguration())
+        } catch {
+            throw TokenStoreError(error, path: files.path, busyTimeout: configuration.busyTimeout)
+        }
+        if migrate {
+            do {
+                try migrator.migrate(pool)
+            } catch {
+                try? pool.close()
+                throw .migrationFailed(path: files.path, identifier: error.identifier,
+                                       reason: TokenStoreError(error.underlying, path: files.path).description)
+            }
+            report.schemaVersion = migrator.latestVersion
+            if state.storeVersion > 0 {
+                logger.notice("token store schema upgraded", metadata: [
+                    "store": .string(files.path), "from": .stringConvertible(state.storeVersion),
+                    "to": .stringConvertible(migrator.latestVersion),
+                ])
+            }
+        }
+        if !mode.readOnly {
+            // SQLite created -wal/-shm with the store's mode; make sure, in case it was changed.
+            report.tightenedFiles += files.tightenModes(logger: logger)
+        }
+        return (pool, report)
+    }
+
+    /// Integrity check (when configured) and schema state, through a read-only connection.
+    private func inspect() throws(TokenStoreError) -> SchemaMigrator.State {
+        let path = files.path
+        let quickCheck = configuration.quickCheckOnOpen
+        var config = Configuration()
+        config.readonly = true
+        config.busyMode = .timeout(configuration.busyTimeout)
+        config.label = "FleetTokenStore.inspect"
+        do {
+            let queue = try DatabaseQueue(path: path, configuration: config)
+            defer { try? queue.close() }
+            return try queue.read { db in
+                if quickCheck {
+                    let findings = try String.fetchAll(db, sql: "PRAGMA quick_check")
+                    if findings != ["ok"] {
+                        throw TokenStoreError.corrupt(path: path, detail: "quick_check: " + findings.prefix(3).joined(separator: "; "))
+                    }
+                }
+                return try migrator.state(db)
+            }
+        } catch {
+            throw TokenStoreError(error, path: path, busyTimeout: configuration.busyTimeout)
+        }
+    }
+
+    private func poolConfiguration() -> Configuration {
+        var config = Configuration()
+        config.readonly = mode.readOnly
+        config.busyMode = .timeout(configuration.busyTimeout)
+        config.label = "FleetTokenStore"
+        config.maximumReaderCount = 4
+        config.prepareDatabase { db in
+            // WAL makes NORMAL durable against crashes of the process; only a power loss can
+            // drop the last commits, and tokens are refetchable.
+            try db.execute(sql: "PRAGMA synchronous = NORMAL")
+        }
+        return config
+    }
+}
+
+extension TokenStoreError {
+    /// Maps a GRDB/SQLite error to the store's typed error. Uses SQLite's message only: GRDB's
+    /// full description includes statement arguments, which may hold a token.
+    init(_ error: any Error, path: String, busyTimeout: TimeInterval = StoreConfiguration().busyTimeout) {
+        if let error = error as? TokenStoreError {
+            self = error
+            return
+        }
+        guard let error = error as? DatabaseError else {
+            self = .sqlite(path: path, code: -1, message: String(describing: type(of: error)))
+            return
+        }
+        let message = error.message ?? "no message"
+        switch error.resultCode {
+        case .SQLITE_FULL: self = .diskFull(path: path)
+        case .SQLITE_BUSY, .SQLITE_LOCKED: self = .busy(path: path, timeoutSeconds: busyTimeout)
+        case .SQLITE_READONLY: self = .readOnly(path: path)
+        case .SQLITE_CORRUPT, .SQLITE_NOTADB: self = .corrupt(path: path, detail: message)
+        case .SQLITE_MISUSE where message.contains("closed"): self = .closed(path: path)
+        default: self = .sqlite(path: path, code: error.extendedResultCode.rawValue, message: message)
+        }
+    }
+}

@@ -1,0 +1,144 @@
+public import Foundation
+
+/// Persistent storage of tokens and their refresh state, keyed by ``TokenKey``.
+///
+/// ``SQLiteTokenRepository`` is the implementation; the protocol lets the sync engine and tests
+/// depend on behaviour, not on SQLite. Every method is safe to call concurrently.
+public protocol TokenRepository: Sendable {
+    /// The entry for `key`, or nil when the store holds nothing for it.
+    /// - Throws: ``TokenStoreError``.
+    func entry(for key: TokenKey) async throws(TokenStoreError) -> TokenEntry?
+
+    /// Stores `token`, replacing the key's previous token, in one transaction.
+    /// Clears the key's failure state when `clearFailure` is true (a successful refresh).
+    /// - Throws: ``TokenStoreError``; on failure nothing was written.
+    func upsert(_ token: StoredToken, clearFailure: Bool) async throws(TokenStoreError)
+
+    /// Stores many tokens in one transaction (group commit for refresh bursts): all or nothing.
+    /// - Throws: ``TokenStoreError``; on failure nothing was written.
+    func upsert(_ tokens: [StoredToken], clearFailure: Bool) async throws(TokenStoreError)
+
+    /// Entries matching `filter`, ordered by kind then subject id, one page at a time.
+    /// - Throws: ``TokenStoreError``.
+    func list(_ filter: TokenFilter, page: TokenPage) async throws(TokenStoreError) -> [TokenEntry]
+
+    /// Deletes every entry matching `filter` in one transaction and returns how many went.
+    /// - Throws: ``TokenStoreError``; on failure nothing was deleted.
+    func purge(_ filter: TokenFilter) async throws(TokenStoreError) -> Int
+
+    /// Deletes tokens that expired before `date`, keeping entries that only hold failure state
+    /// younger than that. Returns how many entries went.
+    /// - Throws: ``TokenStoreError``.
+    func deleteExpired(before date: Date) async throws(TokenStoreError) -> Int
+
+    /// Records a failed refresh of `key` (an entry is created if the key has no token yet).
+    /// - Throws: ``TokenStoreError``.
+    func recordFailure(_ failure: RefreshFailureState, for key: TokenKey) async throws(TokenStoreError)
+
+    /// Forgets the failure state of `key`; removes the entry when it holds no token.
+    /// - Throws: ``TokenStoreError``.
+    func clearFailure(for key: TokenKey) async throws(TokenStoreError)
+
+    /// Counts by kind and status at `now`, schema version, file size and expiry range.
+    /// - Throws: ``TokenStoreError``.
+    func stats(at now: Date, policy: RefreshPolicy) async throws(TokenStoreError) -> TokenStoreStats
+
+    /// Changes to tokens made by any process, including other processes sharing the store
+    /// file, delivered within about a second of their commit. The stream ends when the
+    /// repository closes.
+    func changes() -> AsyncStream<TokenStoreChange>
+}
+
+/// Which entries a list or purge applies to. Conditions combine with AND; the empty filter
+/// (``all``) matches everything.
+public struct TokenFilter: Sendable, Equatable {
+    /// Validity of the token at a point in time.
+    public enum Validity: Sendable, Equatable {
+        /// Tokens that expire at or before this time (entries without a token do not match).
+        case expired(asOf: Date)
+        /// Tokens that are still valid at this time (entries without a token do not match).
+        case valid(asOf: Date)
+    }
+
+    /// Only this kind.
+    public var kind: TokenKind?
+    /// Only this subject id.
+    public var subjectID: String?
+    /// Only expired, or only valid, tokens.
+    public var validity: Validity?
+
+    /// Creates a filter.
+    public init(kind: TokenKind? = nil, subjectID: String? = nil, validity: Validity? = nil) {
+        self.kind = kind
+        self.subjectID = subjectID
+        self.validity = validity
+    }
+
+    /// Matches every entry.
+    public static let all = TokenFilter()
+
+    /// Matches exactly `key`.
+    public static func key(_ key: TokenKey) -> TokenFilter {
+        TokenFilter(kind: key.kind, subjectID: key.subjectID)
+    }
+}
+
+/// Keyset paging: entries after `after` in (kind, subject id) order, at most `limit` of them.
+public struct TokenPage: Sendable, Equatable {
+    /// Start after this key (exclusive); nil starts at the beginning.
+    public var after: TokenKey?
+    /// Most entries returned.
+    public var limit: Int
+
+    /// Creates a page request.
+    public init(after: TokenKey? = nil, limit: Int = 1000) {
+        self.after = after
+        self.limit = limit
+    }
+
+    /// Everything, in one page.
+    public static let everything = TokenPage(limit: Int.max)
+}
+
+/// Counts and facts about a store.
+public struct TokenStoreStats: Sendable, Equatable {
+    /// Number of entries.
+    public var total: Int
+    /// Entries per kind and status.
+    public var counts: [TokenKind: [TokenStatus: Int]]
+    /// The store's schema version.
+    public var schemaVersion: Int
+    /// Size of the store file plus its write-ahead log, in bytes.
+    public var fileSizeBytes: Int64
+    /// The earliest token expiry, if any token is stored.
+    public var oldestExpiry: Date?
+    /// The latest token expiry, if any token is stored.
+    public var newestExpiry: Date?
+
+    /// Creates stats.
+    public init(total: Int, counts: [TokenKind: [TokenStatus: Int]], schemaVersion: Int,
+                fileSizeBytes: Int64, oldestExpiry: Date?, newestExpiry: Date?) {
+        self.total = total
+        self.counts = counts
+        self.schemaVersion = schemaVersion
+        self.fileSizeBytes = fileSizeBytes
+        self.oldestExpiry = oldestExpiry
+        self.newestExpiry = newestExpiry
+    }
+
+    /// Entries of `kind` with `status`.
+    public func count(_ kind: TokenKind, _ status: TokenStatus) -> Int {
+        counts[kind]?[status] ?? 0
+    }
+}
+
+/// A change to the stored tokens, as seen by ``TokenRepository/changes()``.
+public enum TokenStoreChange: Sendable, Equatable {
+    /// The key's token was written (a refresh here or elsewhere).
+    case upserted(TokenKey)
+    /// The key's token was removed (a purge, an expiry clean-up).
+    case removed(TokenKey)
+    /// Changes were made that cannot be itemized (too many, or older than the change log):
+    /// re-read whatever you hold.
+    case unknown
+}

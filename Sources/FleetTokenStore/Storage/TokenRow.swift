@@ -1,0 +1,128 @@
+import Foundation
+import GRDB
+
+/// The `tokens` table's SQL: row mapping, filters and writes. Every value is a bound parameter.
+enum TokenRow {
+    /// A WHERE clause under construction.
+    struct Condition {
+        private(set) var clauses: [String] = []
+        private(set) var arguments: [DatabaseValue] = []
+
+        mutating func append(_ clause: String, _ values: [any DatabaseValueConvertible]) {
+            clauses.append(clause)
+            arguments.append(contentsOf: values.map(\.databaseValue))
+        }
+
+        var whereClause: String { clauses.isEmpty ? "" : "WHERE " + clauses.joined(separator: " AND ") }
+    }
+
+    static func condition(for filter: TokenFilter) -> Condition {
+        var condition = Condition()
+        if let kind = filter.kind { condition.append("kind = ?", [kind.rawValue]) }
+        if let subject = filter.subjectID { condition.append("subject_id = ?", [subject]) }
+        switch filter.validity {
+        case .expired(let now): condition.append("expires_at <= ?", [now.timeIntervalSince1970])
+        case .valid(let now): condition.append("expires_at > ?", [now.timeIntervalSince1970])
+        case nil: break
+        }
+        return condition
+    }
+
+    /// The status rule of ``TokenStatus/init(token:failure:at:policy:)`` in SQL, for counting
+    /// without reading tokens. Parameters: now, soft-point fraction. A test keeps the two equal.
+    static let statusSQL = """
+        CASE
+          WHEN token IS NULL THEN 'backoff'
+          WHEN expires_at <= ?1 THEN 'expired'
+          WHEN failure_count > 0 AND next_attempt_at > ?1 THEN 'backoff'
+          WHEN ?1 >= coalesce(issued_at, fetched_at)
+                     + ?2 * max(0, expires_at - coalesce(issued_at, fetched_at)) THEN 'refresh_due'
+          ELSE 'valid'
+        END
+        """
+
+    static func entry(from row: Row) -> TokenEntry? {
+        guard let kind = TokenKind(rawValue: row["kind"]) else { return nil }
+        let key = TokenKey(uncheckedKind: kind, subjectID: row["subject_id"])
+        var token: StoredToken?
+        if let value: String = row["token"], let expires: Double = row["expires_at"] {
+            token = StoredToken(
+                key: key, value: value,
+                expiresAt: Date(timeIntervalSince1970: expires),
+                issuedAt: date(row["issued_at"]),
+                fetchedAt: date(row["fetched_at"]) ?? Date(timeIntervalSince1970: expires),
+                lastUsedAt: date(row["last_used_at"]))
+        }
+        var failure: RefreshFailureState?
+        let failures: Int = row["failure_count"] ?? 0
+        if failures > 0 {
+            failure = RefreshFailureState(
+                consecutiveFailures: failures,
+                nextAttemptAt: date(row["next_attempt_at"]) ?? .distantPast,
+                lastErrorKind: row["last_error_kind"] ?? "unknown",
+                lastErrorMessage: row["last_error_message"],
+                lastFailureAt: date(row["last_failure_at"]) ?? .distantPast)
+        }
+        return TokenEntry(key: key, token: token, failure: failure)
+    }
+
+    private static func date(_ seconds: Double?) -> Date? {
+        seconds.map(Date.init(timeIntervalSince1970:))
+    }
+
+    private static let upsertKeepingFailureSQL = """
+        INSERT INTO tokens (kind, subject_id, token, expires_at, issued_at, fetched_at, last_used_at)
+        VALUES (?, ?, ?, ?, ?, ?, ?)
+        ON CONFLICT (kind, subject_id) DO UPDATE SET
+          token = excluded.token, expires_at = excluded.expires_at, issued_at = excluded.issued_at,
+          fetched_at = excluded.fetched_at,
+          last_used_at = coalesce(excluded.last_used_at, tokens.last_used_at)
+        """
+
+    private static let upsertClearingFailureSQL = """
+        INSERT INTO tokens (kind, subject_id, token, expires_at, issued_at, fetched_at, last_used_at)
+        VALUES (?, ?, ?, ?, ?, ?, ?)
+        ON CONFLICT (kind, subject_id) DO UPDATE SET
+          token = excluded.token, expires_at = excluded.expires_at, issued_at = excluded.issued_at,
+          fetched_at = excluded.fetched_at,
+          last_used_at = coalesce(excluded.last_used_at, tokens.last_used_at),
+          failure_count = 0, next_attempt_at = NULL, last_error_kind = NULL,
+          last_error_message = NULL, last_failure_at = NULL
+        """
+
+    static func upsert(_ token: StoredToken, clearFailure: Bool, _ db: Database) throws {
+        let statement = try db.cachedStatement(sql: clearFailure ? upsertClearingFailureSQL : upsertKeepingFailureSQL)
+        try statement.execute(arguments: [
+            token.key.kind.rawValue, token.key.subjectID, token.value,
+            token.expiresAt.timeIntervalSince1970, token.issuedAt?.timeIntervalSince1970,
+            token.fetchedAt.timeIntervalSince1970, token.lastUsedAt?.timeIntervalSince1970,
+        ])
+    }
+
+    static func recordFailure(_ failure: RefreshFailureState, for key: TokenKey, _ db: Database) throws {
+        try db.cachedStatement(sql: """
+            INSERT INTO tokens (kind, subject_id, failure_count, next_attempt_at, last_error_kind,
+                                last_error_message, last_failure_at)
+            VALUES (?, ?, ?, ?, ?, ?, ?)
+            ON CONFLICT (kind, subject_id) DO UPDATE SET
+              failure_count = excluded.failure_count, next_attempt_at = excluded.next_attempt_at,
+              last_error_kind = excluded.last_error_kind, last_error_message = excluded.last_error_message,
+              last_failure_at = excluded.last_failure_at
+            """).execute(arguments: [
+                key.kind.rawValue, key.subjectID, max(1, failure.consecutiveFailures),
+                failure.nextAttemptAt.timeIntervalSince1970, failure.lastErrorKind,
+                failure.lastErrorMessage, failure.lastFailureAt.timeIntervalSince1970,
+            ])
+    }
+
+    static func clearFailure(for key: TokenKey, _ db: Database) throws {
+        let arguments: StatementArguments = [key.kind.rawValue, key.subjectID]
+        try db.cachedStatement(sql: """
+            UPDATE tokens SET failure_count = 0, next_attempt_at = NULL, last_error_kind = NULL,
+                              last_error_message = NULL, last_failure_at = NULL
+            WHERE kind = ? AND subject_id = ?
+            """).execute(arguments: arguments)
+        try db.cachedStatement(sql: "DELETE FROM tokens WHERE kind = ? AND subject_id = ? AND token IS NULL")
+            .execute(arguments: arguments)
+    }
+}

@@ -1,0 +1,112 @@
+import Foundation
+import Testing
+@testable import FleetTokenStore
+
+/// A stock `sqlite3` shell kept running, fed statements on its standard input.
+final class SQLiteShell {
+    private let process = Process()
+    private let input = Pipe()
+    private let output = Pipe()
+
+    init(path: String) throws {
+        process.executableURL = URL(fileURLWithPath: sqlite3Path)
+        process.arguments = [path]
+        process.standardInput = input
+        process.standardOutput = output
+        process.standardError = output
+        try process.run()
+    }
+
+    /// Sends `sql` and waits until the shell has run it (it echoes a marker afterwards).
+    func execute(_ sql: String, timeout: TimeInterval = 10) throws -> String {
+        let marker = "done-\(UUID().uuidString.prefix(8))"
+        input.fileHandleForWriting.write(Data("\(sql)\nSELECT '\(marker)';\n".utf8))
+        var collected = ""
+        let deadline = Date().addingTimeInterval(timeout)
+        while !collected.contains(marker), Date() < deadline {
+            let chunk = output.fileHandleForReading.availableData
+            if chunk.isEmpty { break }
+            collected += String(decoding: chunk, as: UTF8.self)
+        }
+        guard collected.contains(marker) else { throw ShellError(message: "sqlite3 did not answer: \(collected)") }
+        return collected.replacingOccurrences(of: marker, with: "").trimmingCharacters(in: .whitespacesAndNewlines)
+    }
+
+    /// Sends text without waiting for it to run.
+    func send(_ text: String) {
+        input.fileHandleForWriting.write(Data(text.utf8))
+    }
+
+    func quit() {
+        try? input.fileHandleForWriting.write(contentsOf: Data(".quit\n".utf8))
+        try? input.fileHandleForWriting.close()
+        process.waitUntilExit()
+    }
+
+    deinit {
+        if process.isRunning { process.terminate(); process.waitUntilExit() }
+    }
+}
+
+@Suite("Sharing a store with other connections and processes")
+struct CrossProcessTests {
+    let dir = TemporaryDirectory()
+    var path: String { dir.file("tokens.sqlite") }
+
+    @Test("a second pool's upserts and purges reach subscribers within 1 s; own writes are not echoed")
+    func twoPools() async throws {
+        let watcher = try openStore(path)
+        let writer = try openStore(path)
+        defer { watcher.close(); writer.close() }
+        let recorder = StreamRecorder(watcher.changes())
+        try await Task.sleep(for: .milliseconds(300)) // the monitor takes its starting point
+
+        try await watcher.upsert(token(try .vehicle("own"), expiresIn: 600))
+        try await writer.upsert(token(try .vehicle("theirs"), expiresIn: 600))
+        let started = Date()
+        #expect(await eventually(within: 1) { recorder.elements.contains(.upserted(try! .vehicle("theirs"))) })
+        #expect(Date().timeIntervalSince(started) < 1.0)
+
+        #expect(try await writer.purge(TokenFilter(subjectID: "own")) == 1)
+        #expect(await eventually(within: 1) { recorder.elements.contains(.removed(try! .vehicle("own"))) })
+        #expect(!recorder.elements.contains(.upserted(try .vehicle("own"))))
+    }
+
+    @Test("a change made by a stock sqlite3 process is seen within 1 s")
+    func sqliteShellChange() async throws {
+        let store = try openStore(path)
+        defer { store.close() }
+        try await store.upsert([token(try .trip("a"), expiresIn: 600), token(try .trip("b"), expiresIn: 600)])
+        let recorder = StreamRecorder(store.changes())
+        try await Task.sleep(for: .milliseconds(300))
+
+        _ = try sqlite3(path, "DELETE FROM tokens WHERE kind = 'trip' AND subject_id = 'a'")
+        _ = try sqlite3(path, "UPDATE tokens SET token = 'replaced.by.shell', expires_at = expires_at + 1 WHERE subject_id = 'b'")
+        #expect(await eventually(within: 1) {
+            recorder.elements.contains(.removed(try! .trip("a"))) && recorder.elements.contains(.upserted(try! .trip("b")))
+        })
+        #expect(try await store.entry(for: try .trip("b"))?.token?.value == "replaced.by.shell")
+    }
+
+    @Test("a write waits for another process's lock, and fails as busy only past the timeout")
+    func busyTimeout() async throws {
+        let store = try openStore(path) { $0.busyTimeout = 0.4 }
+        defer { store.close() }
+        try await store.upsert(token(try .vehicle("v"), expiresIn: 600))
+        let shell = try SQLiteShell(path: path)
+        defer { shell.quit() }
+        _ = try shell.execute("BEGIN IMMEDIATE; UPDATE tokens SET last_used_at = 1;")
+
+        let error = await #expect(throws: TokenStoreError.self) { try await store.upsert(token(try .vehicle("w"), expiresIn: 600)) }
+        #expect(error == .busy(path: path, timeoutSeconds: 0.4))
+        #expect(error?.description.contains("locked") == true)
+        // Reads are not blocked by the writer (WAL).
+        #expect(try await store.entry(for: try .vehicle("v")) != nil)
+
+        // Released within the timeout: the write waits and succeeds.
+        _ = try shell.execute("COMMIT; BEGIN IMMEDIATE;")
+        shell.send(".shell sleep 0.15\nCOMMIT;\n") // the shell lets go by itself, mid-wait
+        try await store.upsert(token(try .vehicle("w"), expiresIn: 600))
+        #expect(try await store.entry(for: try .vehicle("w")) != nil)
+    }
+}

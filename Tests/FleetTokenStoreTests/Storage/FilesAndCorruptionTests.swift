@@ -1,0 +1,139 @@
+import Foundation
+import GRDB
+import Logging
+import Testing
+@testable import FleetTokenStore
+
+@Suite("Store files: paths, modes and corruption")
+struct FilesAndCorruptionTests {
+    @Test("looser modes on an existing store are tightened with a warning; read-only opens only warn")
+    func modesTightened() async throws {
+        let dir = TemporaryDirectory()
+        let path = dir.file("tokens.sqlite")
+        try openStore(path).close()
+        chmod(path, 0o644)
+
+        let readOnlyLog = RecordingLogger()
+        let reader = try openStore(path, mode: .readOnly, logger: readOnlyLog.logger)
+        reader.close()
+        #expect(fileMode(path) == 0o644)
+        #expect(readOnlyLog.messages(at: .warning).contains { $0.contains("too open") })
+
+        let log = RecordingLogger()
+        let store = try openStore(path, logger: log.logger)
+        #expect(fileMode(path) == 0o600)
+        #expect(store.openReport.tightenedFiles.contains(path))
+        #expect(log.messages(at: .warning).contains { $0.contains("set to 0600") })
+        store.close()
+    }
+
+    @Test("a missing directory is an error when creation is off; a file in the way is 'not writable'")
+    func directoryErrors() throws {
+        let dir = TemporaryDirectory()
+        let missing = dir.file("absent/tokens.sqlite")
+        let error = #expect(throws: TokenStoreError.self) {
+            try openStore(missing) { $0.createParentDirectories = false }
+        }
+        #expect(error == .directoryMissing(path: missing))
+        #expect(error?.description.contains("does not exist") == true)
+
+        FileManager.default.createFile(atPath: dir.file("plain-file"), contents: Data("x".utf8))
+        let blocked = dir.file("plain-file/tokens.sqlite")
+        let notWritable = #expect(throws: TokenStoreError.self) { try openStore(blocked) }
+        guard case .directoryNotWritable = notWritable else {
+            Issue.record("expected directoryNotWritable, got \(String(describing: notWritable))")
+            return
+        }
+    }
+
+    @Test("a directory at the store path is refused")
+    func directoryAtStorePath() throws {
+        let dir = TemporaryDirectory()
+        try FileManager.default.createDirectory(atPath: dir.file("tokens.sqlite"), withIntermediateDirectories: false)
+        #expect(throws: TokenStoreError.notAFile(path: dir.file("tokens.sqlite"))) { try openStore(dir.file("tokens.sqlite")) }
+    }
+
+    @Test("read-only and admin opens never create a store")
+    func readOnlyDoesNotCreate() throws {
+        let dir = TemporaryDirectory()
+        let path = dir.file("tokens.sqlite")
+        for mode in [StoreOpenMode.readOnly, .adminReadWrite] {
+            let error = #expect(throws: TokenStoreError.self) { try openStore(path, mode: mode) }
+            #expect(error == .storeMissing(path: path))
+            #expect(error?.description.contains("no token store at \(path)") == true)
+        }
+        #expect(dir.contents.isEmpty)
+    }
+
+    /// Ways a store file goes bad, each applied to a store holding real entries.
+    enum Damage: String, CaseIterable, Sendable {
+        case randomBytes, truncated, zeroedHeader, corruptPage
+
+        func apply(to path: String) throws {
+            let handle = try FileHandle(forUpdating: URL(fileURLWithPath: path))
+            defer { try? handle.close() }
+            let size = try handle.seekToEnd()
+            switch self {
+            case .randomBytes:
+                try handle.truncate(atOffset: 0)
+                try handle.write(contentsOf: Data((0..<8192).map { _ in UInt8.random(in: 0...255) }))
+            case .truncated:
+                try handle.truncate(atOffset: size / 3)
+            case .zeroedHeader:
+                try handle.seek(toOffset: 0)
+                try handle.write(contentsOf: Data(count: 100))
+            case .corruptPage:
+                // Garbage over the middle pages: the header is intact, the b-trees are not.
+                try handle.seek(toOffset: 4096 * 2)
+                try handle.write(contentsOf: Data(repeating: 0xA5, count: 4096 * 3))
+            }
+        }
+    }
+
+    static func makeDamagedStore(_ damage: Damage, in dir: TemporaryDirectory) async throws -> String {
+        let path = dir.file("tokens.sqlite")
+        let store = try openStore(path)
+        try await store.upsert((0..<300).map { token(try! .vehicle("v\($0)"), expiresIn: 600, value: fakeToken("v\($0)", length: 600)) })
+        store.close()
+        try damage.apply(to: path)
+        return path
+    }
+
+    @Test("the agent quarantines a corrupt store, keeps its bytes, logs an error and starts fresh",
+          arguments: Damage.allCases)
+    func quarantine(_ damage: Damage) async throws {
+        let dir = TemporaryDirectory()
+        let path = try await Self.makeDamagedStore(damage, in: dir)
+        let damagedHash = sha256(ofFile: path)
+        let log = RecordingLogger()
+
+        let store = try openStore(path, logger: log.logger)
+        let moved = try #require(store.openReport.quarantinedTo, "\(damage) was not detected")
+        #expect(moved.hasPrefix(path + ".corrupt-"))
+        #expect(sha256(ofFile: moved) == damagedHash)
+        #expect(log.messages(at: .error).contains { $0.contains("corrupt") })
+        #expect(store.openReport.created)
+        #expect(try await store.list(.all).isEmpty)
+        try await store.upsert(token(try .trip("after"), expiresIn: 600))
+        #expect(try await store.entry(for: try .trip("after")) != nil)
+        store.close()
+        #expect(try sqlite3(path, "PRAGMA integrity_check") == "ok")
+    }
+
+    @Test("read-only and admin opens report corruption and change nothing", arguments: Damage.allCases)
+    func readOnlyReportsCorruption(_ damage: Damage) async throws {
+        let dir = TemporaryDirectory()
+        let path = try await Self.makeDamagedStore(damage, in: dir)
+        let hash = sha256(ofFile: path)
+        for mode in [StoreOpenMode.readOnly, .adminReadWrite, .migrate] {
+            let error = #expect(throws: TokenStoreError.self) { try openStore(path, mode: mode) }
+            guard case .corrupt = error else {
+                Issue.record("\(damage) with \(mode): expected corrupt, got \(String(describing: error))")
+                continue
+            }
+            #expect(error?.description.contains("corrupt") == true)
+        }
+        #expect(sha256(ofFile: path) == hash)
+        #expect(!dir.contents.contains { $0.contains(".corrupt-") })
+    }
+}

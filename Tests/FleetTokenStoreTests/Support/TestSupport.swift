@@ -1,0 +1,145 @@
+import Crypto
+import Synchronization
+import Foundation
+import InMemoryLogging
+import Logging
+@testable import FleetTokenStore
+
+/// A fresh directory under the system temporary directory, removed when the value is released.
+final class TemporaryDirectory: Sendable {
+    let path: String
+
+    init() {
+        let base = FileManager.default.temporaryDirectory.path
+        path = "\(base)/fts-test-\(UUID().uuidString.prefix(8))"
+        try! FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+    }
+
+    deinit {
+        try? FileManager.default.removeItem(atPath: path)
+    }
+
+    func file(_ name: String) -> String { "\(path)/\(name)" }
+
+    /// Names of the entries in the directory, sorted.
+    var contents: [String] {
+        ((try? FileManager.default.contentsOfDirectory(atPath: path)) ?? []).sorted()
+    }
+}
+
+/// A logger whose entries a test can read.
+struct RecordingLogger {
+    let handler: InMemoryLogHandler
+    let logger: Logger
+
+    init(level: Logger.Level = .trace) {
+        let handler = InMemoryLogHandler()
+        var logger = Logger(label: "test", factory: { _ in handler })
+        logger.logLevel = level
+        self.handler = handler
+        self.logger = logger
+    }
+
+    func messages(at level: Logger.Level) -> [String] {
+        handler.entries.filter { $0.level == level }.map { $0.message.description }
+    }
+
+    /// Every message and metadata value, for redaction checks.
+    var allText: String {
+        handler.entries.map { entry in
+            "\(entry.message) \(entry.metadata.map { "\($0.key)=\($0.value)" }.joined(separator: " "))"
+        }.joined(separator: "\n")
+    }
+}
+
+func sha256(ofFile path: String) -> String {
+    let data = FileManager.default.contents(atPath: path) ?? Data()
+    return SHA256.hash(data: data).map { String(format: "%02x", $0) }.joined()
+}
+
+func fileMode(_ path: String) -> Int {
+    ((try? FileManager.default.attributesOfItem(atPath: path)[.posixPermissions]) as? Int) ?? -1
+}
+
+/// Runs a program to completion and returns its exit status and output.
+@discardableResult
+func run(_ executable: String, _ arguments: [String], stdin: String? = nil) throws -> (status: Int32, stdout: String, stderr: String) {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: executable)
+    process.arguments = arguments
+    let out = Pipe(), err = Pipe(), input = Pipe()
+    process.standardOutput = out
+    process.standardError = err
+    process.standardInput = input
+    try process.run()
+    if let stdin { input.fileHandleForWriting.write(Data(stdin.utf8)) }
+    try input.fileHandleForWriting.close()
+    let stdout = out.fileHandleForReading.readDataToEndOfFile()
+    let stderr = err.fileHandleForReading.readDataToEndOfFile()
+    process.waitUntilExit()
+    return (process.terminationStatus, String(decoding: stdout, as: UTF8.self), String(decoding: stderr, as: UTF8.self))
+}
+
+/// The stock sqlite3 shell.
+let sqlite3Path = ["/usr/bin/sqlite3", "/usr/local/bin/sqlite3"].first { FileManager.default.isExecutableFile(atPath: $0) } ?? "sqlite3"
+
+func sqlite3(_ path: String, _ sql: String) throws -> String {
+    let result = try run(sqlite3Path, [path, sql])
+    guard result.status == 0 else { throw ShellError(message: result.stderr) }
+    return result.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+}
+
+struct ShellError: Error, CustomStringConvertible {
+    let message: String
+    var description: String { message }
+}
+
+/// A plausible token value (not a signed JWT; storage does not validate).
+func fakeToken(_ seed: String, length: Int = 120) -> String {
+    var text = "eyJhbGciOiJSUzI1NiJ9.\(Data(seed.utf8).base64EncodedString())."
+    while text.count < length { text += "x" }
+    return text
+}
+
+let referenceNow = Date(timeIntervalSince1970: 1_800_000_000)
+
+func token(_ key: TokenKey, expiresIn seconds: TimeInterval, lifetime: TimeInterval = 3600,
+           now: Date = referenceNow, value: String? = nil) -> StoredToken {
+    let expires = now.addingTimeInterval(seconds)
+    return StoredToken(key: key, value: value ?? fakeToken("\(key)-\(seconds)"), expiresAt: expires,
+                       issuedAt: expires.addingTimeInterval(-lifetime), fetchedAt: expires.addingTimeInterval(-lifetime))
+}
+
+func openStore(_ path: String, mode: StoreOpenMode = .agent, configure: (inout StoreConfiguration) -> Void = { _ in },
+               logger: Logger = Logger(label: "test")) throws -> SQLiteTokenRepository {
+    var configuration = StoreConfiguration()
+    configure(&configuration)
+    return try SQLiteTokenRepository(path: path, mode: mode, configuration: configuration, logger: logger)
+}
+
+/// Waits (polling every 20 ms, at most `seconds`) until `condition` holds; returns whether it did.
+func eventually(within seconds: Double, _ condition: () async throws -> Bool) async rethrows -> Bool {
+    let deadline = Date().addingTimeInterval(seconds)
+    while Date() < deadline {
+        if try await condition() { return true }
+        try? await Task.sleep(for: .milliseconds(20))
+    }
+    return try await condition()
+}
+
+/// Collects what an async stream yields, in the background.
+final class StreamRecorder<Element: Sendable>: Sendable {
+    private let items = Mutex<[Element]>([])
+    private let task = Mutex<Task<Void, Never>?>(nil)
+
+    init(_ stream: AsyncStream<Element>) {
+        let task = Task { [weak self] in
+            for await item in stream { self?.items.withLock { $0.append(item) } }
+        }
+        self.task.withLock { $0 = task }
+    }
+
+    var elements: [Element] { items.withLock { $0 } }
+
+    deinit { task.withLock { $0?.cancel() } }
+}
