@@ -96,6 +96,66 @@ public final class SQLiteTokenRepository: TokenRepository {
         }
     }
 
+    /// The entries for `keys`, in one read (batches of 500 keys per statement).
+    /// - Throws: ``TokenStoreError``.
+    public func entries(for keys: [TokenKey]) async throws(TokenStoreError) -> [TokenKey: TokenEntry] {
+        guard !keys.isEmpty else { return [:] }
+        return try await read { db in
+            var found: [TokenKey: TokenEntry] = [:]
+            var start = keys.startIndex
+            while start < keys.endIndex {
+                let chunk = keys[start..<min(start + 500, keys.endIndex)]
+                start = chunk.endIndex
+                let placeholders = Array(repeating: "(?, ?)", count: chunk.count).joined(separator: ", ")
+                var arguments: [DatabaseValue] = []
+                for key in chunk { arguments += [key.kind.rawValue.databaseValue, key.subjectID.databaseValue] }
+                let rows = try Row.fetchAll(db, sql: """
+                    SELECT * FROM tokens WHERE (kind, subject_id) IN (VALUES \(placeholders))
+                    """, arguments: StatementArguments(arguments))
+                for row in rows {
+                    if let entry = TokenRow.entry(from: row) { found[entry.key] = entry }
+                }
+            }
+            return found
+        }
+    }
+
+    /// Takes the refresh lease of `key` unless another holder has an unexpired one.
+    /// - Throws: ``TokenStoreError``.
+    public func acquireRefreshLease(for key: TokenKey, holder: String, now: Date,
+                                    duration: TimeInterval) async throws(TokenStoreError) -> RefreshLease {
+        try await write { db in
+            let arguments: StatementArguments = [key.kind.rawValue, key.subjectID]
+            let current = try Row.fetchOne(db.cachedStatement(sql: "SELECT * FROM tokens WHERE kind = ? AND subject_id = ?"),
+                                           arguments: arguments).flatMap(TokenRow.entry(from:))
+            if let lease = try Row.fetchOne(db.cachedStatement(sql: "SELECT holder, expires_at FROM refresh_leases WHERE kind = ? AND subject_id = ?"),
+                                            arguments: arguments) {
+                let other: String = lease["holder"]
+                let until = Date(timeIntervalSince1970: lease["expires_at"])
+                if other != holder && until > now {
+                    return .heldElsewhere(holder: other, until: until, current: current)
+                }
+            }
+            try db.cachedStatement(sql: """
+                INSERT INTO refresh_leases (kind, subject_id, holder, acquired_at, expires_at) VALUES (?, ?, ?, ?, ?)
+                ON CONFLICT (kind, subject_id) DO UPDATE SET holder = excluded.holder,
+                  acquired_at = excluded.acquired_at, expires_at = excluded.expires_at
+                """).execute(arguments: [key.kind.rawValue, key.subjectID, holder, now.timeIntervalSince1970,
+                                         now.addingTimeInterval(duration).timeIntervalSince1970])
+            return .acquired(current: current)
+        }
+    }
+
+    /// Gives up `holder`'s leases on `keys`.
+    /// - Throws: ``TokenStoreError``.
+    public func releaseRefreshLeases(for keys: [TokenKey], holder: String) async throws(TokenStoreError) {
+        guard !keys.isEmpty else { return }
+        try await write { db in
+            let statement = try db.cachedStatement(sql: "DELETE FROM refresh_leases WHERE kind = ? AND subject_id = ? AND holder = ?")
+            for key in keys { try statement.execute(arguments: [key.kind.rawValue, key.subjectID, holder]) }
+        }
+    }
+
     /// Entries matching `filter`, ordered by kind then subject id.
     /// - Throws: ``TokenStoreError``.
     public func list(_ filter: TokenFilter, page: TokenPage = TokenPage()) async throws(TokenStoreError) -> [TokenEntry] {

@@ -9,6 +9,20 @@ public protocol TokenRepository: Sendable {
     /// - Throws: ``TokenStoreError``.
     func entry(for key: TokenKey) async throws(TokenStoreError) -> TokenEntry?
 
+    /// The entries for `keys` (missing keys are absent from the result), in one read.
+    /// - Throws: ``TokenStoreError``.
+    func entries(for keys: [TokenKey]) async throws(TokenStoreError) -> [TokenKey: TokenEntry]
+
+    /// Takes the cross-process refresh lease of `key` for `holder` unless another holder has
+    /// an unexpired one, in one `BEGIN IMMEDIATE` transaction that also reads the key's entry.
+    /// - Throws: ``TokenStoreError``.
+    func acquireRefreshLease(for key: TokenKey, holder: String, now: Date,
+                             duration: TimeInterval) async throws(TokenStoreError) -> RefreshLease
+
+    /// Gives up `holder`'s leases on `keys` (others' leases are left alone).
+    /// - Throws: ``TokenStoreError``.
+    func releaseRefreshLeases(for keys: [TokenKey], holder: String) async throws(TokenStoreError)
+
     /// Stores `token`, replacing the key's previous token, in one transaction.
     /// Clears the key's failure state when `clearFailure` is true (a successful refresh).
     /// - Throws: ``TokenStoreError``; on failure nothing was written.
@@ -130,6 +144,14 @@ public struct TokenStoreStats: Sendable, Equatable {
     public func count(_ kind: TokenKind, _ status: TokenStatus) -> Int {
         counts[kind]?[status] ?? 0
     }
+}
+
+/// The outcome of asking for a key's refresh lease.
+public enum RefreshLease: Sendable, Equatable {
+    /// The caller holds the lease; `current` is the key's entry read in the same transaction.
+    case acquired(current: TokenEntry?)
+    /// Another holder is refreshing the key until `until`; wait for its result.
+    case heldElsewhere(holder: String, until: Date, current: TokenEntry?)
 }
 
 /// A change to the stored tokens, as seen by ``TokenRepository/changes()``.

@@ -1,0 +1,143 @@
+import Foundation
+import Synchronization
+
+/// What the engine holds for one key in memory.
+struct MemoryEntry: Sendable {
+    var token: StoredToken?
+    var source: TokenSource
+    /// Past this (provider-corrected) time a refresh is due; jitter already applied.
+    var softPoint: Date
+    /// Past this time the token is never handed out (expiry minus the floor).
+    var usableUntil: Date
+    var failure: RefreshFailureState?
+    var lastError: TokenProviderError?
+    var lastUsed: Date
+    /// A background refresh was requested and has not finished.
+    var refreshRequested: Bool
+}
+
+/// The result of the hot-path lookup.
+enum MemoryLookup: Sendable {
+    case fresh(StoredToken)
+    /// Past the soft point: `startRefresh` tells the first caller to start the refresh;
+    /// `offline` says refreshes are failing (the token is served in offline mode).
+    case stale(StoredToken, startRefresh: Bool, offline: Bool)
+    case miss
+}
+
+/// The in-memory front cache: plain data behind one `Mutex`, so a fresh hit costs a lock, a
+/// hash lookup and two comparisons, with no allocation and no actor hop.
+final class TokenMemory: Sendable {
+    struct State: Sendable {
+        var entries: [TokenKey: MemoryEntry] = [:]
+        /// Provider clock minus local clock, applied when it exceeds the skew threshold.
+        var clockOffset: TimeInterval = 0
+    }
+
+    let state = Mutex(State())
+    let policy: RefreshPolicy
+    let random: @Sendable () -> Double
+
+    init(policy: RefreshPolicy, random: @escaping @Sendable () -> Double) {
+        self.policy = policy
+        self.random = random
+    }
+
+    /// The hot path. Records the use; marks a refresh as requested when it tells the caller to
+    /// start one, so only the first caller past the soft point does.
+    func lookup(_ key: TokenKey, localNow: Date) -> MemoryLookup {
+        state.withLock { state in
+            guard let index = state.entries.index(forKey: key), let token = state.entries.values[index].token else {
+                return .miss
+            }
+            let now = localNow.addingTimeInterval(state.clockOffset)
+            if now < state.entries.values[index].softPoint {
+                state.entries.values[index].lastUsed = now
+                return .fresh(token)
+            }
+            guard now < state.entries.values[index].usableUntil else { return .miss }
+            state.entries.values[index].lastUsed = now
+            let inBackoff = state.entries.values[index].failure.map { $0.nextAttemptAt > now } ?? false
+            let start = !state.entries.values[index].refreshRequested && !inBackoff
+            if start { state.entries.values[index].refreshRequested = true }
+            return .stale(token, startRefresh: start, offline: inBackoff)
+        }
+    }
+
+    /// The held token if it is above the floor (for offline serving), else nil.
+    func usableToken(_ key: TokenKey, localNow: Date) -> StoredToken? {
+        state.withLock { state in
+            guard let entry = state.entries[key], let token = entry.token else { return nil }
+            return localNow.addingTimeInterval(state.clockOffset) < entry.usableUntil ? token : nil
+        }
+    }
+
+    func entry(_ key: TokenKey) -> MemoryEntry? {
+        state.withLock { $0.entries[key] }
+    }
+
+    /// The provider-corrected time.
+    func correctedNow(_ localNow: Date) -> Date {
+        localNow.addingTimeInterval(state.withLock { $0.clockOffset })
+    }
+
+    /// Installs `token` with a freshly jittered soft point, clearing failure state.
+    func install(_ token: StoredToken, source: TokenSource, failure: RefreshFailureState? = nil,
+                 lastUsed: Date? = nil) {
+        let soft = policy.softPoint(of: token, jitter: random())
+        let usable = token.expiresAt.addingTimeInterval(-policy.floor(of: token))
+        state.withLock { state in
+            let previousUse = state.entries[token.key]?.lastUsed
+            state.entries[token.key] = MemoryEntry(
+                token: token, source: source, softPoint: soft, usableUntil: usable, failure: failure,
+                lastError: failure == nil ? nil : state.entries[token.key]?.lastError,
+                lastUsed: lastUsed ?? previousUse ?? token.lastUsedAt ?? .distantPast,
+                refreshRequested: false)
+        }
+    }
+
+    /// Records that `key` has no usable token (nothing stored, or it expired), keeping failure state.
+    func installEmpty(_ key: TokenKey, failure: RefreshFailureState?) {
+        state.withLock { state in
+            var entry = state.entries[key] ?? MemoryEntry(
+                token: nil, source: .store, softPoint: .distantPast, usableUntil: .distantPast,
+                failure: nil, lastError: nil, lastUsed: .distantPast, refreshRequested: false)
+            entry.token = nil
+            entry.softPoint = .distantPast
+            entry.usableUntil = .distantPast
+            entry.failure = failure
+            entry.refreshRequested = false
+            state.entries[key] = entry
+        }
+    }
+
+    func recordFailure(_ key: TokenKey, failure: RefreshFailureState, error: TokenProviderError) {
+        state.withLock { state in
+            if state.entries[key] == nil {
+                state.entries[key] = MemoryEntry(
+                    token: nil, source: .store, softPoint: .distantPast, usableUntil: .distantPast,
+                    failure: nil, lastError: nil, lastUsed: .distantPast, refreshRequested: false)
+            }
+            state.entries[key]?.failure = failure
+            state.entries[key]?.lastError = error
+            state.entries[key]?.refreshRequested = false
+        }
+    }
+
+    func finishRefreshRequest(_ key: TokenKey) {
+        state.withLock { $0.entries[key]?.refreshRequested = false }
+    }
+
+    func remove(_ key: TokenKey) {
+        state.withLock { _ = $0.entries.removeValue(forKey: key) }
+    }
+
+    var keys: [TokenKey] { state.withLock { Array($0.entries.keys) } }
+}
+
+
+extension TokenMemory {
+    func markUsed(_ key: TokenKey, at date: Date) {
+        state.withLock { $0.entries[key]?.lastUsed = date }
+    }
+}

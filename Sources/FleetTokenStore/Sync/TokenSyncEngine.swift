@@ -1,0 +1,153 @@
+import CoreMetrics
+public import Foundation
+public import Logging
+public import ServiceLifecycle
+
+/// Hands out tokens per vehicle and trip: fresh ones from memory with no I/O, stale ones while
+/// a refresh runs in the background, and new ones fetched once per key however many callers
+/// ask. Persists everything through a ``TokenRepository`` so a restart reuses what it stored.
+///
+/// The rules (soft point, floor, backoff, lifetimes) come from ``RefreshPolicy``; see the
+/// README's "How refresh works". Run the engine as a swift-service-lifecycle `Service` (or call
+/// ``run()``) for proactive refresh of tracked keys and to follow changes other processes make
+/// to the store; ``token(for:)`` works without it.
+///
+/// ```swift
+/// let engine = TokenSyncEngine(repository: store, fetcher: fetcher, logger: logger)
+/// await engine.track([try .vehicle("truck-7")])
+/// let group = ServiceGroup(services: [engine], gracefulShutdownSignals: [.sigterm], logger: logger)
+/// try await group.run()
+/// ```
+public final class TokenSyncEngine: Service, Sendable {
+    /// The rules the engine follows.
+    public let policy: RefreshPolicy
+
+    let memory: TokenMemory
+    let coordinator: RefreshCoordinator
+    let metrics = SyncMetrics()
+    let wallClock: @Sendable () -> Date
+    let logger: Logger
+
+    /// Creates an engine.
+    ///
+    /// - Parameters:
+    ///   - repository: Where tokens persist (normally ``SQLiteTokenRepository``).
+    ///   - fetcher: Gets tokens from the provider.
+    ///   - policy: Refresh rules; the defaults suit Fleet Engine.
+    ///   - logger: Receives refresh, failure and clock-skew logs. Never a token value.
+    ///   - clock: Schedules proactive refreshes and retries; inject a test clock in tests.
+    ///   - now: The wall clock expiry is judged by; inject it together with `clock` in tests.
+    ///   - random: Uniform values in 0...1 for jitter; injectable for tests.
+    public init(repository: any TokenRepository, fetcher: any TokenFetcher,
+                policy: RefreshPolicy = RefreshPolicy(), logger: Logger,
+                clock: any Clock<Duration> = ContinuousClock(),
+                now: @escaping @Sendable () -> Date = { Date() },
+                random: @escaping @Sendable () -> Double = { Double.random(in: 0...1) }) {
+        self.policy = policy
+        self.wallClock = now
+        self.logger = logger
+        let memory = TokenMemory(policy: policy, random: random)
+        self.memory = memory
+        self.coordinator = RefreshCoordinator(
+            repository: repository, fetcher: fetcher, policy: policy, logger: logger, clock: clock,
+            now: now, random: random, metrics: metrics, memory: memory)
+    }
+
+    // MARK: - Handing out tokens
+
+    /// A token for `key` that is not expired and has more than the floor of life left.
+    ///
+    /// Fresh tokens come from memory without I/O. Past the soft point the current token is
+    /// returned and one background refresh starts. Missing or below the floor, the caller waits
+    /// for a fetch shared with every other caller of the key; if it fails, the old token is
+    /// returned while it is above the floor (offline mode).
+    /// - Throws: ``TokenUnavailable`` with the provider's last error and the next attempt time.
+    public func token(for key: TokenKey) async throws(TokenUnavailable) -> StoredToken {
+        let local = wallClock()
+        let lookup = memory.lookup(key, localNow: local)
+        switch lookup {
+        case .fresh(let token):
+            metrics.hits.increment()
+            return token
+        case .stale(let token, let startRefresh, let offline):
+            metrics.hits.increment()
+            if offline { metrics.servedOffline.increment() }
+            if startRefresh { coordinator.refreshInBackground(key) }
+            return token
+        case .miss:
+            metrics.misses.increment()
+            return try await waitForToken(key)
+        }
+    }
+
+    /// Like ``token(for:)``, also saying where the token came from.
+    /// - Throws: ``TokenUnavailable``.
+    public func tokenWithSource(for key: TokenKey) async throws(TokenUnavailable) -> (token: StoredToken, source: TokenSource) {
+        let local = wallClock()
+        switch memory.lookup(key, localNow: local) {
+        case .fresh(let token): return (token, memory.entry(key)?.source ?? .store)
+        case .stale(let token, let startRefresh, _):
+            if startRefresh { coordinator.refreshInBackground(key) }
+            return (token, memory.entry(key)?.source ?? .store)
+        case .miss:
+            let token = try await waitForToken(key)
+            return (token, memory.entry(key)?.source ?? .provider)
+        }
+    }
+
+    private func waitForToken(_ key: TokenKey) async throws(TokenUnavailable) -> StoredToken {
+        let outcome = await coordinator.obtain(key)
+        switch outcome {
+        case .token(let token):
+            return token
+        case .failed(let reason, let nextAttempt):
+            // Offline mode: the held token, while it is above the floor.
+            let local = wallClock()
+            if let token = memory.usableToken(key, localNow: local) {
+                metrics.servedOffline.increment()
+                return token
+            }
+            metrics.unavailable.increment()
+            throw TokenUnavailable(key: key, reason: reason, nextAttemptAt: nextAttempt)
+        }
+    }
+
+    // MARK: - Tracking and invalidation
+
+    /// Keeps `keys` fresh proactively: each is refreshed at its soft point without anyone
+    /// asking. Loads their stored entries in one read (nothing else of the store is read), so a
+    /// restarted agent serves them with zero fetches when they are still fresh.
+    public func track(_ keys: [TokenKey]) async {
+        await coordinator.track(keys)
+    }
+
+    /// Stops proactive refresh of `keys` (they are still served, and refreshed on demand while
+    /// used within ``RefreshPolicy/idleWindow``).
+    public func untrack(_ keys: [TokenKey]) async {
+        await coordinator.untrack(keys)
+    }
+
+    /// Forgets the token of `key` because Fleet Engine rejected it: it is removed from memory
+    /// and the store, and the next ``token(for:)`` fetches a new one.
+    public func invalidate(_ key: TokenKey) async {
+        await coordinator.invalidate(key)
+    }
+
+    /// What the engine did: refreshes, failures, external removals, store trouble. Each call
+    /// returns a new stream; it ends when the engine stops.
+    public func events() -> AsyncStream<TokenSyncEvent> {
+        coordinator.events.subscribe()
+    }
+
+    // MARK: - Service
+
+    /// Runs proactive refresh and follows changes other processes make to the store, until the
+    /// task is cancelled or a graceful shutdown is triggered; then cancels fetches in flight,
+    /// finishes pending store writes, and returns.
+    public func run() async throws {
+        await cancelWhenGracefulShutdown {
+            await self.coordinator.runUntilCancelled()
+        }
+        await coordinator.shutDown()
+    }
+}

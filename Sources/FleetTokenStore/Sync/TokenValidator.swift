@@ -1,0 +1,59 @@
+public import Foundation
+
+/// Checks every fetched token, whatever the transport, before it can be stored or handed out.
+///
+/// A JWT must have three base64url segments and a JSON payload; its expiry is the earlier of
+/// the provider's stated expiry and `exp`; `exp` may be at most ``RefreshPolicy/maximumLifetime``
+/// (plus tolerance) after `iat`; it must leave more than the floor of life; and when the payload
+/// has an `authorization` claim, the member for the key's kind must name the requested subject
+/// or be `*`. Opaque tokens pass only when ``RefreshPolicy/allowOpaqueTokens`` is set and the
+/// provider stated an expiry.
+public struct TokenValidator: Sendable {
+    /// The rules applied.
+    public let policy: RefreshPolicy
+
+    /// Creates a validator for `policy`.
+    public init(policy: RefreshPolicy) {
+        self.policy = policy
+    }
+
+    /// Validates `fetched` as a token for `key` at `now` (the provider-corrected time) and
+    /// returns it ready to store.
+    /// - Throws: ``TokenValidationError``.
+    public func validate(_ fetched: FetchedToken, for key: TokenKey, now: Date) throws(TokenValidationError) -> StoredToken {
+        let value = fetched.value
+        var expiry = fetched.statedExpiry
+        var issuedAt: Date?
+        if JWTClaims.hasJWTShape(value) || value.contains(".") {
+            let claims = try JWTClaims.decode(value)
+            issuedAt = claims.issuedAt
+            if let exp = claims.expiresAt { expiry = min(expiry ?? exp, exp) }
+            try checkSubject(claims.authorization, key: key)
+        } else {
+            guard policy.allowOpaqueTokens else { throw .opaqueNotAllowed }
+            guard !value.isEmpty, value.utf8.count <= JWTClaims.maximumTokenLength,
+                  !value.unicodeScalars.contains(where: { $0.properties.isWhitespace || $0.properties.generalCategory == .control })
+            else { throw .malformed(detail: "empty, too long, or contains whitespace") }
+        }
+        guard let expiresAt = expiry else { throw .missingExpiry }
+        if let issuedAt {
+            if issuedAt.timeIntervalSince(now) > policy.lifetimeTolerance { throw .issuedInFuture(issuedAt: issuedAt) }
+            let lifetime = expiresAt.timeIntervalSince(issuedAt)
+            if lifetime > policy.maximumLifetime + policy.lifetimeTolerance {
+                throw .lifetimeTooLong(seconds: lifetime, limit: policy.maximumLifetime)
+            }
+        }
+        let token = StoredToken(key: key, value: value, expiresAt: expiresAt, issuedAt: issuedAt, fetchedAt: now)
+        if expiresAt.timeIntervalSince(now) <= policy.floor(of: token) { throw .expired(expiresAt: expiresAt) }
+        return token
+    }
+
+    private func checkSubject(_ authorization: [String: String]?, key: TokenKey) throws(TokenValidationError) {
+        guard let authorization else { return }
+        let claim = key.kind.authorizationClaim
+        let found = authorization[claim]
+        guard found == key.subjectID || found == "*" else {
+            throw .subjectMismatch(expected: key.subjectID, claim: claim, found: found ?? "(absent)")
+        }
+    }
+}
