@@ -52,10 +52,20 @@ let package = Package(
             ],
             swiftSettings: strictSettings
         ),
+        // A helper process for tests of several processes sharing one store.
+        .executableTarget(
+            name: "token-engine-probe",
+            dependencies: [
+                "FleetTokenStore",
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            path: "Tests/EngineProbe"
+        ),
         .testTarget(
             name: "FleetTokenStoreTests",
             dependencies: [
                 "FleetTokenStore",
+                "token-engine-probe",
                 "FleetTokenMigrations",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Clocks", package: "swift-clocks"),

@@ -141,6 +141,13 @@ public final class TokenSyncEngine: Service, Sendable {
 
     // MARK: - Service
 
+    /// Stops the engine without ``run()``: cancels fetches in flight, waits until every fetched
+    /// token is committed to the store, and releases refresh leases. For one-shot programs;
+    /// a running service does this itself on graceful shutdown.
+    public func shutdown() async {
+        await coordinator.shutDown()
+    }
+
     /// Runs proactive refresh and follows changes other processes make to the store, until the
     /// task is cancelled or a graceful shutdown is triggered; then cancels fetches in flight,
     /// finishes pending store writes, and returns.

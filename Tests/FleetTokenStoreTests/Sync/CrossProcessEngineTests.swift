@@ -1,0 +1,33 @@
+import Foundation
+import Testing
+@testable import FleetTokenStore
+
+/// Where SwiftPM put this package's executables: beside the test bundle.
+let productsDirectory = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().deletingLastPathComponent()
+
+@Suite("Processes sharing one store")
+struct CrossProcessEngineTests {
+    @Test("two processes asking for the same missing key at once fetch it once between them")
+    func twoProcessesOneFetch() async throws {
+        let dir = TemporaryDirectory()
+        let store = dir.file("tokens.sqlite")
+        let fetchLog = dir.file("fetches.log")
+        FileManager.default.createFile(atPath: fetchLog, contents: nil)
+        try openStore(store).close() // created and migrated once, so neither probe races on it
+        let probe = productsDirectory.appendingPathComponent("token-engine-probe").path
+        #expect(FileManager.default.isExecutableFile(atPath: probe))
+
+        async let first = Task.detached { try run(probe, [store, "vehicle", "shared-1", fetchLog, "1500"]) }.value
+        try await Task.sleep(for: .milliseconds(300))
+        async let second = Task.detached { try run(probe, [store, "vehicle", "shared-1", fetchLog, "1500"]) }.value
+        let (a, b) = try await (first, second)
+        #expect(a.status == 0, "\(a.stderr)")
+        #expect(b.status == 0, "\(b.stderr)")
+        let fetches = try String(contentsOfFile: fetchLog, encoding: .utf8).split(separator: "\n")
+        #expect(fetches.count == 1, "fetch log: \(fetches)")
+        // Both print the same token fingerprint; the second got it from the first via the store.
+        let fingerprints = [a.stdout, b.stdout].map { $0.split(separator: " ").first.map(String.init) }
+        #expect(fingerprints[0] != nil && fingerprints[0] == fingerprints[1])
+        #expect(b.stdout.contains("other_process"))
+    }
+}
