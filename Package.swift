@@ -3,27 +3,38 @@
 
 import PackageDescription
 
-/// Strict settings for every target of ours: Swift 6 mode is the package default; these add
+/// Strict settings for the library and tools: Swift 6 mode is the package default; these add
 /// checks that keep the public surface honest.
 let strictSettings: [SwiftSetting] = [
     .enableUpcomingFeature("ExistentialAny"),
     .enableUpcomingFeature("InternalImportsByDefault"),
     .enableUpcomingFeature("MemberImportVisibility"),
 ]
+let testSettings: [SwiftSetting] = [.enableUpcomingFeature("ExistentialAny")]
 
 let package = Package(
     name: "FleetTokenStore",
     platforms: [.macOS(.v15)],
     products: [
         .library(name: "FleetTokenStore", targets: ["FleetTokenStore"]),
+        .library(name: "FleetTokenHTTP", targets: ["FleetTokenHTTP"]),
+        .library(name: "DevTokenIssuer", targets: ["DevTokenIssuer"]),
+        .executable(name: "token-agent", targets: ["token-agent"]),
+        .executable(name: "dev-token-server", targets: ["dev-token-server"]),
+        .executable(name: "tokenctl", targets: ["tokenctl"]),
     ],
     dependencies: [
         .package(url: "https://github.com/groue/GRDB.swift", from: "7.10.0"),
         .package(url: "https://github.com/apple/swift-log", from: "1.16.0"),
         .package(url: "https://github.com/apple/swift-metrics", from: "2.13.0"),
         .package(url: "https://github.com/apple/swift-crypto", "4.1.0"..<"6.0.0"),
-        .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.13.0"),
         .package(url: "https://github.com/apple/swift-collections", from: "1.1.0"),
+        .package(url: "https://github.com/apple/swift-nio", from: "2.101.0"),
+        .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.0"),
+        .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.13.0"),
+        .package(url: "https://github.com/swift-server/async-http-client", from: "1.37.0"),
+        .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.28.0"),
+        .package(url: "https://github.com/vapor/jwt-kit", from: "5.8.0"),
         .package(url: "https://github.com/pointfreeco/swift-clocks", from: "1.1.1"),
     ],
     targets: [
@@ -39,6 +50,7 @@ let package = Package(
             ],
             swiftSettings: strictSettings
         ),
+        // The library agents embed: model, SQLite storage, sync engine. No HTTP dependency.
         .target(
             name: "FleetTokenStore",
             dependencies: [
@@ -52,6 +64,63 @@ let package = Package(
             ],
             swiftSettings: strictSettings
         ),
+        // The HTTP provider client, separate so the core stays lean.
+        .target(
+            name: "FleetTokenHTTP",
+            dependencies: [
+                "FleetTokenStore",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOFoundationCompat", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: strictSettings
+        ),
+        // The development issuer, usable in-process (demo mode, tests) and standalone.
+        .target(
+            name: "DevTokenIssuer",
+            dependencies: [
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "JWTKit", package: "jwt-kit"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "_CryptoExtras", package: "swift-crypto"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            path: "tools/dev-token-server/Sources/DevTokenIssuer"
+        ),
+        .executableTarget(
+            name: "dev-token-server",
+            dependencies: [
+                "DevTokenIssuer",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            path: "tools/dev-token-server/Sources/dev-token-server"
+        ),
+        .executableTarget(
+            name: "token-agent",
+            dependencies: [
+                "FleetTokenStore",
+                "FleetTokenHTTP",
+                "DevTokenIssuer",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            path: "tools/token-agent"
+        ),
+        .executableTarget(
+            name: "tokenctl",
+            dependencies: [
+                "FleetTokenStore",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            path: "tools/tokenctl"
+        ),
         // A helper process for tests of several processes sharing one store.
         .executableTarget(
             name: "token-engine-probe",
@@ -61,12 +130,19 @@ let package = Package(
             ],
             path: "Tests/EngineProbe"
         ),
+        // Test support shared by the test targets.
+        .target(
+            name: "TestSupportKit",
+            path: "Tests/TestSupportKit",
+            swiftSettings: testSettings
+        ),
         .testTarget(
             name: "FleetTokenStoreTests",
             dependencies: [
+                "TestSupportKit",
                 "FleetTokenStore",
-                "token-engine-probe",
                 "FleetTokenMigrations",
+                "token-engine-probe",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Clocks", package: "swift-clocks"),
                 .product(name: "Logging", package: "swift-log"),
@@ -75,7 +151,34 @@ let package = Package(
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
             resources: [.copy("Fixtures")],
-            swiftSettings: [.enableUpcomingFeature("ExistentialAny")]
+            swiftSettings: testSettings
+        ),
+        .testTarget(
+            name: "FleetTokenHTTPTests",
+            dependencies: [
+                "TestSupportKit",
+                "FleetTokenHTTP",
+                "FleetTokenStore",
+                "DevTokenIssuer",
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "InMemoryLogging", package: "swift-log"),
+            ],
+            swiftSettings: testSettings
+        ),
+        .testTarget(
+            name: "EndToEndTests",
+            dependencies: [
+                "TestSupportKit",
+                "FleetTokenStore",
+                "DevTokenIssuer",
+                "token-agent",
+                "dev-token-server",
+                "tokenctl",
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: testSettings
         ),
     ],
     swiftLanguageModes: [.v6]

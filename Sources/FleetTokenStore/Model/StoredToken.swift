@@ -42,6 +42,16 @@ public struct StoredToken: Sendable, Equatable, CustomStringConvertible {
     }
 }
 
+extension StoredToken: CustomReflectable {
+    /// A mirror without the token value (so `dump` and debuggers print the fingerprint).
+    public var customMirror: Mirror {
+        Mirror(self, children: [
+            "key": key, "fingerprint": fingerprint, "expiresAt": expiresAt, "issuedAt": issuedAt as Any,
+            "fetchedAt": fetchedAt, "lastUsedAt": lastUsedAt as Any,
+        ])
+    }
+}
+
 /// Why refreshing a key failed, and when to try again: persisted so that restarts and crash
 /// loops honour the backoff.
 public struct RefreshFailureState: Sendable, Equatable {

@@ -79,35 +79,51 @@ final class ChangeMonitor: Sendable {
         continuations.forEach { $0.finish() }
     }
 
-    private var hasSubscribers: Bool {
-        state.withLock { !$0.continuations.isEmpty && !$0.closed }
+    /// True while someone listens; otherwise forgets the poll task in the same critical
+    /// section, so the next subscriber starts a new one.
+    private func keepPolling() -> Bool {
+        state.withLock { state in
+            if state.continuations.isEmpty || state.closed {
+                state.pollTask = nil
+                return false
+            }
+            return true
+        }
     }
 
     private func poll() async {
-        let reader: DatabaseQueue
+        var opened: DatabaseQueue?
         var configuration = Configuration()
         configuration.readonly = true
         configuration.busyMode = .timeout(busyTimeout)
         configuration.label = "FleetTokenStore.changes"
-        var dataVersion: Int64
-        var lastSeq: Int64
-        do {
-            reader = try DatabaseQueue(path: path, configuration: configuration)
-            (dataVersion, lastSeq) = try await reader.read { db in
-                (try Int64.fetchOne(db, sql: "PRAGMA data_version") ?? 0, try ChangeLog.lastSequence(db))
+        var dataVersion: Int64 = 0
+        var lastSeq: Int64 = 0
+        // Open the watching connection; retried each second while someone listens.
+        while true {
+            guard keepPolling() else { return }
+            do {
+                let queue = try DatabaseQueue(path: path, configuration: configuration)
+                (dataVersion, lastSeq) = try await queue.read { db in
+                    (try Int64.fetchOne(db, sql: "PRAGMA data_version") ?? 0, try ChangeLog.lastSequence(db))
+                }
+                opened = queue
+                break
+            } catch {
+                logger.error("cannot watch the token store for changes by other processes; retrying", metadata: [
+                    "store": .string(path), "error": .string(TokenStoreError(error, path: path).description),
+                ])
+                do { try await Task.sleep(for: .seconds(1)) } catch { return }
             }
-        } catch {
-            logger.error("cannot watch the token store for changes by other processes", metadata: [
-                "store": .string(path), "error": .string(TokenStoreError(error, path: path).description),
-            ])
-            return
         }
+        guard let reader = opened else { return }
         defer { try? reader.close() }
 
-        while hasSubscribers {
+        while keepPolling() {
             do {
                 try await Task.sleep(for: interval)
             } catch {
+                state.withLock { $0.pollTask = nil }
                 return // cancelled: the repository closed
             }
             do {

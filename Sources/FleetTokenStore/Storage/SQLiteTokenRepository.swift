@@ -198,6 +198,18 @@ public final class SQLiteTokenRepository: TokenRepository {
         }
     }
 
+    /// How many entries match `filter`.
+    /// - Throws: ``TokenStoreError``.
+    public func count(_ filter: TokenFilter) async throws(TokenStoreError) -> Int {
+        let condition = TokenRow.condition(for: filter)
+        let sql = "SELECT count(*) FROM tokens \(condition.whereClause)"
+        let arguments = condition.arguments
+        return try await read { db in try Int.fetchOne(db, sql: sql, arguments: StatementArguments(arguments)) ?? 0 }
+    }
+
+    /// The schema version this build migrates stores to.
+    public static var buildSchemaVersion: Int { SchemaMigrator().latestVersion }
+
     /// The schema version recorded in the store.
     /// - Throws: ``TokenStoreError``.
     public func schemaVersion() async throws(TokenStoreError) -> Int {
@@ -221,7 +233,8 @@ public final class SQLiteTokenRepository: TokenRepository {
 
     // MARK: - Writing
 
-    /// Stores `token` in one transaction, replacing the key's previous token.
+    /// Stores `token` in one transaction, replacing the key's previous token unless that one
+    /// expires later.
     /// - Throws: ``TokenStoreError``; on failure nothing was written.
     public func upsert(_ token: StoredToken, clearFailure: Bool = true) async throws(TokenStoreError) {
         try await write { db in try TokenRow.upsert(token, clearFailure: clearFailure, db) }
@@ -255,6 +268,12 @@ public final class SQLiteTokenRepository: TokenRepository {
             try db.execute(sql: "DELETE FROM tokens WHERE expires_at < ?", arguments: [date.timeIntervalSince1970])
             return db.changesCount
         }
+    }
+
+    /// Removes the token of `key`, keeping its failure state.
+    /// - Throws: ``TokenStoreError``.
+    public func removeToken(for key: TokenKey) async throws(TokenStoreError) {
+        try await write { db in try TokenRow.removeToken(for: key, db) }
     }
 
     /// Records a failed refresh of `key`.

@@ -33,21 +33,22 @@ struct SchemaMigrator: Sendable {
         return State(storeVersion: storeVersion, unknownIdentifiers: unknown, pending: pending)
     }
 
-    /// Applies pending migrations, each in its own transaction. A failing one is rolled back
-    /// and the error names it; earlier ones stay applied.
+    /// Applies pending migrations, each in its own `BEGIN IMMEDIATE` transaction that first
+    /// re-reads what is applied: two processes opening one old store at once queue on SQLite's
+    /// write lock and the second finds nothing left to do. (GRDB's migrator reads the applied
+    /// list before taking the lock, and traps when another process got further meanwhile.)
+    /// A failing migration is rolled back whole and named; earlier ones stay applied.
+    /// Records go to GRDB's `grdb_migrations` table, so GRDB's migrator reads them as its own.
     func migrate(_ writer: any DatabaseWriter) throws(MigrationFailure) {
-        let migrator = makeMigrator()
-        let applied: Set<String>
-        do {
-            applied = try writer.read { try migrator.appliedIdentifiers($0) }
-        } catch {
-            throw MigrationFailure(identifier: "(reading applied migrations)", underlying: error)
-        }
-        // One pending target at a time, so a failure names its migration. (GRDB traps when
-        // asked to migrate up to a migration the store is already past.)
-        for migration in migrations where !applied.contains(migration.identifier) {
+        for migration in migrations {
             do {
-                try migrator.migrate(writer, upTo: migration.identifier)
+                try writer.write { db in
+                    try db.execute(sql: "CREATE TABLE IF NOT EXISTS grdb_migrations (identifier TEXT NOT NULL PRIMARY KEY)")
+                    let applied = try String.fetchSet(db, sql: "SELECT identifier FROM grdb_migrations")
+                    guard !applied.contains(migration.identifier) else { return }
+                    try db.execute(sql: migration.sql)
+                    try db.execute(sql: "INSERT INTO grdb_migrations (identifier) VALUES (?)", arguments: [migration.identifier])
+                }
             } catch {
                 throw MigrationFailure(identifier: migration.identifier, underlying: error)
             }

@@ -70,15 +70,17 @@ struct StoreFiles: Sendable {
     /// Creates the empty store file with mode 0600 before SQLite opens it. SQLite gives the
     /// `-wal` and `-shm` files the mode of the database file, so they are born 0600 too, with
     /// no process-wide umask change racing other threads.
-    func createEmptyFile() throws(TokenStoreError) {
+    /// Returns false when another process created the file first.
+    func createEmptyFile() throws(TokenStoreError) -> Bool {
         let fd = open(path, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0o600)
         if fd < 0 {
-            if errno == EEXIST { return }
+            if errno == EEXIST { return false }
             if errno == EACCES || errno == EROFS { throw .directoryNotWritable(path: path, reason: Self.errnoText()) }
             throw .sqlite(path: path, code: 14, message: "cannot create the store file: \(Self.errnoText())")
         }
         _ = fchmod(fd, 0o600)
         close(fd)
+        return true
     }
 
     /// Files among the store and its side files whose mode grants anything to group or others.

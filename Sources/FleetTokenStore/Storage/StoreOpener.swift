@@ -36,8 +36,7 @@ struct StoreOpener {
         case .missing:
             guard mode.createIfMissing, !mode.readOnly else { throw .storeMissing(path: files.path) }
             try files.prepareDirectory(create: configuration.createParentDirectories)
-            try files.createEmptyFile()
-            report.created = true
+            report.created = try files.createEmptyFile()
         case .file:
             if mode.readOnly {
                 for file in files.looseFiles() {

@@ -23,7 +23,13 @@ public protocol TokenRepository: Sendable {
     /// - Throws: ``TokenStoreError``.
     func releaseRefreshLeases(for keys: [TokenKey], holder: String) async throws(TokenStoreError)
 
-    /// Stores `token`, replacing the key's previous token, in one transaction.
+    /// Removes the token of `key` (one Fleet Engine rejected) but keeps its failure state, so
+    /// the backoff still holds; the entry goes when it has no failure state either.
+    /// - Throws: ``TokenStoreError``.
+    func removeToken(for key: TokenKey) async throws(TokenStoreError)
+
+    /// Stores `token` in one transaction, replacing the key's previous token unless that one
+    /// expires later (a newer token another process wrote wins over a slow writer's older one).
     /// Clears the key's failure state when `clearFailure` is true (a successful refresh).
     /// - Throws: ``TokenStoreError``; on failure nothing was written.
     func upsert(_ token: StoredToken, clearFailure: Bool) async throws(TokenStoreError)

@@ -77,6 +77,7 @@ enum TokenRow {
           token = excluded.token, expires_at = excluded.expires_at, issued_at = excluded.issued_at,
           fetched_at = excluded.fetched_at,
           last_used_at = coalesce(excluded.last_used_at, tokens.last_used_at)
+        WHERE tokens.token IS NULL OR excluded.expires_at >= tokens.expires_at
         """
 
     private static let upsertClearingFailureSQL = """
@@ -88,6 +89,7 @@ enum TokenRow {
           last_used_at = coalesce(excluded.last_used_at, tokens.last_used_at),
           failure_count = 0, next_attempt_at = NULL, last_error_kind = NULL,
           last_error_message = NULL, last_failure_at = NULL
+        WHERE tokens.token IS NULL OR excluded.expires_at >= tokens.expires_at
         """
 
     static func upsert(_ token: StoredToken, clearFailure: Bool, _ db: Database) throws {
@@ -113,6 +115,16 @@ enum TokenRow {
                 failure.nextAttemptAt.timeIntervalSince1970, failure.lastErrorKind,
                 failure.lastErrorMessage, failure.lastFailureAt.timeIntervalSince1970,
             ])
+    }
+
+    static func removeToken(for key: TokenKey, _ db: Database) throws {
+        let arguments: StatementArguments = [key.kind.rawValue, key.subjectID]
+        try db.cachedStatement(sql: """
+            UPDATE tokens SET token = NULL, expires_at = NULL, issued_at = NULL, fetched_at = NULL
+            WHERE kind = ? AND subject_id = ?
+            """).execute(arguments: arguments)
+        try db.cachedStatement(sql: "DELETE FROM tokens WHERE kind = ? AND subject_id = ? AND token IS NULL AND failure_count = 0")
+            .execute(arguments: arguments)
     }
 
     static func clearFailure(for key: TokenKey, _ db: Database) throws {

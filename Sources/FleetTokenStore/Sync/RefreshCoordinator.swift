@@ -80,6 +80,13 @@ actor RefreshCoordinator {
         await flight(key, demand: true, background: false).value
     }
 
+    /// Like ``obtain(_:)``, but a token past its soft point is refreshed before returning
+    /// (one fetch attempt, unless backing off).
+    func obtainFresh(_ key: TokenKey) async -> Outcome {
+        while let running = inFlight[key] { _ = await running.value }
+        return await flight(key, demand: true, background: false, wantFresh: true).value
+    }
+
     /// Starts a refresh of `key` unless one is running; returns at once.
     nonisolated func refreshInBackground(_ key: TokenKey) {
         Task { await self.startBackgroundRefresh(key) }
@@ -100,29 +107,34 @@ actor RefreshCoordinator {
     }
 
     func invalidate(_ key: TokenKey) async {
-        memory.installEmpty(key, failure: nil)
+        // Keep the backoff: invalidating must not become a way around it.
+        memory.installEmpty(key, failure: memory.entry(key)?.failure)
         queue.cancel(key)
+        // A rejected token still waiting for its group commit must not reach the store after
+        // the removal below.
+        pendingWrites[key] = nil
+        await flushTask?.value
         do {
-            _ = try await repository.purge(.key(key))
+            try await repository.removeToken(for: key)
         } catch {
             logger.warning("could not remove an invalidated token from the store", metadata: [
                 "key": .string(key.description), "error": .string(error.description),
             ])
         }
         logger.info("token invalidated; the next request fetches a new one", metadata: ["key": .string(key.description)])
-        if wantsProactiveRefresh(key) { schedule(key, at: correctedNow) }
+        if wantsProactiveRefresh(key) { scheduleNextRefresh(key) }
     }
 
     // MARK: - One refresh
 
-    private func flight(_ key: TokenKey, demand: Bool, background: Bool) -> Task<Outcome, Never> {
+    private func flight(_ key: TokenKey, demand: Bool, background: Bool, wantFresh: Bool = false) -> Task<Outcome, Never> {
         if let task = inFlight[key] { return task }
-        let task = Task { await self.refresh(key, demand: demand, background: background) }
+        let task = Task { await self.refresh(key, demand: demand, background: background, wantFresh: wantFresh) }
         inFlight[key] = task
         return task
     }
 
-    private func refresh(_ key: TokenKey, demand: Bool, background: Bool) async -> Outcome {
+    private func refresh(_ key: TokenKey, demand: Bool, background: Bool, wantFresh: Bool) async -> Outcome {
         defer {
             inFlight[key] = nil
             memory.finishRefreshRequest(key)
@@ -142,14 +154,16 @@ actor RefreshCoordinator {
                 scheduleNextRefresh(key)
                 return .token(token)
             }
-            if demand && nowC < entry.usableUntil {
+            if demand && !wantFresh && nowC < entry.usableUntil {
                 // Due but usable: the caller gets it now; the refresh runs in the background.
                 memory.markUsed(key, at: nowC)
                 schedule(key, at: nowC)
                 return .token(token)
             }
         }
-        if let failure = entry?.failure, failure.nextAttemptAt > nowC {
+        // Backoff and lease times are local wall-clock times: they coordinate this machine's
+        // processes, whose provider-clock estimates may differ.
+        if let failure = entry?.failure, failure.nextAttemptAt > now() {
             scheduleNextRefresh(key)
             return .failed(.provider(entry?.lastError ?? Self.persistedError(failure)), nextAttemptAt: failure.nextAttemptAt)
         }
@@ -161,11 +175,21 @@ actor RefreshCoordinator {
         case .proceed:
             break
         }
-        return await fetch(key, previous: entry?.token, demand: demand)
+        if shuttingDown || Task.isCancelled {
+            await releaseLease(key)
+            return .failed(.shuttingDown, nextAttemptAt: nil)
+        }
+        // What we hold now, not before the lease wait: another process may have stored a newer token.
+        return await fetch(key, previous: memory.entry(key)?.token, demand: demand)
     }
 
     private func fetch(_ key: TokenKey, previous: StoredToken?, demand: Bool) async -> Outcome {
         await acquireFetchSlot()
+        if shuttingDown || Task.isCancelled {
+            releaseFetchSlot()
+            await releaseLease(key)
+            return .failed(.shuttingDown, nextAttemptAt: nil)
+        }
         let started = ContinuousClock.now
         let result: Result<FetchedToken, TokenProviderError>
         do {
@@ -208,14 +232,15 @@ actor RefreshCoordinator {
 
     private func recordFailure(_ key: TokenKey, _ error: TokenProviderError) async -> Outcome {
         let nowC = correctedNow
+        let local = now()
         let failures = (memory.entry(key)?.failure?.consecutiveFailures ?? 0) + 1
         var delay = policy.jitteredBackoff(afterFailures: failures, retryable: error.isRetryable, random: random())
         if let retryAfter = error.retryAfter {
             delay = max(delay, min(retryAfter, Self.maximumRetryAfter))
         }
-        let next = nowC.addingTimeInterval(delay)
+        let next = local.addingTimeInterval(delay)
         let failure = RefreshFailureState(consecutiveFailures: failures, nextAttemptAt: next, lastErrorKind: error.kind,
-                                          lastErrorMessage: error.description, lastFailureAt: nowC)
+                                          lastErrorMessage: error.description, lastFailureAt: local)
         memory.recordFailure(key, failure: failure, error: error)
         metrics.failure(kind: error.kind)
         logger.warning("token refresh failed; backing off", metadata: [
@@ -250,7 +275,7 @@ actor RefreshCoordinator {
         for _ in 0..<3 {
             let outcome: RefreshLease
             do {
-                outcome = try await repository.acquireRefreshLease(for: key, holder: holder, now: correctedNow,
+                outcome = try await repository.acquireRefreshLease(for: key, holder: holder, now: now(),
                                                                   duration: policy.leaseDuration)
             } catch {
                 logger.warning("could not take the refresh lease; fetching without it", metadata: [
@@ -270,8 +295,8 @@ actor RefreshCoordinator {
                 logger.debug("another process is refreshing this key; waiting for its result", metadata: [
                     "key": .string(key.description), "holder": .string(other),
                 ])
-                let deadline = min(until, correctedNow.addingTimeInterval(policy.leaseDuration))
-                while correctedNow < deadline, !Task.isCancelled {
+                let deadline = min(until, now().addingTimeInterval(policy.leaseDuration))
+                while now() < deadline, !Task.isCancelled {
                     try? await Task.sleep(for: .milliseconds(50))
                     guard let current = try? await repository.entry(for: key) else { continue }
                     if let decision = adoptFromStore(key, current) { return decision }
@@ -294,7 +319,7 @@ actor RefreshCoordinator {
             scheduleNextRefresh(key)
             if let entry = memory.entry(key), nowC < entry.softPoint { return .adopted(token) }
         }
-        if let failure = stored?.failure, failure.nextAttemptAt > nowC,
+        if let failure = stored?.failure, failure.nextAttemptAt > now(),
            failure.lastFailureAt > (held?.failure?.lastFailureAt ?? .distantPast) {
             let error = Self.persistedError(failure)
             memory.recordFailure(key, failure: failure, error: error)
@@ -345,7 +370,8 @@ actor RefreshCoordinator {
             do {
                 try await repository.upsert(batch, clearFailure: true)
                 noteStoreWriteSucceeded()
-                let keys = batch.map(\.key).filter { leasedKeys.contains($0) }
+                // A key with a new flight running holds a new lease (same holder): leave it.
+                let keys = batch.map(\.key).filter { leasedKeys.contains($0) && inFlight[$0] == nil }
                 leasedKeys.subtract(keys)
                 try? await repository.releaseRefreshLeases(for: keys, holder: holder)
                 for token in batch {
@@ -417,15 +443,17 @@ actor RefreshCoordinator {
     }
 
     /// Schedules `key` at its soft point, or at its next attempt while backing off, or now
-    /// when it holds no usable token; idle untracked keys are left alone.
+    /// when it holds no usable token. When it comes due, an idle untracked key is evicted
+    /// instead of refreshed.
     private func scheduleNextRefresh(_ key: TokenKey) {
-        guard wantsProactiveRefresh(key) else {
-            queue.cancel(key)
-            return
-        }
         let entry = memory.entry(key)
-        var due = entry?.token == nil ? correctedNow : (entry?.softPoint ?? correctedNow)
-        if let failure = entry?.failure, failure.nextAttemptAt > due { due = failure.nextAttemptAt }
+        let nowC = correctedNow
+        var due = entry?.token == nil ? nowC : (entry?.softPoint ?? nowC)
+        if let failure = entry?.failure {
+            // The queue runs on corrected time; backoff is kept in local time.
+            let retry = failure.nextAttemptAt.addingTimeInterval(nowC.timeIntervalSince(now()))
+            if retry > due { due = retry }
+        }
         schedule(key, at: due)
     }
 
@@ -448,7 +476,13 @@ actor RefreshCoordinator {
             let nowC = correctedNow
             let slots = max(0, policy.maxConcurrentFetches - backgroundFlights)
             for key in queue.popDue(at: nowC, limit: slots) {
-                guard wantsProactiveRefresh(key), inFlight[key] == nil else { continue }
+                guard inFlight[key] == nil else { continue }
+                guard wantsProactiveRefresh(key) else {
+                    // Idle and untracked (a finished trip): stop refreshing it and free its
+                    // memory; a later request reads the store again.
+                    if pendingWrites[key] == nil { memory.remove(key) }
+                    continue
+                }
                 backgroundFlights += 1
                 _ = flight(key, demand: false, background: true)
             }
@@ -507,7 +541,8 @@ actor RefreshCoordinator {
         for key in held {
             let mine = memory.entry(key)?.token
             if let token = stored[key]?.token {
-                guard token.value != mine?.value else { continue }
+                // Only a newer token replaces ours: a slow writer's older token must not.
+                guard token.value != mine?.value, token.expiresAt > (mine?.expiresAt ?? .distantPast) else { continue }
                 memory.install(token, source: .otherProcess, failure: stored[key]?.failure)
                 logger.info("adopted a token another process stored", metadata: [
                     "key": .string(key.description), "fingerprint": .string(token.fingerprint.description),

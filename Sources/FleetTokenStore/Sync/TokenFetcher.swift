@@ -30,6 +30,19 @@ public struct FetchedToken: Sendable, Equatable {
     }
 }
 
+extension FetchedToken: CustomStringConvertible, CustomReflectable {
+    /// Redacted: the token's fingerprint and the stated expiry.
+    public var description: String {
+        "fetched token \(TokenFingerprint(of: value))" + (statedExpiry.map { " expiring \($0.formatted(.iso8601))" } ?? "")
+    }
+
+    /// A mirror without the token value.
+    public var customMirror: Mirror {
+        Mirror(self, children: ["fingerprint": TokenFingerprint(of: value), "statedExpiry": statedExpiry as Any,
+                                "providerDate": providerDate as Any])
+    }
+}
+
 /// Why a fetch produced no usable token. Messages never include a token value.
 public enum TokenProviderError: Error, Sendable, Equatable, CustomStringConvertible {
     /// The provider could not be reached (connection refused, DNS, TLS).

@@ -57,7 +57,7 @@ final class TokenMemory: Sendable {
             }
             guard now < state.entries.values[index].usableUntil else { return .miss }
             state.entries.values[index].lastUsed = now
-            let inBackoff = state.entries.values[index].failure.map { $0.nextAttemptAt > now } ?? false
+            let inBackoff = state.entries.values[index].failure.map { $0.nextAttemptAt > localNow } ?? false
             let start = !state.entries.values[index].refreshRequested && !inBackoff
             if start { state.entries.values[index].refreshRequested = true }
             return .stale(token, startRefresh: start, offline: inBackoff)
@@ -84,8 +84,10 @@ final class TokenMemory: Sendable {
     /// Installs `token` with a freshly jittered soft point, clearing failure state.
     func install(_ token: StoredToken, source: TokenSource, failure: RefreshFailureState? = nil,
                  lastUsed: Date? = nil) {
-        let soft = policy.softPoint(of: token, jitter: random())
         let usable = token.expiresAt.addingTimeInterval(-policy.floor(of: token))
+        // Never later than the floor, whatever the policy's fractions: the hot path checks only
+        // the soft point.
+        let soft = min(policy.softPoint(of: token, jitter: random()), usable)
         state.withLock { state in
             let previousUse = state.entries[token.key]?.lastUsed
             state.entries[token.key] = MemoryEntry(

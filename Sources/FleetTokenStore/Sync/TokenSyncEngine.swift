@@ -95,8 +95,17 @@ public final class TokenSyncEngine: Service, Sendable {
         }
     }
 
-    private func waitForToken(_ key: TokenKey) async throws(TokenUnavailable) -> StoredToken {
-        let outcome = await coordinator.obtain(key)
+    /// A token for `key` that is before its soft point when possible: a stored or held token
+    /// past it is refreshed first (one fetch attempt, none while backing off). If that fails,
+    /// the held token is returned while above the floor. For one-shot runs (`token-agent --once`).
+    /// - Throws: ``TokenUnavailable``.
+    public func freshToken(for key: TokenKey) async throws(TokenUnavailable) -> (token: StoredToken, source: TokenSource) {
+        let token = try await waitForToken(key, fresh: true)
+        return (token, memory.entry(key)?.source ?? .provider)
+    }
+
+    private func waitForToken(_ key: TokenKey, fresh: Bool = false) async throws(TokenUnavailable) -> StoredToken {
+        let outcome = fresh ? await coordinator.obtainFresh(key) : await coordinator.obtain(key)
         switch outcome {
         case .token(let token):
             return token

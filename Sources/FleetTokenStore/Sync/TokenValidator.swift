@@ -39,6 +39,7 @@ public struct TokenValidator: Sendable {
         if let issuedAt {
             if issuedAt.timeIntervalSince(now) > policy.lifetimeTolerance { throw .issuedInFuture(issuedAt: issuedAt) }
             let lifetime = expiresAt.timeIntervalSince(issuedAt)
+            if lifetime <= 0 { throw .expired(expiresAt: expiresAt) }
             if lifetime > policy.maximumLifetime + policy.lifetimeTolerance {
                 throw .lifetimeTooLong(seconds: lifetime, limit: policy.maximumLifetime)
             }

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import TestSupportKit
 @testable import FleetTokenStore
 
 /// A stock `sqlite3` shell kept running, fed statements on its standard input.
@@ -48,7 +49,7 @@ final class SQLiteShell {
     }
 }
 
-@Suite("Sharing a store with other connections and processes")
+@Suite("Sharing a store with other connections and processes", .exclusive)
 struct CrossProcessTests {
     let dir = TemporaryDirectory()
     var path: String { dir.file("tokens.sqlite") }

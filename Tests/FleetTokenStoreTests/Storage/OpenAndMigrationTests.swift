@@ -71,7 +71,7 @@ struct OpenAndMigrationTests {
         #expect(trip.token == nil)
         #expect(trip.failure?.consecutiveFailures == 3)
         // V0002's objects exist and work on the upgraded data.
-        try await store.upsert(token(try .vehicle("fixture-vehicle-1"), expiresIn: 60))
+        try await store.upsert(token(try .vehicle("fixture-vehicle-2"), expiresIn: 60))
         let changes = try await store.pool.read { try Int.fetchOne($0, sql: "SELECT count(*) FROM token_changes") }
         #expect(changes == 1)
         store.close()
@@ -135,6 +135,27 @@ struct OpenAndMigrationTests {
         let reopened = try openStore(path)
         #expect(try await reopened.entry(for: try .vehicle("kept"))?.token != nil)
         reopened.close()
+    }
+
+    @Test("several openers migrating one old store at once all succeed; each migration runs once")
+    func concurrentMigration() async throws {
+        let dir = TemporaryDirectory()
+        let path = dir.file("tokens.sqlite")
+        let fixture = try #require(Bundle.module.path(forResource: "store-v1", ofType: "sqlite", inDirectory: "Fixtures"))
+        try FileManager.default.copyItem(atPath: fixture, toPath: path)
+        let versions = try await withThrowingTaskGroup(of: Int.self) { group in
+            for _ in 0..<6 {
+                group.addTask {
+                    let store = try openStore(path)
+                    defer { store.close() }
+                    return try await store.schemaVersion()
+                }
+            }
+            return try await group.reduce(into: [Int]()) { $0.append($1) }
+        }
+        #expect(versions == Array(repeating: EmbeddedMigrations.latestVersion, count: 6))
+        #expect(try sqlite3(path, "SELECT count(*) FROM grdb_migrations") == "\(EmbeddedMigrations.latestVersion)")
+        #expect(try sqlite3(path, "SELECT count(*) FROM tokens") == "2")
     }
 
     @Test("every SQL file in Migrations/ is embedded and listed in order")

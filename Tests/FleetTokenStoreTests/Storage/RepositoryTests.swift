@@ -38,6 +38,28 @@ struct RepositoryTests {
         #expect(try await store.list(.all).count == 1)
     }
 
+    @Test("an older token never replaces a newer one (a slow writer loses); removeToken keeps the backoff")
+    func newerTokenWins() async throws {
+        let store = try openStore(path)
+        defer { store.close() }
+        let key = try TokenKey.trip("t")
+        let newer = token(key, expiresIn: 3000, value: fakeToken("newer"))
+        try await store.upsert(newer)
+        try await store.upsert(token(key, expiresIn: 1000, value: fakeToken("older")))
+        #expect(try await store.entry(for: key)?.token == newer)
+
+        let failure = RefreshFailureState(consecutiveFailures: 2, nextAttemptAt: referenceNow + 4, lastErrorKind: "timeout",
+                                          lastFailureAt: referenceNow)
+        try await store.recordFailure(failure, for: key)
+        try await store.removeToken(for: key)
+        #expect(try await store.entry(for: key) == TokenEntry(key: key, token: nil, failure: failure))
+        // Without failure state the entry goes entirely.
+        let other = try TokenKey.trip("u")
+        try await store.upsert(token(other, expiresIn: 100))
+        try await store.removeToken(for: other)
+        #expect(try await store.entry(for: other) == nil)
+    }
+
     @Test("list filters by kind, subject, expired and valid, and pages by key")
     func listFilters() async throws {
         let store = try await seeded()

@@ -142,6 +142,7 @@ final class CountingRepository: TokenRepository, Sendable {
     func acquireRefreshLease(for key: TokenKey, holder: String, now: Date, duration: TimeInterval) async throws(TokenStoreError) -> RefreshLease {
         tick(); return try await base.acquireRefreshLease(for: key, holder: holder, now: now, duration: duration)
     }
+    func removeToken(for key: TokenKey) async throws(TokenStoreError) { tick(); try await base.removeToken(for: key) }
     func releaseRefreshLeases(for keys: [TokenKey], holder: String) async throws(TokenStoreError) { tick(); try await base.releaseRefreshLeases(for: keys, holder: holder) }
     func upsert(_ token: StoredToken, clearFailure: Bool) async throws(TokenStoreError) { tick(); try await base.upsert(token, clearFailure: clearFailure) }
     func upsert(_ tokens: [StoredToken], clearFailure: Bool) async throws(TokenStoreError) { tick(); try await base.upsert(tokens, clearFailure: clearFailure) }

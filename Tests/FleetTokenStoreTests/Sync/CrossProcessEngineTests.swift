@@ -1,11 +1,12 @@
 import Foundation
 import Testing
+import TestSupportKit
 @testable import FleetTokenStore
 
 /// Where SwiftPM put this package's executables: beside the test bundle.
 let productsDirectory = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().deletingLastPathComponent()
 
-@Suite("Processes sharing one store")
+@Suite("Processes sharing one store", .exclusive)
 struct CrossProcessEngineTests {
     @Test("two processes asking for the same missing key at once fetch it once between them")
     func twoProcessesOneFetch() async throws {

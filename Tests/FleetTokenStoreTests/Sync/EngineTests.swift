@@ -1,9 +1,10 @@
 import Foundation
 import Logging
 import Testing
+import TestSupportKit
 @testable import FleetTokenStore
 
-@Suite("TokenSyncEngine: reuse, refresh, floor, offline, backoff")
+@Suite("TokenSyncEngine: reuse, refresh, floor, offline, backoff", .exclusive)
 struct EngineTests {
     let key = try! TokenKey.vehicle("truck-7")
 
@@ -160,6 +161,53 @@ struct EngineTests {
         let second = try await h.engine.token(for: key)
         #expect(second != first)
         #expect(h.fetcher.total == 2)
+    }
+
+    @Test("invalidate keeps the backoff: no fetch while it runs")
+    func invalidateKeepsBackoff() async throws {
+        let h = try EngineHarness(random: 1)
+        _ = try await h.engine.token(for: key)
+        h.fetcher.setAnswer { _, _ throws(TokenProviderError) in throw .httpStatus(code: 503, retryAfter: 60) }
+        await h.engine.invalidate(key)
+        _ = await #expect(throws: TokenUnavailable.self) { try await h.engine.token(for: key) }
+        #expect(h.fetcher.total == 2)
+        await h.engine.invalidate(key)
+        for _ in 0..<5 {
+            let error = await #expect(throws: TokenUnavailable.self) { try await h.engine.token(for: key) }
+            #expect(error?.nextAttemptAt == referenceNow + 60)
+        }
+        #expect(h.fetcher.total == 2)
+        #expect(try await h.store.entry(for: key)?.failure?.consecutiveFailures == 1)
+    }
+
+    @Test("whatever the policy's fractions, a token below the floor is never served")
+    func softPointNeverPastFloor() async throws {
+        var policy = RefreshPolicy()
+        policy.softPointFraction = 0.999
+        policy.softPointJitterFraction = 0
+        let h = try EngineHarness(policy: policy)
+        let first = try await h.engine.token(for: key)
+        h.fetcher.setAnswer { _, _ throws(TokenProviderError) in throw .timeout(seconds: 1) }
+        await h.time.advance(by: 3580) // 20 s left: below the 30 s floor, before the 99.9% soft point
+        await #expect(throws: TokenUnavailable.self) { try await h.engine.token(for: key) }
+        #expect(first.expiresAt.timeIntervalSince(h.time.now) == 20)
+    }
+
+    @Test("idle untracked keys leave memory once due; a later request reads the store again")
+    func idleEviction() async throws {
+        var policy = RefreshPolicy()
+        policy.idleWindow = 60
+        let h = try EngineHarness(policy: policy)
+        let running = h.start()
+        let first = try await h.engine.token(for: key)
+        #expect(h.engine.memory.entry(key) != nil)
+        await h.time.advance(by: 2900)
+        #expect(await eventually(within: 2) { h.engine.memory.entry(key) == nil })
+        #expect(h.fetcher.total == 1)
+        // Still in the store: served from there (past its soft point, so a refresh follows).
+        #expect(try await h.engine.token(for: key) == first)
+        running.cancel()
+        _ = try? await running.value
     }
 
     @Test("1,000 concurrent callers of a missing key cause exactly one fetch")

@@ -3,9 +3,10 @@ import Logging
 import ServiceLifecycle
 import Synchronization
 import Testing
+import TestSupportKit
 @testable import FleetTokenStore
 
-@Suite("TokenSyncEngine: restarts, proactive refresh, other processes, lifecycle")
+@Suite("TokenSyncEngine: restarts, proactive refresh, other processes, lifecycle", .exclusive)
 struct LifecycleTests {
     let keys = (0..<3).map { try! TokenKey.vehicle("v\($0)") } + [try! TokenKey.trip("t0")]
 

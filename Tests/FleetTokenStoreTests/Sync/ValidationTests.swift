@@ -65,6 +65,26 @@ struct ValidationTests {
         _ = try validate(TestJWT.make(for: key, issuedAt: now, lifetime: 3600 + 59))
     }
 
+    @Test("exp at or before iat is rejected as expired")
+    func expBeforeIat() {
+        let payload = #"{"iat":\#(Int(now.timeIntervalSince1970) + 30),"exp":\#(Int(now.timeIntervalSince1970) + 10)}"#
+        #expect(throws: TokenValidationError.expired(expiresAt: now + 10)) { try validate(TestJWT.raw(payload: payload)) }
+    }
+
+    @Test("a fetched token's description and dump show a fingerprint, never the token")
+    func fetchedTokenRedacted() {
+        let jwt = TestJWT.make(for: key, issuedAt: now)
+        let fetched = FetchedToken(value: jwt, statedExpiry: now + 60)
+        var dumped = ""
+        dump(fetched, to: &dumped)
+        var dumpedStored = ""
+        dump(try! validate(jwt), to: &dumpedStored)
+        for text in [String(describing: fetched), dumped, dumpedStored, String(describing: try! validate(jwt))] {
+            #expect(!text.contains(jwt))
+            #expect(text.contains(TokenFingerprint(of: jwt).description))
+        }
+    }
+
     @Test("iat in the future beyond the tolerance is rejected")
     func issuedInFuture() {
         #expect(throws: TokenValidationError.issuedInFuture(issuedAt: now + 600)) {

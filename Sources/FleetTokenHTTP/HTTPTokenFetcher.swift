@@ -1,0 +1,217 @@
+import AsyncHTTPClient
+public import FleetTokenStore
+public import Foundation
+public import Logging
+import NIOCore
+import NIOFoundationCompat
+import NIOHTTP1
+import Synchronization
+
+/// Fetches tokens from the customer's HTTP(S) provider, the way the Fleet Engine samples do:
+/// `GET` on a URL naming the subject, a JSON object with the token and its expiration.
+///
+/// ```swift
+/// var configuration = HTTPTokenFetcherConfiguration(urlTemplate: "https://auth.example.com/fleet/{kind}/{id}")
+/// configuration.headerFiles = [(name: "Authorization", path: "/run/secrets/agent-credential")]
+/// let fetcher = try HTTPTokenFetcher(configuration: configuration, logger: logger)
+/// defer { Task { await fetcher.shutdown() } }
+/// ```
+///
+/// Errors are ``TokenProviderError``s: unreachable, timeout, HTTP status (with `Retry-After`),
+/// not JSON, a missing field (`missingData`), a body over the limit. The engine then validates
+/// the token itself.
+public final class HTTPTokenFetcher: TokenFetcher, Sendable {
+    /// The configuration in use.
+    public let configuration: HTTPTokenFetcherConfiguration
+
+    private let client: HTTPClient
+    private let logger: Logger
+    private let headerFiles: [HeaderFile]
+    private let skewWarned = OnceFlag()
+
+    /// Creates a fetcher with its own HTTP client (shut it down with ``shutdown()``).
+    /// - Throws: ``HTTPFetcherConfigurationError`` for an unusable URL template or header.
+    public init(configuration: HTTPTokenFetcherConfiguration, logger: Logger) throws(HTTPFetcherConfigurationError) {
+        try Self.check(configuration)
+        self.configuration = configuration
+        self.logger = logger
+        self.headerFiles = configuration.headerFiles.map { HeaderFile(name: $0.name, path: $0.path) }
+        var clientConfiguration = HTTPClient.Configuration()
+        clientConfiguration.timeout = .init(connect: .milliseconds(Int64(configuration.connectTimeout * 1000)))
+        clientConfiguration.redirectConfiguration = .disallow
+        clientConfiguration.decompression = .disabled
+        self.client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: clientConfiguration)
+    }
+
+    private let isShutDown = OnceFlag()
+
+    /// Closes the HTTP client's connections. Also done, without waiting, when the fetcher is released.
+    public func shutdown() async {
+        guard isShutDown.claim() else { return }
+        try? await client.shutdown()
+    }
+
+    deinit {
+        // The client keeps itself alive until its shutdown completes.
+        if isShutDown.claim() { _ = client.shutdown() }
+    }
+
+    /// Fetches a token for `key`.
+    /// - Throws: ``TokenProviderError``.
+    public func fetchToken(for key: TokenKey) async throws(TokenProviderError) -> FetchedToken {
+        var request = HTTPClientRequest(url: url(for: key))
+        request.method = .GET
+        request.headers.add(name: "Accept", value: "application/json")
+        for header in configuration.headers { request.headers.add(name: header.name, value: header.value) }
+        for file in headerFiles { request.headers.add(name: file.name, value: try file.value()) }
+
+        // The deadline covers the whole exchange: AsyncHTTPClient's own timeout stops at the
+        // response head, and a provider can trickle its body forever.
+        let client = self.client
+        let configuration = self.configuration
+        let prepared = request
+        let (response, body): (HTTPClientResponse, ByteBuffer)
+        do {
+            (response, body) = try await withThrowingTaskGroup(of: (HTTPClientResponse, ByteBuffer)?.self) { group in
+                group.addTask {
+                    let response = try await client.execute(prepared, timeout: .milliseconds(Int64(configuration.totalTimeout * 1000)))
+                    guard (200..<300).contains(response.status.code) else {
+                        throw TokenProviderError.httpStatus(code: Int(response.status.code),
+                                                            retryAfter: response.headers.first(name: "Retry-After").flatMap(Self.retryAfter))
+                    }
+                    return (response, try await response.body.collect(upTo: configuration.maximumBodyBytes))
+                }
+                group.addTask {
+                    try await Task.sleep(for: .milliseconds(Int64(configuration.totalTimeout * 1000)))
+                    return nil
+                }
+                defer { group.cancelAll() }
+                guard let first = try await group.next(), let result = first else {
+                    throw HTTPClientError.deadlineExceeded
+                }
+                return result
+            }
+        } catch let error as TokenProviderError {
+            throw error
+        } catch {
+            throw mapTransportError(error)
+        }
+        let receivedAt = Date()
+        let providerDate = response.headers.first(name: "Date").flatMap(Self.httpDate)
+        return try parse(Data(buffer: body), for: key, now: providerDate ?? receivedAt, providerDate: providerDate)
+    }
+
+    /// Reads the provider's JSON answer (exposed for tests and fuzzing).
+    /// - Throws: ``TokenProviderError/notJSON(detail:)`` or ``TokenProviderError/missingData(field:)``.
+    public func parse(_ data: Data, for key: TokenKey, now: Date, providerDate: Date? = nil) throws(TokenProviderError) -> FetchedToken {
+        try ProviderResponseParser(configuration: configuration, logger: logger, skewWarned: skewWarned)
+            .parse(data, for: key, now: now, providerDate: providerDate)
+    }
+
+    func url(for key: TokenKey) -> String {
+        configuration.urlTemplate
+            .replacingOccurrences(of: "{kind}", with: key.kind.rawValue)
+            .replacingOccurrences(of: "{id}", with: Self.percentEncode(key.subjectID))
+    }
+
+    /// Percent-encodes everything but RFC 3986's unreserved characters, so an id can never
+    /// change the URL's path or query structure.
+    static func percentEncode(_ text: String) -> String {
+        var encoded = ""
+        for byte in text.utf8 {
+            switch byte {
+            case UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "a")...UInt8(ascii: "z"),
+                 UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "-"), UInt8(ascii: "."),
+                 UInt8(ascii: "_"), UInt8(ascii: "~"):
+                encoded.unicodeScalars.append(Unicode.Scalar(byte))
+            default:
+                encoded += String(format: "%%%02X", byte)
+            }
+        }
+        return encoded
+    }
+
+    private func mapTransportError(_ error: any Error) -> TokenProviderError {
+        if let error = error as? HTTPClientError {
+            switch error {
+            case .connectTimeout: return .timeout(seconds: configuration.connectTimeout)
+            case .deadlineExceeded, .readTimeout, .writeTimeout: return .timeout(seconds: configuration.totalTimeout)
+            default: return .unreachable(detail: String(describing: error))
+            }
+        }
+        if error is NIOTooManyBytesError { return .bodyTooLarge(limitBytes: configuration.maximumBodyBytes) }
+        if error is CancellationError { return .other(detail: "cancelled") }
+        return .unreachable(detail: String(describing: error))
+    }
+
+    static func retryAfter(_ value: String) -> TimeInterval? {
+        let trimmed = value.trimmingCharacters(in: .whitespaces)
+        if let seconds = Double(trimmed), seconds >= 0 { return seconds }
+        return httpDate(trimmed).map { max(0, $0.timeIntervalSinceNow) }
+    }
+
+    /// Parses an RFC 9110 IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`).
+    static func httpDate(_ value: String) -> Date? {
+        let formatter = DateFormatter()
+        formatter.locale = Locale(identifier: "en_US_POSIX")
+        formatter.timeZone = TimeZone(identifier: "GMT")
+        formatter.dateFormat = "EEE, dd MMM yyyy HH:mm:ss 'GMT'"
+        return formatter.date(from: value)
+    }
+
+    private static func check(_ configuration: HTTPTokenFetcherConfiguration) throws(HTTPFetcherConfigurationError) {
+        let template = configuration.urlTemplate
+        guard template.contains("{id}") else { throw .missingIDPlaceholder(template) }
+        let probe = template.replacingOccurrences(of: "{kind}", with: "vehicle").replacingOccurrences(of: "{id}", with: "x")
+        guard let url = URL(string: probe), let scheme = url.scheme?.lowercased(), ["http", "https"].contains(scheme),
+              let host = url.host, !host.isEmpty else {
+            throw .invalidURL(template)
+        }
+        let loopback = host == "localhost" || host.hasPrefix("127.") || host == "::1" || host == "[::1]"
+        if scheme == "http" && !loopback && !configuration.allowInsecureHTTP { throw .insecureHTTP(host: host) }
+        for header in configuration.headers {
+            try checkHeader(name: header.name, value: header.value)
+        }
+        for file in configuration.headerFiles {
+            try checkHeader(name: file.name, value: "")
+        }
+    }
+
+    private static func checkHeader(name: String, value: String) throws(HTTPFetcherConfigurationError) {
+        let tokenCharacters = CharacterSet(charactersIn: "!#$%&'*+-.^_`|~").union(.alphanumerics)
+        guard !name.isEmpty, name.unicodeScalars.allSatisfy({ $0.isASCII && tokenCharacters.contains($0) }) else {
+            throw .invalidHeader("\"\(name)\" is not a valid header name")
+        }
+        guard !value.contains("\r"), !value.contains("\n") else {
+            throw .invalidHeader("the value of \(name) contains a line break")
+        }
+    }
+}
+
+/// A header whose value lives in a file, re-read whenever the file's modification time or size
+/// changes.
+final class HeaderFile: Sendable {
+    let name: String
+    let path: String
+    private let cache = Mutex<(stamp: String, value: String)?>(nil)
+
+    init(name: String, path: String) {
+        self.name = name
+        self.path = path
+    }
+
+    func value() throws(TokenProviderError) -> String {
+        let attributes = try? FileManager.default.attributesOfItem(atPath: path)
+        let stamp = "\((attributes?[.modificationDate] as? Date)?.timeIntervalSince1970 ?? -1)/\((attributes?[.size] as? Int) ?? -1)"
+        if let cached = cache.withLock({ $0 }), cached.stamp == stamp { return cached.value }
+        guard let data = FileManager.default.contents(atPath: path) else {
+            throw .other(detail: "cannot read the \(name) header file \(path): check that it exists and is readable")
+        }
+        let value = String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+        guard !value.contains("\r"), !value.contains("\n") else {
+            throw .other(detail: "the \(name) header file \(path) holds more than one line")
+        }
+        cache.withLock { $0 = (stamp, value) }
+        return value
+    }
+}

@@ -1,0 +1,144 @@
+import Foundation
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Where SwiftPM put this package's executables: beside the test bundle.
+let productsDirectory = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().deletingLastPathComponent()
+
+/// A fresh directory, removed when released.
+final class Scratch: Sendable {
+    let path: String
+    init() {
+        path = FileManager.default.temporaryDirectory.appendingPathComponent("fts-e2e-\(UUID().uuidString.prefix(8))").path
+        try! FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+    }
+    deinit { try? FileManager.default.removeItem(atPath: path) }
+    func file(_ name: String) -> String { "\(path)/\(name)" }
+}
+
+/// One of this package's executables run as a real process, its output captured in files (no
+/// pipe can fill up and stall it). Killed at the end of the test if still running.
+final class RunningProcess: @unchecked Sendable {
+    // @unchecked: `process` is only started, signalled and waited on; Foundation's Process is
+    // safe for that from any thread, and the output files are read after it exits or by polling.
+    let process = Process()
+    let stdoutPath: String
+    let stderrPath: String
+
+    init(_ executable: String, _ arguments: [String], environment: [String: String] = [:], in scratch: Scratch) throws {
+        let id = UUID().uuidString.prefix(8)
+        stdoutPath = scratch.file("\(executable)-\(id).out")
+        stderrPath = scratch.file("\(executable)-\(id).err")
+        FileManager.default.createFile(atPath: stdoutPath, contents: nil)
+        FileManager.default.createFile(atPath: stderrPath, contents: nil)
+        process.executableURL = productsDirectory.appendingPathComponent(executable)
+        process.arguments = arguments
+        var env = ProcessInfo.processInfo.environment
+        env.removeValue(forKey: "TOKEN_STORE_DB")
+        env.merge(environment) { $1 }
+        process.environment = env
+        process.standardOutput = FileHandle(forWritingAtPath: stdoutPath)
+        process.standardError = FileHandle(forWritingAtPath: stderrPath)
+        process.standardInput = FileHandle.nullDevice
+        try process.run()
+    }
+
+    var pid: Int32 { process.processIdentifier }
+    var stdout: String { (try? String(contentsOfFile: stdoutPath, encoding: .utf8)) ?? "" }
+    var stderr: String { (try? String(contentsOfFile: stderrPath, encoding: .utf8)) ?? "" }
+    var isRunning: Bool { process.isRunning }
+
+    func signal(_ signal: Int32) { kill(pid, signal) }
+
+    /// Waits up to `seconds` for the exit; returns the status, or nil if still running.
+    func wait(upTo seconds: Double) async -> Int32? {
+        let deadline = Date().addingTimeInterval(seconds)
+        while process.isRunning && Date() < deadline { try? await Task.sleep(for: .milliseconds(20)) }
+        return process.isRunning ? nil : process.terminationStatus
+    }
+
+    /// Waits (polling, bounded) until stdout or stderr contains `text`.
+    func waitForOutput(_ text: String, within seconds: Double) async -> Bool {
+        let deadline = Date().addingTimeInterval(seconds)
+        while Date() < deadline {
+            if stdout.contains(text) || stderr.contains(text) { return true }
+            if !process.isRunning { return stdout.contains(text) || stderr.contains(text) }
+            try? await Task.sleep(for: .milliseconds(25))
+        }
+        return false
+    }
+
+    deinit {
+        if process.isRunning {
+            kill(pid, SIGKILL)
+            process.waitUntilExit()
+        }
+    }
+}
+
+/// Runs an executable to completion (bounded) and returns status and output.
+func runToEnd(_ executable: String, _ arguments: [String], environment: [String: String] = [:],
+              in scratch: Scratch, timeout: Double = 60) async throws -> (status: Int32, stdout: String, stderr: String) {
+    let process = try RunningProcess(executable, arguments, environment: environment, in: scratch)
+    guard let status = await process.wait(upTo: timeout) else {
+        process.signal(SIGKILL)
+        throw ProcessFailure(message: "\(executable) \(arguments) did not finish in \(timeout) s; stderr: \(process.stderr)")
+    }
+    return (status, process.stdout, process.stderr)
+}
+
+struct ProcessFailure: Error, CustomStringConvertible {
+    let message: String
+    var description: String { message }
+}
+
+/// A dev-token-server process on a free port.
+final class IssuerProcess: Sendable {
+    let process: RunningProcess
+    let template: String
+    let base: String
+
+    init(scratch: Scratch, lifetime: Int = 3600) async throws {
+        process = try RunningProcess("dev-token-server", ["--port", "0", "--lifetime", "\(lifetime)", "--log-level", "warning"], in: scratch)
+        guard await process.waitForOutput("listening on ", within: 30),
+              let line = process.stdout.split(separator: "\n").first(where: { $0.contains("listening on ") }),
+              let url = line.split(separator: " ").last.map(String.init) else {
+            throw ProcessFailure(message: "dev-token-server did not start: \(process.stderr)")
+        }
+        template = url
+        base = String(url.prefix(upTo: url.range(of: "/token/")!.lowerBound))
+    }
+
+    /// The issuer's counters from GET /stats.
+    func stats() async throws -> (issued: Int, requests: Int) {
+        let (data, _) = try await URLSession.shared.data(from: URL(string: base + "/stats")!)
+        let object = try JSONSerialization.jsonObject(with: data) as? [String: Int] ?? [:]
+        return (object["issued"] ?? -1, object["requests"] ?? -1)
+    }
+}
+
+func sqlite3(_ path: String, _ sql: String) throws -> String {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: "/usr/bin/sqlite3")
+    process.arguments = [path, sql]
+    let out = Pipe()
+    process.standardOutput = out
+    try process.run()
+    let data = out.fileHandleForReading.readDataToEndOfFile()
+    process.waitUntilExit()
+    return String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+}
+
+/// Parses `token-agent --once --json` output.
+func onceResults(_ stdout: String) throws -> [[String: String]] {
+    guard let line = stdout.split(separator: "\n").last(where: { $0.hasPrefix("[") }),
+          let array = try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [[String: String]] else {
+        throw ProcessFailure(message: "no JSON array in: \(stdout)")
+    }
+    return array
+}

@@ -1,0 +1,239 @@
+import FleetTokenStore
+import Foundation
+import Logging
+import Testing
+import TestSupportKit
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A Fleet-Engine-shaped JWT (unsigned: tokenctl never checks signatures).
+func makeJWT(_ key: TokenKey, issuedAt: Date, lifetime: TimeInterval = 3600) -> String {
+    let encode = { (data: Data) in
+        data.base64EncodedString().replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
+            .replacingOccurrences(of: "=", with: "")
+    }
+    let header = #"{"alg":"RS256","typ":"JWT","kid":"kid-1"}"#
+    let payload = #"{"iss":"sa@example.iam.gserviceaccount.com","sub":"sa@example.iam.gserviceaccount.com","aud":"https://fleetengine.googleapis.com/","iat":\#(Int(issuedAt.timeIntervalSince1970)),"exp":\#(Int(issuedAt.timeIntervalSince1970 + lifetime)),"authorization":{"\#(key.kind.authorizationClaim)":"\#(key.subjectID)"}}"#
+    return [Data(header.utf8), Data(payload.utf8), Data((0..<256).map { _ in UInt8.random(in: 0...255) })].map(encode).joined(separator: ".")
+}
+
+/// A store with 2 valid vehicles, 1 expired vehicle, 1 valid trip, 1 trip in backoff without token.
+func seededStore(_ scratch: Scratch) async throws -> (path: String, tokens: [String]) {
+    let path = scratch.file("tokens.sqlite")
+    let store = try SQLiteTokenRepository(path: path, logger: Logger(label: "seed"))
+    defer { store.close() }
+    let now = Date()
+    var tokens: [StoredToken] = []
+    for (key, issued) in [(try TokenKey.vehicle("v-1"), now - 600), (try .vehicle("v-2"), now - 60),
+                          (try .vehicle("v-old"), now - 7200), (try .trip("t-1"), now - 100)] {
+        let value = makeJWT(key, issuedAt: issued)
+        tokens.append(StoredToken(key: key, value: value, expiresAt: issued + 3600, issuedAt: issued, fetchedAt: issued))
+    }
+    try await store.upsert(tokens)
+    try await store.recordFailure(RefreshFailureState(consecutiveFailures: 3, nextAttemptAt: now + 120, lastErrorKind: "httpStatus",
+                                                      lastErrorMessage: "token provider answered HTTP 503", lastFailureAt: now),
+                                  for: try .trip("t-failing"))
+    return (path, tokens.map(\.value))
+}
+
+func tokenctl(_ arguments: [String], _ scratch: Scratch, environment: [String: String] = [:]) async throws -> (status: Int32, stdout: String, stderr: String) {
+    try await runToEnd("tokenctl", arguments, environment: environment, in: scratch, timeout: 30)
+}
+
+@Suite("tokenctl as a real process", .exclusive)
+struct TokenCtlTests {
+    @Test("bad arguments get a clear message and exit 64", arguments: [
+        (["purge"], "choose what to purge"),
+        (["purge", "--vehicle", "a", "--expired"], "exactly one"),
+        (["purge", "--kind", "bus"], "bus"),
+        (["list", "--expired", "--valid"], "exclude each other"),
+        (["show", "vehicle"], "Missing expected argument"),
+        (["show", "plane", "x"], "plane"),
+        (["frobnicate"], "frobnicate"),
+        (["list", "--no-such-flag"], "no-such-flag"),
+    ])
+    func usage(arguments: [String], message: String) async throws {
+        let scratch = Scratch()
+        let result = try await tokenctl(["--db", scratch.file("t.sqlite")] + arguments, scratch)
+        #expect(result.status == 64, "\(arguments): \(result.stderr)")
+        #expect(result.stderr.contains(message), "\(result.stderr)")
+    }
+
+    @Test("read commands on a missing path say so, exit 1 and create nothing", arguments: [
+        ["list"], ["show", "vehicle", "v"], ["stats"], ["check"], ["purge", "--expired", "--dry-run"],
+    ])
+    func missingStore(arguments: [String]) async throws {
+        let scratch = Scratch()
+        let path = scratch.file("absent/tokens.sqlite")
+        let result = try await tokenctl(arguments + ["--db", path], scratch)
+        #expect(result.status == 1)
+        #expect(result.stderr.contains("no token store at \(path)") || result.stdout.contains("no token store at \(path)"), "\(result.stderr)")
+        #expect(!FileManager.default.fileExists(atPath: scratch.file("absent")))
+    }
+
+    @Test("list: an aligned table by default, and JSON with the contract's fields; filters work")
+    func list() async throws {
+        let scratch = Scratch()
+        let (path, tokens) = try await seededStore(scratch)
+        let table = try await tokenctl(["--db", path, "list"], scratch)
+        #expect(table.status == 0, "\(table.stderr)")
+        let lines = table.stdout.split(separator: "\n").map(String.init)
+        #expect(lines.first?.hasPrefix("KIND") == true)
+        #expect(lines.count == 6)
+        let statusColumn = lines[0].range(of: "STATUS")!.lowerBound.utf16Offset(in: lines[0])
+        for line in lines.dropFirst() { #expect(line.count > statusColumn) }
+        #expect(table.stdout.contains("in ") && table.stdout.contains("ago"))
+
+        let json = try await tokenctl(["list", "--db", path, "--json"], scratch)
+        let entries = try #require(try JSONSerialization.jsonObject(with: Data(json.stdout.utf8)) as? [[String: Any]])
+        #expect(entries.count == 5)
+        for entry in entries {
+            for field in ["kind", "id", "expires_at", "status", "fingerprint", "failures"] { #expect(entry[field] != nil, "\(field)") }
+        }
+        let statuses = Dictionary(uniqueKeysWithValues: entries.map { ("\($0["kind"]!)/\($0["id"]!)", $0["status"] as? String) })
+        #expect(statuses["vehicle/v-1"] == "valid")
+        #expect(statuses["vehicle/v-old"] == "expired")
+        #expect(statuses["trip/t-failing"] == "backoff")
+
+        let expired = try await tokenctl(["list", "--db", path, "--expired", "--json"], scratch)
+        #expect((try JSONSerialization.jsonObject(with: Data(expired.stdout.utf8)) as? [Any])?.count == 1)
+        let trips = try await tokenctl(["list", "--db", path, "--kind", "trip", "--valid", "--json"], scratch)
+        #expect((try JSONSerialization.jsonObject(with: Data(trips.stdout.utf8)) as? [Any])?.count == 1)
+        let one = try await tokenctl(["list", "--db", path, "--id", "v-2"], scratch)
+        #expect(one.stdout.split(separator: "\n").count == 2)
+        for output in [table.stdout, json.stdout] {
+            for token in tokens { #expect(!output.contains(token) && !output.contains(String(token.split(separator: ".")[2]))) }
+        }
+    }
+
+    @Test("show: every stored field and decoded claims, no signature; --reveal alone prints the token; a missing entry exits 1")
+    func show() async throws {
+        let scratch = Scratch()
+        let (path, tokens) = try await seededStore(scratch)
+        let shown = try await tokenctl(["--db", path, "show", "vehicle", "v-1"], scratch)
+        #expect(shown.status == 0, "\(shown.stderr)")
+        for field in ["expires_at", "issued_at", "fetched_at", "fingerprint", "status", "claims", "vehicleid=v-1", "RS256", "fleetengine.googleapis.com"] {
+            #expect(shown.stdout.contains(field), "\(field)")
+        }
+        #expect(!shown.stdout.contains(tokens[0]))
+        #expect(!shown.stdout.contains(String(tokens[0].split(separator: ".")[2])))
+
+        let json = try await tokenctl(["--db", path, "show", "vehicle", "v-1", "--json"], scratch)
+        let object = try #require(try JSONSerialization.jsonObject(with: Data(json.stdout.utf8)) as? [String: Any])
+        #expect((object["claims"] as? [String: Any])?["kid"] as? String == "kid-1")
+        #expect(object["token"] == nil)
+
+        let revealed = try await tokenctl(["--db", path, "show", "vehicle", "v-1", "--reveal"], scratch)
+        #expect(revealed.stdout.contains(tokens[0]))
+
+        let failing = try await tokenctl(["--db", path, "show", "trip", "t-failing"], scratch)
+        #expect(failing.stdout.contains("HTTP 503"))
+
+        let missing = try await tokenctl(["--db", path, "show", "trip", "nope"], scratch)
+        #expect(missing.status == 1)
+        #expect(missing.stderr.contains("no entry for trip/nope"))
+    }
+
+    @Test("purge: one selector, counts, --dry-run, --json, and --all only with --yes")
+    func purge() async throws {
+        let scratch = Scratch()
+        let (path, _) = try await seededStore(scratch)
+        let dry = try await tokenctl(["--db", path, "purge", "--kind", "vehicle", "--dry-run", "--json"], scratch)
+        #expect(dry.status == 0, "\(dry.stderr)")
+        #expect(try JSONSerialization.jsonObject(with: Data(dry.stdout.utf8)) as? [String: Int] == ["matched": 3, "purged": 0])
+
+        let expired = try await tokenctl(["--db", path, "purge", "--expired"], scratch)
+        #expect(expired.stdout.contains("purged 1 entry"))
+        let vehicle = try await tokenctl(["--db", path, "purge", "--vehicle", "v-1", "--json"], scratch)
+        #expect(try JSONSerialization.jsonObject(with: Data(vehicle.stdout.utf8)) as? [String: Int] == ["matched": 1, "purged": 1])
+        let trip = try await tokenctl(["--db", path, "purge", "--trip", "t-1"], scratch)
+        #expect(trip.stdout.contains("purged 1 entry"))
+
+        let refused = try await tokenctl(["--db", path, "purge", "--all"], scratch)
+        #expect(refused.status == 1)
+        #expect(refused.stderr.contains("--yes"))
+        #expect(try sqlite3(path, "SELECT count(*) FROM tokens") == "2")
+        let all = try await tokenctl(["--db", path, "purge", "--all", "--yes"], scratch)
+        #expect(all.stdout.contains("purged 2 entries"))
+        #expect(try sqlite3(path, "SELECT count(*) FROM tokens") == "0")
+    }
+
+    @Test("stats and check report on a healthy store; check fails on loose modes and newer stores; migrate creates")
+    func statsCheckMigrate() async throws {
+        let scratch = Scratch()
+        let (path, _) = try await seededStore(scratch)
+        let stats = try await tokenctl(["--db", path, "stats", "--json"], scratch)
+        let object = try #require(try JSONSerialization.jsonObject(with: Data(stats.stdout.utf8)) as? [String: Any])
+        #expect(object["total"] as? Int == 5)
+        #expect(object["schema_version"] as? Int == SQLiteTokenRepository.buildSchemaVersion)
+        #expect((object["by_kind"] as? [String: [String: Int]])?["vehicle"]?["expired"] == 1)
+        let readable = try await tokenctl(["--db", path, "stats"], scratch)
+        #expect(readable.stdout.contains("REFRESH_DUE") && readable.stdout.contains("schema version"))
+
+        let check = try await tokenctl(["--db", path, "check"], scratch)
+        #expect(check.status == 0, "\(check.stdout) \(check.stderr)")
+        chmod(path, 0o644)
+        let loose = try await tokenctl(["--db", path, "check", "--json"], scratch)
+        #expect(loose.status == 1)
+        #expect(loose.stdout.contains("chmod 600"))
+        chmod(path, 0o600)
+
+        _ = try sqlite3(path, "INSERT INTO grdb_migrations VALUES ('V0042__future')")
+        let newer = try await tokenctl(["--db", path, "check"], scratch)
+        #expect(newer.status == 1)
+        let text = newer.stdout + newer.stderr
+        #expect(text.contains("newer") && text.contains("42") && text.contains("\(SQLiteTokenRepository.buildSchemaVersion)"))
+
+        let fresh = scratch.file("new/tokens.sqlite")
+        let migrate = try await tokenctl(["--db", fresh, "migrate"], scratch)
+        #expect(migrate.status == 0, "\(migrate.stderr)")
+        #expect(migrate.stdout.contains("created") && migrate.stdout.contains("schema version \(SQLiteTokenRepository.buildSchemaVersion)"))
+        let again = try await tokenctl(["--db", fresh, "migrate"], scratch)
+        #expect(again.stdout.contains("nothing to do"))
+        let env = try await tokenctl(["list"], scratch, environment: ["TOKEN_STORE_DB": fresh])
+        #expect(env.status == 0 && env.stdout.hasPrefix("KIND"))
+    }
+
+    @Test("beside a running agent: list loops and a purge never fail, and the purged subject is refetched within 5 s")
+    func besideLiveAgent() async throws {
+        let scratch = Scratch()
+        let issuer = try await IssuerProcess(scratch: scratch)
+        let db = scratch.file("tokens.sqlite")
+        let subjects = (1...5).flatMap { ["--vehicle", "v\($0)"] } + ["--trip", "t1"]
+        let agent = try RunningProcess("token-agent", ["--db", db, "--provider-url", issuer.template] + subjects, in: scratch)
+        #expect(await poll(within: 30) { (try? sqlite3(db, "SELECT count(*) FROM tokens WHERE token IS NOT NULL")) == "6" })
+        let before = try sqlite3(db, "SELECT token FROM tokens WHERE subject_id = 'v3'")
+
+        let deadline = Date().addingTimeInterval(4)
+        async let loops: [Int32] = withTaskGroup(of: [Int32].self) { group in
+            for _ in 0..<3 {
+                group.addTask {
+                    var statuses: [Int32] = []
+                    while Date() < deadline {
+                        statuses.append((try? await tokenctl(["--db", db, "list", "--json"], scratch).status) ?? -1)
+                    }
+                    return statuses
+                }
+            }
+            return await group.reduce(into: []) { $0 += $1 }
+        }
+        try await Task.sleep(for: .milliseconds(500))
+        let purged = try await tokenctl(["--db", db, "purge", "--vehicle", "v3"], scratch)
+        #expect(purged.status == 0, "\(purged.stderr)")
+        #expect(purged.stdout.contains("purged 1 entry"))
+        let purgedAt = Date()
+        let refetched = await poll(within: 5) {
+            let now = (try? sqlite3(db, "SELECT token FROM tokens WHERE subject_id = 'v3'")) ?? ""
+            return !now.isEmpty && now != before
+        }
+        #expect(refetched, "agent stderr: \(agent.stderr)")
+        #expect(Date().timeIntervalSince(purgedAt) < 5)
+        let statuses = await loops
+        #expect(!statuses.isEmpty && statuses.allSatisfy { $0 == 0 }, "\(statuses)")
+        #expect(!agent.stderr.contains("locked"))
+        #expect(agent.stdout.contains("removed   vehicle/v3"))
+        agent.signal(SIGTERM)
+        #expect(await agent.wait(upTo: 5) == 0)
+    }
+}

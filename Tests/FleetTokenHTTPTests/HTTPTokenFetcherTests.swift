@@ -1,0 +1,172 @@
+import DevTokenIssuer
+import FleetTokenHTTP
+import FleetTokenStore
+import Foundation
+import Testing
+import TestSupportKit
+
+@Suite("HTTPTokenFetcher against real loopback servers", .exclusive)
+struct HTTPTokenFetcherTests {
+    let vehicle = try! TokenKey.vehicle("truck 7/ä?x=1")
+    let trip = try! TokenKey.trip("trip-42")
+
+    @Test("vehicle and trip tokens with the samples' field names; ids are percent-encoded; tokens validate")
+    func fetchesAndValidates() async throws {
+        try await withIssuer { issuer in
+            let http = try fetcher(issuer.urlTemplate)
+            defer { Task { await http.shutdown() } }
+            for key in [vehicle, trip] {
+                let fetched = try await http.fetchToken(for: key)
+                let claims = try JWTClaims.decode(fetched.value)
+                #expect(claims.authorization?[key.kind.authorizationClaim] == key.subjectID)
+                #expect(claims.algorithm == "RS256")
+                #expect(claims.keyID == issuer.keyID)
+                #expect(fetched.statedExpiry == claims.expiresAt)
+                #expect(fetched.providerDate != nil)
+                let token = try TokenValidator(policy: RefreshPolicy()).validate(fetched, for: key, now: Date())
+                #expect(token.expiresAt.timeIntervalSinceNow > 3500)
+            }
+        }
+    }
+
+    @Test("every expiration format, explicit and auto, gives the JWT's exp", arguments: ["epoch-seconds", "epoch-millis", "relative-seconds"])
+    func expirationFormats(format: String) async throws {
+        try await withIssuer { issuer in
+            let template = issuer.urlTemplate + "?expiration_format=\(format)"
+            for configured in [HTTPTokenFetcherConfiguration.ExpirationFormat(rawValue: format)!, .auto] {
+                let http = try fetcher(template) { $0.expirationFormat = configured }
+                let fetched = try await http.fetchToken(for: trip)
+                await http.shutdown()
+                let exp = try #require(try JWTClaims.decode(fetched.value).expiresAt)
+                let stated = try #require(fetched.statedExpiry)
+                #expect(abs(stated.timeIntervalSince(exp)) <= 2, "\(format) read as \(configured)")
+            }
+        }
+    }
+
+    @Test("without an expiration field the JWT exp is used; a custom token key is honoured")
+    func noExpirationField() async throws {
+        try await withIssuer { issuer in
+            let http = try fetcher(issuer.urlTemplate + "?expiration_format=none")
+            defer { Task { await http.shutdown() } }
+            let fetched = try await http.fetchToken(for: vehicle)
+            #expect(fetched.statedExpiry == nil)
+            let custom = try fetcher(issuer.urlTemplate) { $0.tokenKey = "access_token" }
+            defer { Task { await custom.shutdown() } }
+            await #expect(throws: TokenProviderError.missingData(field: "access_token")) { try await custom.fetchToken(for: vehicle) }
+        }
+    }
+
+    @Test("auto tells the formats apart by magnitude")
+    func autoMagnitudes() {
+        let now = Date(timeIntervalSince1970: 1_800_000_000)
+        let auto = HTTPTokenFetcherConfiguration.ExpirationFormat.auto
+        #expect(auto.interpret(1_800_003_600, now: now) == now + 3600)
+        #expect(auto.interpret(1_800_003_600_000, now: now) == now + 3600)
+        #expect(auto.interpret(3600, now: now) == now + 3600)
+    }
+
+    @Test("static headers are sent; a header file is re-read when it changes")
+    func headers() async throws {
+        let server = HeaderRecorder()
+        try await server.start()
+        defer { Task { await server.stop() } }
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("fts-http-\(UUID().uuidString.prefix(8))").path
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let credential = dir + "/credential"
+        try "Bearer first\n".write(toFile: credential, atomically: true, encoding: .utf8)
+
+        var policy = RefreshPolicy()
+        policy.allowOpaqueTokens = true
+        let http = try fetcher("http://127.0.0.1:\(server.port)/auth/{kind}/{id}") {
+            $0.headers = [(name: "X-Agent", value: "gateway-1")]
+            $0.headerFiles = [(name: "Authorization", path: credential)]
+        }
+        defer { Task { await http.shutdown() } }
+        _ = try await http.fetchToken(for: vehicle)
+        try "Bearer second\n".write(toFile: credential, atomically: true, encoding: .utf8)
+        _ = try await http.fetchToken(for: vehicle)
+        let seen = server.seen.withLock { $0 }
+        #expect(seen.map(\.authorization) == ["Bearer first", "Bearer second"])
+        #expect(seen.allSatisfy { $0.custom == "gateway-1" })
+        #expect(seen.first?.path == "/auth/vehicle/truck%207%2F%C3%A4%3Fx%3D1")
+
+        try FileManager.default.removeItem(atPath: credential)
+        await #expect(throws: TokenProviderError.self) { try await http.fetchToken(for: vehicle) }
+    }
+
+    @Test("HTTP errors carry the status and Retry-After")
+    func httpStatus() async throws {
+        try await withIssuer { issuer in
+            for (status, retryAfter) in [(503, "7"), (429, "120"), (500, nil), (401, nil), (403, nil)] as [(Int, String?)] {
+                var template = issuer.urlTemplate + "?fault=status&status=\(status)"
+                if let retryAfter { template += "&retry_after=\(retryAfter)" }
+                let http = try fetcher(template)
+                await #expect(throws: TokenProviderError.httpStatus(code: status, retryAfter: retryAfter.flatMap(Double.init))) {
+                    try await http.fetchToken(for: trip)
+                }
+                await http.shutdown()
+            }
+            #expect(!TokenProviderError.httpStatus(code: 403, retryAfter: nil).isRetryable)
+            #expect(TokenProviderError.httpStatus(code: 429, retryAfter: nil).isRetryable)
+            #expect(TokenProviderError.httpStatus(code: 408, retryAfter: nil).isRetryable)
+        }
+    }
+
+    @Test("HTML, missing fields and oversized bodies are typed errors")
+    func badBodies() async throws {
+        try await withIssuer { issuer in
+            let cases: [(String, (TokenProviderError) -> Bool)] = [
+                ("html", { if case .notJSON(let detail) = $0 { detail.contains("HTML") } else { false } }),
+                ("missing-token", { $0 == .missingData(field: "TRIP_TOKEN_KEY") }),
+                ("huge-body", { $0 == .bodyTooLarge(limitBytes: 1 << 20) }),
+            ]
+            for (fault, matches) in cases {
+                let http = try fetcher(issuer.urlTemplate + "?fault=\(fault)")
+                let error = await #expect(throws: TokenProviderError.self) { try await http.fetchToken(for: trip) }
+                #expect(error.map(matches) == true, "\(fault): \(String(describing: error))")
+                await http.shutdown()
+            }
+        }
+    }
+
+    @Test("an unreachable provider and a hanging one are reported as such, within the timeouts")
+    func unreachableAndTimeout() async throws {
+        let closed = try fetcher("http://127.0.0.1:1/token/{kind}/{id}")
+        let error = await #expect(throws: TokenProviderError.self) { try await closed.fetchToken(for: trip) }
+        if case .unreachable = error {} else { Issue.record("expected unreachable, got \(String(describing: error))") }
+        await closed.shutdown()
+
+        try await withIssuer { issuer in
+            for fault in ["hang", "slow-body"] {
+                let http = try fetcher(issuer.urlTemplate + "?fault=\(fault)") { $0.totalTimeout = 0.5 }
+                let started = Date()
+
+                await #expect(throws: TokenProviderError.timeout(seconds: 0.5)) { try await http.fetchToken(for: trip) }
+                #expect(Date().timeIntervalSince(started) < 3)
+
+                await http.shutdown()
+
+            }
+        }
+    }
+
+    @Test("bad configurations are refused with what to do")
+    func configurationChecks() {
+        #expect(throws: HTTPFetcherConfigurationError.insecureHTTP(host: "auth.example.com")) {
+            try fetcher("http://auth.example.com/{kind}/{id}")
+        }
+        #expect(throws: Never.self) { try fetcher("http://auth.example.com/{id}") { $0.allowInsecureHTTP = true } }
+        #expect(throws: Never.self) { try fetcher("https://auth.example.com/{kind}/{id}") }
+        #expect(throws: Never.self) { try fetcher("http://localhost:8080/{kind}/{id}") }
+        #expect(throws: HTTPFetcherConfigurationError.missingIDPlaceholder("https://auth.example.com/token")) {
+            try fetcher("https://auth.example.com/token")
+        }
+        #expect(throws: HTTPFetcherConfigurationError.invalidURL("ftp://x/{id}")) { try fetcher("ftp://x/{id}") }
+        #expect(throws: HTTPFetcherConfigurationError.self) { try fetcher("https://x/{id}") { $0.headers = [(name: "Bad Name", value: "v")] } }
+        #expect(throws: HTTPFetcherConfigurationError.self) { try fetcher("https://x/{id}") { $0.headers = [(name: "X", value: "a\r\nInjected: 1")] } }
+        let message = HTTPFetcherConfigurationError.insecureHTTP(host: "h").description
+        #expect(message.contains("--allow-insecure-http"))
+    }
+}

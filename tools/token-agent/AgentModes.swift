@@ -1,0 +1,150 @@
+import FleetTokenStore
+import Foundation
+import Logging
+import ServiceLifecycle
+
+/// `--once`: each subject gets a token before its soft point when possible (stored, or one
+/// fetch attempt; none while backing off), printed as a line or a JSON array.
+struct OnceRun {
+    let engine: TokenSyncEngine
+    let keys: [TokenKey]
+    let output: AgentOutput
+
+    /// Returns true when some subject has no usable token.
+    func run() async -> Bool {
+        let engine = self.engine
+        let results = await withTaskGroup(of: (Int, Result<(StoredToken, TokenSource), TokenUnavailable>).self) { group in
+            for (index, key) in keys.enumerated() {
+                group.addTask {
+                    do throws(TokenUnavailable) {
+                        let result = try await engine.freshToken(for: key)
+                        return (index, .success((result.token, result.source)))
+                    } catch {
+                        return (index, .failure(error))
+                    }
+                }
+            }
+            return await group.reduce(into: [Int: Result<(StoredToken, TokenSource), TokenUnavailable>]()) { $0[$1.0] = $1.1 }
+        }
+        var served: [(StoredToken, TokenSource)] = []
+        var failed = false
+        for index in keys.indices {
+            switch results[index]! {
+            case .success(let result): served.append(result)
+            case .failure(let error):
+                failed = true
+                FileHandle.standardError.write(Data("token-agent: \(error.description)\n".utf8))
+            }
+        }
+        output.printOnce(served)
+        return failed
+    }
+}
+
+/// The default mode: track every subject, print refresh events, stop cleanly on SIGTERM/SIGINT.
+struct LongLivedRun {
+    let engine: TokenSyncEngine
+    let keys: [TokenKey]
+    let output: AgentOutput
+    let logger: Logger
+
+    func run() async throws {
+        let events = engine.events()
+        let printer = Task { for await event in events { output.print(event) } }
+        await engine.track(keys)
+        // Report what the store already held; fetched tokens are reported by refresh events.
+        for key in keys {
+            if let entry = try? await engine.tokenWithSource(for: key), entry.source == .store {
+                output.print(.refreshed(key: key, fingerprint: entry.token.fingerprint, expiresAt: entry.token.expiresAt, source: .store))
+            }
+        }
+        let group = ServiceGroup(configuration: .init(
+            services: [.init(service: engine)],
+            gracefulShutdownSignals: [.sigterm, .sigint],
+            logger: logger))
+        logger.notice("token-agent running; stop with SIGTERM or Ctrl-C", metadata: ["subjects": .stringConvertible(keys.count)])
+        try await group.run()
+        await printer.value
+        logger.notice("token-agent stopped")
+    }
+}
+
+/// What the agent prints on stdout: a readable line per event, or JSON.
+struct AgentOutput: Sendable {
+    let json: Bool
+
+    func print(_ event: TokenSyncEvent) {
+        let now = Date()
+        if json {
+            emit(Self.encode(Self.object(for: event, now: now)))
+            return
+        }
+        let stamp = now.formatted(.iso8601)
+        switch event {
+        case .refreshed(let key, let fingerprint, let expiresAt, let source):
+            emit("\(stamp) \(source == .store ? "reused   " : "refreshed") \(key) fp=\(fingerprint) expires=\(expiresAt.formatted(.iso8601)) (\(Self.relative(expiresAt, now: now))) source=\(source.rawValue)")
+        case .refreshFailed(let key, let error, let failures, let next):
+            emit("\(stamp) failed    \(key) failures=\(failures) next=\(next.formatted(.iso8601)) (\(Self.relative(next, now: now))): \(error)")
+        case .removedExternally(let key):
+            emit("\(stamp) removed   \(key) by another process; fetching again")
+        case .storeDegraded(let error):
+            emit("\(stamp) store-degraded serving from memory: \(error)")
+        case .storeRecovered:
+            emit("\(stamp) store-recovered")
+        }
+    }
+
+    func printOnce(_ served: [(StoredToken, TokenSource)]) {
+        if json {
+            let objects = served.map { token, source in
+                [
+                    "kind": token.key.kind.rawValue, "id": token.key.subjectID,
+                    "expires_at": token.expiresAt.formatted(.iso8601), "source": source.rawValue,
+                    "fingerprint": token.fingerprint.description,
+                ]
+            }
+            let data = (try? JSONSerialization.data(withJSONObject: objects, options: [.sortedKeys])) ?? Data("[]".utf8)
+            emit(String(decoding: data, as: UTF8.self))
+            return
+        }
+        let now = Date()
+        for (token, source) in served {
+            emit("\(token.key) fp=\(token.fingerprint) expires=\(token.expiresAt.formatted(.iso8601)) (\(Self.relative(token.expiresAt, now: now))) source=\(source.rawValue)")
+        }
+    }
+
+    private func emit(_ line: String) {
+        FileHandle.standardOutput.write(Data((line + "\n").utf8))
+    }
+
+    static func object(for event: TokenSyncEvent, now: Date) -> [String: String] {
+        switch event {
+        case .refreshed(let key, let fingerprint, let expiresAt, let source):
+            ["event": source == .store ? "reused" : "refreshed", "kind": key.kind.rawValue, "id": key.subjectID,
+             "fingerprint": fingerprint.description, "expires_at": expiresAt.formatted(.iso8601), "source": source.rawValue]
+        case .refreshFailed(let key, let error, let failures, let next):
+            ["event": "failed", "kind": key.kind.rawValue, "id": key.subjectID, "error": error.description,
+             "error_kind": error.kind, "failures": String(failures), "next_attempt_at": next.formatted(.iso8601)]
+        case .removedExternally(let key):
+            ["event": "removed", "kind": key.kind.rawValue, "id": key.subjectID]
+        case .storeDegraded(let error):
+            ["event": "store_degraded", "error": error.description]
+        case .storeRecovered:
+            ["event": "store_recovered"]
+        }
+    }
+
+    static func encode(_ object: [String: String]) -> String {
+        let data = (try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])) ?? Data("{}".utf8)
+        return String(decoding: data, as: UTF8.self)
+    }
+
+    /// "in 41m", "in 30s", "3m ago".
+    static func relative(_ date: Date, now: Date) -> String {
+        let seconds = Int(date.timeIntervalSince(now).rounded())
+        let magnitude = abs(seconds)
+        let text = magnitude >= 3600 ? "\(magnitude / 3600)h\(magnitude % 3600 / 60)m"
+            : magnitude >= 60 ? "\(magnitude / 60)m" : "\(magnitude)s"
+        return seconds >= 0 ? "in \(text)" : "\(text) ago"
+    }
+}

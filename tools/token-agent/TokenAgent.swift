@@ -1,0 +1,210 @@
+// token-agent: the reference long-lived agent. Keeps every given subject's token fresh in the
+// store until SIGTERM/SIGINT, or (--once) makes sure each has a usable token and exits.
+
+import ArgumentParser
+import DevTokenIssuer
+import FleetTokenHTTP
+import FleetTokenStore
+import Foundation
+import Logging
+import ServiceLifecycle
+
+@main
+struct TokenAgent: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "token-agent",
+        abstract: "Keep Fleet Engine tokens for vehicles and trips fresh in a local store.",
+        discussion: """
+            Without --provider-url the agent runs in DEMO MODE on an embedded development issuer \
+            (not for production) and tracks a few demo subjects.
+
+            Exit codes: 0 ok (every subject has a usable token with --once; clean stop on SIGTERM/SIGINT), \
+            1 operational error (a subject without a usable token, a store or provider problem), 64 usage error.
+            """)
+
+    @Option(help: "The token store (default: $TOKEN_STORE_DB, else ./tokens.sqlite).")
+    var db: String?
+
+    @Option(name: .customLong("provider-url"),
+            help: "Token provider URL with {kind} and {id} placeholders, e.g. https://auth.example.com/fleet/{kind}/{id}.")
+    var providerURL: String?
+
+    @Option(name: .customLong("vehicle"), help: "A vehicle ID to keep a token for (repeatable).")
+    var vehicles: [String] = []
+
+    @Option(name: .customLong("trip"), help: "A trip ID to keep a token for (repeatable).")
+    var trips: [String] = []
+
+    @Option(name: .customLong("header"), help: "A header sent to the provider, 'Name: value' (repeatable).")
+    var headers: [String] = []
+
+    @Option(name: .customLong("header-file"),
+            help: "A header whose value is read from a file and re-read when it changes, 'Name:PATH' (repeatable).")
+    var headerFiles: [String] = []
+
+    @Option(name: .customLong("token-key"), help: "JSON field of the token for every kind (default VEHICLE_TOKEN_KEY / TRIP_TOKEN_KEY).")
+    var tokenKey: String?
+
+    @Option(name: .customLong("expiration-key"), help: "JSON field of the expiration (default TOKEN_EXPIRATION).")
+    var expirationKey: String = "TOKEN_EXPIRATION"
+
+    @Option(name: .customLong("expiration-format"),
+            help: "How the expiration is written: auto, epoch-seconds, epoch-millis, relative-seconds.")
+    var expirationFormat: HTTPTokenFetcherConfiguration.ExpirationFormat = .auto
+
+    @Flag(name: .customLong("allow-insecure-http"), help: "Allow plain http:// to a non-loopback provider.")
+    var allowInsecureHTTP = false
+
+    @Flag(help: "Make sure each subject has a usable token, print it, and exit.")
+    var once = false
+
+    @Flag(help: "Print JSON: with --once an array, otherwise one object per event.")
+    var json = false
+
+    @Option(name: .customLong("log-level"), help: "Log level on stderr: trace, debug, info, notice, warning, error, critical.")
+    var logLevel: Logger.Level = .info
+
+    @Option(name: .customLong("connect-timeout"), help: "Seconds to wait for a connection to the provider.")
+    var connectTimeout: Double = 5
+
+    @Option(name: .customLong("request-timeout"), help: "Seconds to wait for the provider's whole answer.")
+    var requestTimeout: Double = 15
+
+    @Option(name: .customLong("demo-lifetime"), help: ArgumentHelp("Token lifetime of the demo issuer, in seconds.", visibility: .hidden))
+    var demoLifetime: Int = 120
+
+    func validate() throws {
+        for header in headers where HeaderArgument.parseHeader(header) == nil {
+            throw ValidationError("--header '\(header)' is not 'Name: value'")
+        }
+        for file in headerFiles where HeaderArgument.parseHeaderFile(file) == nil {
+            throw ValidationError("--header-file '\(file)' is not 'Name:PATH'")
+        }
+        for id in vehicles { _ = try key(.vehicle, id) }
+        for id in trips { _ = try key(.trip, id) }
+        guard connectTimeout > 0, requestTimeout > 0 else { throw ValidationError("timeouts must be positive") }
+        guard (10...3600).contains(demoLifetime) else { throw ValidationError("--demo-lifetime must be between 10 and 3600") }
+        if providerURL == nil && !headers.isEmpty || providerURL == nil && !headerFiles.isEmpty {
+            throw ValidationError("--header and --header-file need --provider-url")
+        }
+    }
+
+    private func key(_ kind: TokenKind, _ id: String) throws -> TokenKey {
+        do {
+            return try TokenKey(kind: kind, subjectID: id)
+        } catch {
+            throw ValidationError("--\(kind) '\(id)': \(error)")
+        }
+    }
+
+    func run() async throws {
+        LoggingSystem.bootstrap { label in
+            var handler = StreamLogHandler.standardError(label: label)
+            handler.logLevel = .trace
+            return handler
+        }
+        var logger = Logger(label: "token-agent")
+        logger.logLevel = logLevel
+        let path = db ?? ProcessInfo.processInfo.environment["TOKEN_STORE_DB"] ?? "./tokens.sqlite"
+
+        var issuer: DevTokenIssuer?
+        var template = providerURL
+        var keys = try vehicles.map { try key(.vehicle, $0) } + trips.map { try key(.trip, $0) }
+        if template == nil {
+            var configuration = DevTokenIssuer.Configuration()
+            configuration.lifetime = TimeInterval(demoLifetime)
+            var issuerLogger = logger
+            issuerLogger.logLevel = max(logger.logLevel, .warning)
+            let started = try await DevTokenIssuer.start(configuration, logger: issuerLogger)
+            issuer = started
+            template = started.urlTemplate
+            if keys.isEmpty {
+                keys = try ["demo-vehicle-1", "demo-vehicle-2", "demo-vehicle-3"].map { try key(.vehicle, $0) }
+                    + ["demo-trip-1", "demo-trip-2"].map { try key(.trip, $0) }
+            }
+            DemoBanner.print(url: started.urlTemplate, lifetime: demoLifetime)
+        }
+        guard !keys.isEmpty else {
+            throw ValidationError("give at least one --vehicle or --trip to keep tokens for")
+        }
+
+        var fetcherConfiguration = HTTPTokenFetcherConfiguration(urlTemplate: template!)
+        fetcherConfiguration.headers = headers.compactMap(HeaderArgument.parseHeader)
+        fetcherConfiguration.headerFiles = headerFiles.compactMap(HeaderArgument.parseHeaderFile)
+        fetcherConfiguration.tokenKey = tokenKey
+        fetcherConfiguration.expirationKey = expirationKey.isEmpty ? nil : expirationKey
+        fetcherConfiguration.expirationFormat = expirationFormat
+        fetcherConfiguration.allowInsecureHTTP = allowInsecureHTTP
+        fetcherConfiguration.connectTimeout = connectTimeout
+        fetcherConfiguration.totalTimeout = requestTimeout
+
+        let fetcher: HTTPTokenFetcher
+        let store: SQLiteTokenRepository
+        do {
+            fetcher = try HTTPTokenFetcher(configuration: fetcherConfiguration, logger: logger)
+        } catch {
+            await issuer?.stop()
+            throw ValidationError(error.description)
+        }
+        do {
+            store = try SQLiteTokenRepository(path: path, mode: .agent, logger: logger)
+        } catch {
+            await fetcher.shutdown()
+            await issuer?.stop()
+            FileHandle.standardError.write(Data("token-agent: \(error)\n".utf8))
+            throw ExitCode(1)
+        }
+        if let moved = store.openReport.quarantinedTo {
+            FileHandle.standardError.write(Data("token-agent: the token store was corrupt; moved it to \(moved) and started a fresh one\n".utf8))
+        }
+        let engine = TokenSyncEngine(repository: store, fetcher: fetcher, logger: logger)
+        let output = AgentOutput(json: json)
+
+        var failed = false
+        if once {
+            failed = await OnceRun(engine: engine, keys: keys, output: output).run()
+            await engine.shutdown()
+        } else {
+            try await LongLivedRun(engine: engine, keys: keys, output: output, logger: logger).run()
+        }
+        await fetcher.shutdown()
+        store.close()
+        await issuer?.stop()
+        if failed { throw ExitCode(1) }
+    }
+}
+
+/// Parses the `--header` and `--header-file` argument forms.
+enum HeaderArgument {
+    static func parseHeader(_ text: String) -> (name: String, value: String)? {
+        guard let colon = text.firstIndex(of: ":") else { return nil }
+        let name = text[..<colon].trimmingCharacters(in: .whitespaces)
+        let value = text[text.index(after: colon)...].trimmingCharacters(in: .whitespaces)
+        return name.isEmpty ? nil : (name, value)
+    }
+
+    static func parseHeaderFile(_ text: String) -> (name: String, path: String)? {
+        guard let colon = text.firstIndex(of: ":") else { return nil }
+        let name = text[..<colon].trimmingCharacters(in: .whitespaces)
+        let path = String(text[text.index(after: colon)...])
+        return name.isEmpty || path.isEmpty ? nil : (name, path)
+    }
+}
+
+enum DemoBanner {
+    static func print(url: String, lifetime: Int) {
+        let lines = [
+            String(repeating: "=", count: 78),
+            " token-agent: DEMO MODE - NOT FOR PRODUCTION",
+            " Tokens come from an embedded development issuer at",
+            " \(url)",
+            " that signs a token for anyone who asks (\(lifetime) s lifetime, so refreshes show soon).",
+            " Pass --provider-url with your token provider's URL for real use.",
+            String(repeating: "=", count: 78),
+        ]
+        FileHandle.standardError.write(Data((lines.joined(separator: "\n") + "\n").utf8))
+    }
+}
+
+extension Logger.Level: @retroactive ExpressibleByArgument {}
+extension HTTPTokenFetcherConfiguration.ExpirationFormat: ExpressibleByArgument {}

@@ -1,0 +1,228 @@
+import ArgumentParser
+import FleetTokenStore
+import Foundation
+
+struct List: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "List entries: kind, id, status, expiry, fingerprint, failures.")
+
+    @OptionGroup var store: StoreOptions
+    @Option(help: "Only this kind: vehicle, trip, deliveryVehicle, task.") var kind: TokenKind?
+    @Option(help: "Only this subject id.") var id: String?
+    @Flag(help: "Only expired tokens.") var expired = false
+    @Flag(help: "Only valid (unexpired) tokens.") var valid = false
+    @Flag(help: "Print a JSON array.") var json = false
+
+    func validate() throws {
+        if expired && valid { throw ValidationError("--expired and --valid exclude each other") }
+    }
+
+    func run() async throws {
+        try await reportingFailures {
+            let repository = try store.open(.readOnly)
+            defer { repository.close() }
+            let now = Date()
+            let validity: TokenFilter.Validity? = expired ? .expired(asOf: now) : valid ? .valid(asOf: now) : nil
+            let entries = try await repository.list(TokenFilter(kind: kind, subjectID: id, validity: validity), page: .everything)
+            if json {
+                printJSON(entries.map { EntryView($0, now: now).json })
+            } else {
+                print(Table.render(header: ["KIND", "ID", "STATUS", "EXPIRES", "FINGERPRINT", "FAILURES"],
+                                   rows: entries.map { EntryView($0, now: now).row }))
+            }
+        }
+    }
+}
+
+struct Show: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Show one entry with every stored field and the token's decoded claims.")
+
+    @OptionGroup var store: StoreOptions
+    @Argument(help: "vehicle, trip, deliveryVehicle or task.") var kind: TokenKind
+    @Argument(help: "The subject id.") var id: String
+    @Flag(help: "Also print the raw token. The only command that does.") var reveal = false
+    @Flag(help: "Print JSON.") var json = false
+
+    func run() async throws {
+        try await reportingFailures {
+            let key: TokenKey
+            do throws(InvalidTokenKey) { key = try TokenKey(kind: kind, subjectID: id) } catch { throw ValidationError(error.description) }
+            let repository = try store.open(.readOnly)
+            defer { repository.close() }
+            guard let entry = try await repository.entry(for: key) else {
+                throw Failure("no entry for \(key) in \(repository.path)")
+            }
+            let view = EntryView(entry, now: Date())
+            var object = view.json
+            object["issued_at"] = iso(entry.token?.issuedAt)
+            object["fetched_at"] = iso(entry.token?.fetchedAt)
+            object["last_used_at"] = iso(entry.token?.lastUsedAt)
+            object["last_error_message"] = entry.failure?.lastErrorMessage ?? NSNull()
+            object["last_failure_at"] = iso(entry.failure?.lastFailureAt)
+            if let token = entry.token {
+                object["claims"] = ClaimsView(token.value).json
+                if reveal { object["token"] = token.value }
+            }
+            if json {
+                printJSON(object)
+            } else {
+                for (name, value) in object.sorted(by: { $0.key < $1.key }) where name != "claims" && name != "token" {
+                    print("\(name.padding(toLength: 20, withPad: " ", startingAt: 0)) \(Self.text(value))")
+                }
+                if let claims = object["claims"] as? [String: Any] {
+                    print("claims (signature not shown):")
+                    for (name, value) in claims.sorted(by: { $0.key < $1.key }) {
+                        print("  \(name.padding(toLength: 18, withPad: " ", startingAt: 0)) \(Self.text(value))")
+                    }
+                }
+                if let token = object["token"] as? String { print("token                \(token)") }
+            }
+        }
+    }
+
+    static func text(_ value: Any) -> String {
+        if value is NSNull { return "-" }
+        if let dictionary = value as? [String: String] {
+            return dictionary.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " ")
+        }
+        return "\(value)"
+    }
+}
+
+struct Purge: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Delete entries in one transaction; a running agent refetches tracked subjects.",
+        discussion: "Exactly one selector is required. --all also needs --yes.")
+
+    @OptionGroup var store: StoreOptions
+    @Option(help: "Purge this vehicle.") var vehicle: String?
+    @Option(help: "Purge this trip.") var trip: String?
+    @Option(help: "Purge every entry of this kind.") var kind: TokenKind?
+    @Flag(help: "Purge every expired token.") var expired = false
+    @Flag(help: "Purge everything (needs --yes).") var all = false
+    @Flag(help: "Count what would be purged; delete nothing.") var dryRun = false
+    @Flag(help: "Confirm --all.") var yes = false
+    @Flag(help: "Print {\"matched\": N, \"purged\": N}.") var json = false
+
+    func validate() throws {
+        let selectors = [vehicle != nil, trip != nil, kind != nil, expired, all].filter { $0 }.count
+        if selectors == 0 { throw ValidationError("choose what to purge: --vehicle ID, --trip ID, --kind KIND, --expired or --all") }
+        if selectors > 1 { throw ValidationError("give exactly one of --vehicle, --trip, --kind, --expired, --all") }
+        for (flag, id) in [("--vehicle", vehicle), ("--trip", trip)] {
+            if let id, id.isEmpty { throw ValidationError("\(flag) needs a non-empty id") }
+        }
+    }
+
+    var filter: TokenFilter {
+        if let vehicle { return TokenFilter(kind: .vehicle, subjectID: vehicle) }
+        if let trip { return TokenFilter(kind: .trip, subjectID: trip) }
+        if let kind { return TokenFilter(kind: kind) }
+        if expired { return TokenFilter(validity: .expired(asOf: Date())) }
+        return .all
+    }
+
+    func run() async throws {
+        try await reportingFailures {
+            if all && !yes && !dryRun {
+                throw Failure("--all removes every entry: add --yes to confirm (nothing was removed)")
+            }
+            let repository = try store.open(dryRun ? .readOnly : .adminReadWrite)
+            defer { repository.close() }
+            let matched: Int
+            let purged: Int
+            if dryRun {
+                matched = try await repository.count(filter)
+                purged = 0
+            } else {
+                purged = try await withProgress("purging") { try await repository.purge(filter) }
+                matched = purged
+            }
+            if json {
+                printJSON(["matched": matched, "purged": purged])
+            } else if dryRun {
+                print("would purge \(matched) \(matched == 1 ? "entry" : "entries") (dry run)")
+            } else {
+                print("purged \(purged) \(purged == 1 ? "entry" : "entries")")
+            }
+        }
+    }
+}
+
+struct Stats: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Totals by kind and status, schema version, file size, expiry range.")
+
+    @OptionGroup var store: StoreOptions
+    @Flag(help: "Print JSON.") var json = false
+
+    func run() async throws {
+        try await reportingFailures {
+            let repository = try store.open(.readOnly)
+            defer { repository.close() }
+            let now = Date()
+            let stats = try await repository.stats(at: now)
+            if json {
+                var byKind: [String: [String: Int]] = [:]
+                for (kind, counts) in stats.counts {
+                    byKind[kind.rawValue] = Dictionary(uniqueKeysWithValues: counts.map { ($0.key.rawValue, $0.value) })
+                }
+                printJSON([
+                    "total": stats.total, "by_kind": byKind, "schema_version": stats.schemaVersion,
+                    "file_size_bytes": stats.fileSizeBytes, "oldest_expiry": iso(stats.oldestExpiry),
+                    "newest_expiry": iso(stats.newestExpiry),
+                ])
+                return
+            }
+            print("store           \(repository.path)")
+            print("schema version  \(stats.schemaVersion)")
+            print("file size       \(stats.fileSizeBytes) bytes")
+            print("entries         \(stats.total)")
+            let rows = TokenKind.allCases.filter { stats.counts[$0] != nil }.map { kind in
+                [kind.rawValue] + TokenStatus.allCases.map { String(stats.count(kind, $0)) }
+            }
+            print(Table.render(header: ["KIND"] + TokenStatus.allCases.map { $0.rawValue.uppercased() }, rows: rows))
+            if let oldest = stats.oldestExpiry, let newest = stats.newestExpiry {
+                print("expiries        \(oldest.formatted(.iso8601)) (\(relative(oldest, now: now))) … \(newest.formatted(.iso8601)) (\(relative(newest, now: now)))")
+            }
+        }
+    }
+}
+
+struct Check: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Integrity check, schema version against this build, file modes. Non-zero exit when anything is wrong.")
+
+    @OptionGroup var store: StoreOptions
+    @Flag(help: "Print JSON.") var json = false
+
+    func run() async throws {
+        try await reportingFailures {
+            let report = await StoreCheck.run(path: store.path, options: store)
+            if json {
+                printJSON(report.json)
+            } else {
+                for line in report.lines { print(line) }
+            }
+            if !report.ok { throw ExitCode(1) }
+        }
+    }
+}
+
+struct Migrate: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Create the store if missing and apply pending migrations.")
+
+    @OptionGroup var store: StoreOptions
+
+    func run() async throws {
+        try await reportingFailures {
+            let repository = try await withProgress("migrating") { try store.open(.migrate) }
+            defer { repository.close() }
+            let report = repository.openReport
+            if report.created {
+                print("created \(repository.path) at schema version \(report.schemaVersion)")
+            } else if report.schemaVersionBefore == report.schemaVersion {
+                print("\(repository.path) is at schema version \(report.schemaVersion); nothing to do")
+            } else {
+                print("migrated \(repository.path) from schema version \(report.schemaVersionBefore) to \(report.schemaVersion)")
+            }
+        }
+    }
+}

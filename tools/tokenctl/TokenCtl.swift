@@ -1,0 +1,103 @@
+// tokenctl: list, show, purge, count, check and migrate a token store, safely beside a live agent.
+
+import ArgumentParser
+import FleetTokenStore
+import Foundation
+import Logging
+
+@main
+struct TokenCtl: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "tokenctl",
+        abstract: "Inspect and purge a FleetTokenStore token store.",
+        discussion: """
+            Safe to run beside a live token-agent: reads never block it, purges wait for its writes.
+            Read commands (list, show, stats, check) never create or change a store.
+            Token values are never printed, except by `show --reveal`.
+
+            Exit codes: 0 ok; 1 operational error (no store, corrupt store, nothing to show, a check \
+            that found problems, --all without --yes); 64 usage error.
+            """,
+        subcommands: [List.self, Show.self, Purge.self, Stats.self, Check.self, Migrate.self])
+
+    // Declared here too so `tokenctl --db PATH list` parses; subcommands read the same group.
+    @OptionGroup var store: StoreOptions
+}
+
+/// Options every subcommand takes.
+struct StoreOptions: ParsableArguments {
+    @Option(help: "The token store (default: $TOKEN_STORE_DB, else ./tokens.sqlite).")
+    var db: String?
+
+    var path: String {
+        db ?? ProcessInfo.processInfo.environment["TOKEN_STORE_DB"] ?? "./tokens.sqlite"
+    }
+
+    /// Opens the store as `mode` allows, turning store errors into an operator message and exit 1.
+    func open(_ mode: StoreOpenMode) throws -> SQLiteTokenRepository {
+        var logger = Logger(label: "tokenctl") { StreamLogHandler.standardError(label: $0) }
+        logger.logLevel = .warning
+        do {
+            return try SQLiteTokenRepository(path: path, mode: mode, logger: logger)
+        } catch {
+            throw Failure(error.description)
+        }
+    }
+}
+
+/// An operational failure: the message goes to stderr and the exit code is 1.
+struct Failure: Error, CustomStringConvertible {
+    let description: String
+    init(_ message: String) { description = message }
+}
+
+extension TokenKind: ExpressibleByArgument {}
+
+/// Runs `body`, reporting a ``Failure`` or store error as "tokenctl: message" with exit code 1.
+func reportingFailures(_ body: () async throws -> Void) async throws {
+    do {
+        try await body()
+    } catch let failure as Failure {
+        FileHandle.standardError.write(Data("tokenctl: \(failure.description)\n".utf8))
+        throw ExitCode(1)
+    } catch let error as TokenStoreError {
+        FileHandle.standardError.write(Data("tokenctl: \(error.description)\n".utf8))
+        throw ExitCode(1)
+    }
+}
+
+func printJSON(_ value: Any) {
+    let data = (try? JSONSerialization.data(withJSONObject: value, options: [.sortedKeys, .prettyPrinted])) ?? Data("null".utf8)
+    print(String(decoding: data, as: UTF8.self))
+}
+
+func iso(_ date: Date?) -> Any {
+    date.map { $0.formatted(.iso8601) } ?? NSNull()
+}
+
+/// "in 41m", "3m ago".
+func relative(_ date: Date, now: Date) -> String {
+    let seconds = Int(date.timeIntervalSince(now).rounded())
+    let magnitude = abs(seconds)
+    let text = magnitude >= 86400 ? "\(magnitude / 86400)d" : magnitude >= 3600 ? "\(magnitude / 3600)h\(magnitude % 3600 / 60)m"
+        : magnitude >= 60 ? "\(magnitude / 60)m" : "\(magnitude)s"
+    return seconds >= 0 ? "in \(text)" : "\(text) ago"
+}
+
+/// Prints a line on stderr while a slow operation runs, after a second, on a terminal only.
+func withProgress<T>(_ label: String, _ body: () async throws -> T) async throws -> T {
+    guard isatty(STDERR_FILENO) != 0 else { return try await body() }
+    let started = Date()
+    let ticker = Task {
+        try await Task.sleep(for: .seconds(1))
+        while !Task.isCancelled {
+            FileHandle.standardError.write(Data("\rtokenctl: \(label)… \(Int(Date().timeIntervalSince(started))) s".utf8))
+            try await Task.sleep(for: .seconds(1))
+        }
+    }
+    defer {
+        ticker.cancel()
+        if Date().timeIntervalSince(started) >= 1 { FileHandle.standardError.write(Data("\n".utf8)) }
+    }
+    return try await body()
+}
