@@ -6,6 +6,9 @@ import NIOCore
 import NIOFoundationCompat
 import NIOHTTP1
 import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// Fetches tokens from the customer's HTTP(S) provider, the way the Fleet Engine samples do:
 /// `GET` on a URL naming the subject, a JSON object with the token and its expiration.
@@ -136,18 +139,26 @@ public final class HTTPTokenFetcher: TokenFetcher, Sendable {
             switch error {
             case .connectTimeout: return .timeout(seconds: configuration.connectTimeout)
             case .deadlineExceeded, .readTimeout, .writeTimeout: return .timeout(seconds: configuration.totalTimeout)
-            default: return .unreachable(detail: String(describing: error))
+            // shortDescription: the full description can quote header values (our credential).
+            default: return .unreachable(detail: error.shortDescription)
             }
         }
         if error is NIOTooManyBytesError { return .bodyTooLarge(limitBytes: configuration.maximumBodyBytes) }
         if error is CancellationError { return .other(detail: "cancelled") }
-        return .unreachable(detail: String(describing: error))
+        return .unreachable(detail: String(describing: type(of: error)) + ": " + Self.safeText(String(describing: error)))
     }
 
+    /// Longest `Retry-After` taken from a provider (the engine caps it further).
+    static let maximumRetryAfter: TimeInterval = 86_400
+
+    /// `Retry-After` as delay-seconds (digits only, RFC 9110) or an HTTP date; capped.
     static func retryAfter(_ value: String) -> TimeInterval? {
         let trimmed = value.trimmingCharacters(in: .whitespaces)
-        if let seconds = Double(trimmed), seconds >= 0 { return seconds }
-        return httpDate(trimmed).map { max(0, $0.timeIntervalSinceNow) }
+        if !trimmed.isEmpty, trimmed.utf8.allSatisfy({ $0 >= UInt8(ascii: "0") && $0 <= UInt8(ascii: "9") }),
+           let seconds = Double(trimmed) {
+            return min(seconds, maximumRetryAfter)
+        }
+        return httpDate(trimmed).map { min(max(0, $0.timeIntervalSinceNow), maximumRetryAfter) }
     }
 
     /// Parses an RFC 9110 IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`).
@@ -167,7 +178,7 @@ public final class HTTPTokenFetcher: TokenFetcher, Sendable {
               let host = url.host, !host.isEmpty else {
             throw .invalidURL(template)
         }
-        let loopback = host == "localhost" || host.hasPrefix("127.") || host == "::1" || host == "[::1]"
+        let loopback = isLoopback(host)
         if scheme == "http" && !loopback && !configuration.allowInsecureHTTP { throw .insecureHTTP(host: host) }
         for header in configuration.headers {
             try checkHeader(name: header.name, value: header.value)
@@ -182,9 +193,29 @@ public final class HTTPTokenFetcher: TokenFetcher, Sendable {
         guard !name.isEmpty, name.unicodeScalars.allSatisfy({ $0.isASCII && tokenCharacters.contains($0) }) else {
             throw .invalidHeader("\"\(name)\" is not a valid header name")
         }
-        guard !value.contains("\r"), !value.contains("\n") else {
-            throw .invalidHeader("the value of \(name) contains a line break")
+        guard isValidHeaderValue(value) else {
+            throw .invalidHeader("the value of \(name) contains a control character")
         }
+    }
+
+    /// RFC 9110 field values: visible bytes, spaces and tabs; no CR, LF, NUL or DEL. Checked on
+    /// bytes, because Swift compares "\r\n" as one character.
+    static func isValidHeaderValue(_ value: String) -> Bool {
+        value.utf8.allSatisfy { $0 == 0x09 || ($0 >= 0x20 && $0 != 0x7F) }
+    }
+
+    /// Error text from the transport, cut short and stripped of control characters.
+    static func safeText(_ text: String) -> String {
+        String(text.unicodeScalars.filter { !$0.properties.isWhitespace || $0 == " " }.prefix(200).map(Character.init))
+    }
+
+    /// Loopback only when the host is literally an IPv4 127/8 address, `::1` or `localhost`
+    /// (`127.example.com` is a name that can resolve anywhere).
+    static func isLoopback(_ host: String) -> Bool {
+        let bare = host.trimmingCharacters(in: CharacterSet(charactersIn: "[]"))
+        if bare == "localhost" || bare == "::1" { return true }
+        var address = in_addr()
+        return inet_pton(AF_INET, bare, &address) == 1 && bare.hasPrefix("127.")
     }
 }
 
@@ -201,15 +232,19 @@ final class HeaderFile: Sendable {
     }
 
     func value() throws(TokenProviderError) -> String {
-        let attributes = try? FileManager.default.attributesOfItem(atPath: path)
-        let stamp = "\((attributes?[.modificationDate] as? Date)?.timeIntervalSince1970 ?? -1)/\((attributes?[.size] as? Int) ?? -1)"
+        // stat follows symlinks: rotated secrets often swap a link (Kubernetes `..data`), which
+        // leaves the link's own times unchanged. The inode catches a same-size, same-second swap.
+        var info = stat()
+        let stamp = stat(path, &info) == 0
+            ? "\(info.st_ino)/\(info.st_size)/\(info.st_mtim.tv_sec).\(info.st_mtim.tv_nsec)"
+            : "missing"
         if let cached = cache.withLock({ $0 }), cached.stamp == stamp { return cached.value }
         guard let data = FileManager.default.contents(atPath: path) else {
             throw .other(detail: "cannot read the \(name) header file \(path): check that it exists and is readable")
         }
         let value = String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
-        guard !value.contains("\r"), !value.contains("\n") else {
-            throw .other(detail: "the \(name) header file \(path) holds more than one line")
+        guard HTTPTokenFetcher.isValidHeaderValue(value) else {
+            throw .other(detail: "the \(name) header file \(path) holds more than one line or a control character")
         }
         cache.withLock { $0 = (stamp, value) }
         return value

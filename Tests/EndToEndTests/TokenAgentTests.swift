@@ -164,6 +164,8 @@ struct TokenAgentTests {
         ["--expiration-format", "weekly"],
         ["--provider-url", "https://auth.invalid/token"],
         ["--no-such-flag"],
+        ["--request-timeout", "inf"],
+        ["--connect-timeout", "0"],
     ])
     func usageErrors(arguments: [String]) async throws {
         let scratch = Scratch()

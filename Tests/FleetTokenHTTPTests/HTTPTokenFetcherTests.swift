@@ -1,5 +1,5 @@
 import DevTokenIssuer
-import FleetTokenHTTP
+@testable import FleetTokenHTTP
 import FleetTokenStore
 import Foundation
 import Testing
@@ -149,6 +149,86 @@ struct HTTPTokenFetcherTests {
                 await http.shutdown()
 
             }
+        }
+    }
+
+    @Test("Retry-After: digits or an HTTP date, capped; anything else is ignored")
+    func retryAfterParsing() {
+        #expect(HTTPTokenFetcher.retryAfter("120") == 120)
+        #expect(HTTPTokenFetcher.retryAfter(" 7 ") == 7)
+        #expect(HTTPTokenFetcher.retryAfter("99999999999999999999") == 86_400)
+        for bad in ["inf", "1e400", "-5", "nan", "12.5", "", "soon"] { #expect(HTTPTokenFetcher.retryAfter(bad) == nil, "\(bad)") }
+        let inTwoMinutes = HTTPTokenFetcher.retryAfter(Self.httpDate(Date().addingTimeInterval(120)))
+        #expect(inTwoMinutes.map { abs($0 - 120) < 2 } == true)
+        // A description with a huge value must not trap.
+        #expect(TokenProviderError.httpStatus(code: 503, retryAfter: .infinity).description.contains("503"))
+    }
+
+    static func httpDate(_ date: Date) -> String {
+        let formatter = DateFormatter()
+        formatter.locale = Locale(identifier: "en_US_POSIX")
+        formatter.timeZone = TimeZone(identifier: "GMT")
+        formatter.dateFormat = "EEE, dd MMM yyyy HH:mm:ss 'GMT'"
+        return formatter.string(from: date)
+    }
+
+    @Test("only literal loopback addresses count as loopback")
+    func loopback() {
+        for host in ["127.0.0.1", "127.1.2.3", "localhost", "::1", "[::1]"] { #expect(HTTPTokenFetcher.isLoopback(host), "\(host)") }
+        for host in ["127.example.com", "example.com", "10.0.0.1", "128.0.0.1"] { #expect(!HTTPTokenFetcher.isLoopback(host), "\(host)") }
+        #expect(throws: HTTPFetcherConfigurationError.insecureHTTP(host: "127.example.com")) { try fetcher("http://127.example.com/{id}") }
+    }
+
+    @Test("a credential with control characters is refused, and never quoted in the error")
+    func credentialControlCharacters() async throws {
+        for value in ["Bearer a\u{0}b", "Bearer a\r\nX-Injected: 1", "Bearer \u{7F}", "Bearer \u{0C}x"] {
+            #expect(throws: HTTPFetcherConfigurationError.self) { try fetcher("https://x/{id}") { $0.headers = [(name: "Authorization", value: value)] } }
+        }
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("fts-cred-\(UUID().uuidString.prefix(8))").path
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let secret = "Bearer s3cr3t-\u{0C}-value"
+        try secret.write(toFile: dir + "/credential", atomically: true, encoding: .utf8)
+        let http = try fetcher("http://127.0.0.1:1/{kind}/{id}") { $0.headerFiles = [(name: "Authorization", path: dir + "/credential")] }
+        defer { Task { await http.shutdown() } }
+        let error = await #expect(throws: TokenProviderError.self) { try await http.fetchToken(for: vehicle) }
+        #expect(error?.description.contains("control character") == true)
+        #expect(error?.description.contains("s3cr3t") == false)
+    }
+
+    @Test("a header file behind a swapped symlink (rotated secret) is re-read")
+    func symlinkedHeaderFile() async throws {
+        let server = HeaderRecorder()
+        try await server.start()
+        defer { Task { await server.stop() } }
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("fts-link-\(UUID().uuidString.prefix(8))").path
+        try FileManager.default.createDirectory(atPath: dir + "/a", withIntermediateDirectories: true)
+        try FileManager.default.createDirectory(atPath: dir + "/b", withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        try "Bearer one".write(toFile: dir + "/a/credential", atomically: true, encoding: .utf8)
+        try "Bearer two".write(toFile: dir + "/b/credential", atomically: true, encoding: .utf8)
+        try FileManager.default.createSymbolicLink(atPath: dir + "/data", withDestinationPath: dir + "/a")
+        let http = try fetcher("http://127.0.0.1:\(server.port)/{kind}/{id}") {
+            $0.headerFiles = [(name: "Authorization", path: dir + "/data/credential")]
+        }
+        defer { Task { await http.shutdown() } }
+        _ = try await http.fetchToken(for: vehicle)
+        try FileManager.default.removeItem(atPath: dir + "/data")
+        try FileManager.default.createSymbolicLink(atPath: dir + "/data", withDestinationPath: dir + "/b")
+        _ = try await http.fetchToken(for: vehicle)
+        #expect(server.seen.withLock { $0.map(\.authorization) } == ["Bearer one", "Bearer two"])
+    }
+
+    @Test("the issuer answers 400 to an impossible fault status instead of crashing")
+    func issuerRejectsBadStatus() async throws {
+        try await withIssuer { issuer in
+            let http = try fetcher(issuer.urlTemplate + "?fault=status&status=1000")
+            await #expect(throws: TokenProviderError.httpStatus(code: 400, retryAfter: nil)) { try await http.fetchToken(for: trip) }
+            await http.shutdown()
+            // Still serving.
+            let ok = try fetcher(issuer.urlTemplate)
+            _ = try await ok.fetchToken(for: trip)
+            await ok.shutdown()
         }
     }
 

@@ -52,10 +52,11 @@ struct LongLivedRun {
         let events = engine.events()
         let printer = Task { for await event in events { output.print(event) } }
         await engine.track(keys)
-        // Report what the store already held; fetched tokens are reported by refresh events.
+        // Report what the store already held (no fetching here: signals are not handled until the
+        // service group runs); fetched tokens are reported by refresh events.
         for key in keys {
-            if let entry = try? await engine.tokenWithSource(for: key), entry.source == .store {
-                output.print(.refreshed(key: key, fingerprint: entry.token.fingerprint, expiresAt: entry.token.expiresAt, source: .store))
+            if let held = engine.heldToken(for: key), held.source == .store {
+                output.print(.refreshed(key: key, fingerprint: held.token.fingerprint, expiresAt: held.token.expiresAt, source: .store))
             }
         }
         let group = ServiceGroup(configuration: .init(
@@ -139,12 +140,7 @@ struct AgentOutput: Sendable {
         return String(decoding: data, as: UTF8.self)
     }
 
-    /// "in 41m", "in 30s", "3m ago".
     static func relative(_ date: Date, now: Date) -> String {
-        let seconds = Int(date.timeIntervalSince(now).rounded())
-        let magnitude = abs(seconds)
-        let text = magnitude >= 3600 ? "\(magnitude / 3600)h\(magnitude % 3600 / 60)m"
-            : magnitude >= 60 ? "\(magnitude / 60)m" : "\(magnitude)s"
-        return seconds >= 0 ? "in \(text)" : "\(text) ago"
+        RelativeTime.describe(date, now: now)
     }
 }

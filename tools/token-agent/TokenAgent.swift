@@ -82,7 +82,9 @@ struct TokenAgent: AsyncParsableCommand {
         }
         for id in vehicles { _ = try key(.vehicle, id) }
         for id in trips { _ = try key(.trip, id) }
-        guard connectTimeout > 0, requestTimeout > 0 else { throw ValidationError("timeouts must be positive") }
+        for (flag, value) in [("--connect-timeout", connectTimeout), ("--request-timeout", requestTimeout)] where !(0.001...3600).contains(value) {
+            throw ValidationError("\(flag) must be between 0.001 and 3600 seconds")
+        }
         guard (10...3600).contains(demoLifetime) else { throw ValidationError("--demo-lifetime must be between 10 and 3600") }
         if providerURL == nil && !headers.isEmpty || providerURL == nil && !headerFiles.isEmpty {
             throw ValidationError("--header and --header-file need --provider-url")

@@ -75,13 +75,8 @@ func iso(_ date: Date?) -> Any {
     date.map { $0.formatted(.iso8601) } ?? NSNull()
 }
 
-/// "in 41m", "3m ago".
 func relative(_ date: Date, now: Date) -> String {
-    let seconds = Int(date.timeIntervalSince(now).rounded())
-    let magnitude = abs(seconds)
-    let text = magnitude >= 86400 ? "\(magnitude / 86400)d" : magnitude >= 3600 ? "\(magnitude / 3600)h\(magnitude % 3600 / 60)m"
-        : magnitude >= 60 ? "\(magnitude / 60)m" : "\(magnitude)s"
-    return seconds >= 0 ? "in \(text)" : "\(text) ago"
+    RelativeTime.describe(date, now: now)
 }
 
 /// Prints a line on stderr while a slow operation runs, after a second, on a terminal only.

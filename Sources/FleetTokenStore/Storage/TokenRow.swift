@@ -70,27 +70,25 @@ enum TokenRow {
         seconds.map(Date.init(timeIntervalSince1970:))
     }
 
-    private static let upsertKeepingFailureSQL = """
-        INSERT INTO tokens (kind, subject_id, token, expires_at, issued_at, fetched_at, last_used_at)
-        VALUES (?, ?, ?, ?, ?, ?, ?)
-        ON CONFLICT (kind, subject_id) DO UPDATE SET
-          token = excluded.token, expires_at = excluded.expires_at, issued_at = excluded.issued_at,
-          fetched_at = excluded.fetched_at,
-          last_used_at = coalesce(excluded.last_used_at, tokens.last_used_at)
-        WHERE tokens.token IS NULL OR excluded.expires_at >= tokens.expires_at
-        """
+    /// The upsert, optionally resetting the failure state; an older token never replaces a
+    /// newer one (a slow writer loses to another process's fresher refresh).
+    private static func upsertSQL(clearingFailure: Bool) -> String {
+        let resetFailure = clearingFailure
+            ? ", failure_count = 0, next_attempt_at = NULL, last_error_kind = NULL, last_error_message = NULL, last_failure_at = NULL"
+            : ""
+        return """
+            INSERT INTO tokens (kind, subject_id, token, expires_at, issued_at, fetched_at, last_used_at)
+            VALUES (?, ?, ?, ?, ?, ?, ?)
+            ON CONFLICT (kind, subject_id) DO UPDATE SET
+              token = excluded.token, expires_at = excluded.expires_at, issued_at = excluded.issued_at,
+              fetched_at = excluded.fetched_at,
+              last_used_at = coalesce(excluded.last_used_at, tokens.last_used_at)\(resetFailure)
+            WHERE tokens.token IS NULL OR excluded.expires_at >= tokens.expires_at
+            """
+    }
 
-    private static let upsertClearingFailureSQL = """
-        INSERT INTO tokens (kind, subject_id, token, expires_at, issued_at, fetched_at, last_used_at)
-        VALUES (?, ?, ?, ?, ?, ?, ?)
-        ON CONFLICT (kind, subject_id) DO UPDATE SET
-          token = excluded.token, expires_at = excluded.expires_at, issued_at = excluded.issued_at,
-          fetched_at = excluded.fetched_at,
-          last_used_at = coalesce(excluded.last_used_at, tokens.last_used_at),
-          failure_count = 0, next_attempt_at = NULL, last_error_kind = NULL,
-          last_error_message = NULL, last_failure_at = NULL
-        WHERE tokens.token IS NULL OR excluded.expires_at >= tokens.expires_at
-        """
+    private static let upsertKeepingFailureSQL = upsertSQL(clearingFailure: false)
+    private static let upsertClearingFailureSQL = upsertSQL(clearingFailure: true)
 
     static func upsert(_ token: StoredToken, clearFailure: Bool, _ db: Database) throws {
         let statement = try db.cachedStatement(sql: clearFailure ? upsertClearingFailureSQL : upsertKeepingFailureSQL)

@@ -217,7 +217,8 @@ actor RefreshCoordinator {
                 token.lastUsedAt = demand ? nowC : memory.entry(key)?.lastUsed.nonDistant
                 memory.install(token, source: .provider, lastUsed: demand ? nowC : nil)
                 metrics.refreshes.increment()
-                logger.info("token refreshed", metadata: [
+                // Debug, not info: thousands of keys refresh every hour; events() reports them.
+                logger.debug("token refreshed", metadata: [
                     "key": .string(key.description), "fingerprint": .string(token.fingerprint.description),
                     "expires_at": .string(token.expiresAt.formatted(.iso8601)),
                 ])

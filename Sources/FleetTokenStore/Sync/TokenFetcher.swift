@@ -99,7 +99,7 @@ public enum TokenProviderError: Error, Sendable, Equatable, CustomStringConverti
         case .unreachable(let detail): "token provider unreachable: \(detail)"
         case .timeout(let seconds): "token provider did not answer within \(seconds) s"
         case .httpStatus(let code, let retryAfter):
-            "token provider answered HTTP \(code)" + (retryAfter.map { " (Retry-After \(Int($0)) s)" } ?? "")
+            "token provider answered HTTP \(code)" + (retryAfter.map { " (Retry-After \(Int(min(max($0, 0), 1e9))) s)" } ?? "")
         case .notJSON(let detail): "token provider's answer is not a JSON object (\(detail))"
         case .missingData(let field): "token provider's answer lacks the \"\(field)\" field (missingData): check --token-key / --expiration-key"
         case .bodyTooLarge(let limit): "token provider's answer is larger than \(limit) bytes"

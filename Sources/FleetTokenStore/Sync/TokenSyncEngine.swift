@@ -104,6 +104,13 @@ public final class TokenSyncEngine: Service, Sendable {
         return (token, memory.entry(key)?.source ?? .provider)
     }
 
+    /// The usable token held in memory for `key`, with its source, without any I/O or fetch;
+    /// nil when none is held (not loaded, missing, or below the floor).
+    public func heldToken(for key: TokenKey) -> (token: StoredToken, source: TokenSource)? {
+        guard let token = memory.usableToken(key, localNow: wallClock()) else { return nil }
+        return (token, memory.entry(key)?.source ?? .store)
+    }
+
     private func waitForToken(_ key: TokenKey, fresh: Bool = false) async throws(TokenUnavailable) -> StoredToken {
         let outcome = fresh ? await coordinator.obtainFresh(key) : await coordinator.obtain(key)
         switch outcome {

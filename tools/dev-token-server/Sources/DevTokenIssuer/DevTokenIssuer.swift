@@ -172,8 +172,11 @@ public final class DevTokenIssuer: Sendable {
         try await task.value
     }
 
+    /// Literal loopback addresses only: a name such as `127.example.com` could be anything.
     static func isLoopback(_ host: String) -> Bool {
-        host == "localhost" || host == "::1" || host.hasPrefix("127.")
+        if host == "localhost" || host == "::1" { return true }
+        let octets = host.split(separator: ".", omittingEmptySubsequences: false)
+        return octets.count == 4 && octets.first == "127" && octets.allSatisfy { UInt8($0) != nil }
     }
 
     private static func loadKey(_ path: String?) throws -> JWTKit.Insecure.RSA.PrivateKey {

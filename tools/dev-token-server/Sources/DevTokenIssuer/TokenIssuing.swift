@@ -45,6 +45,9 @@ struct TokenIssuing: Sendable {
         switch fault {
         case .status:
             let code = Int(query.get("status") ?? "") ?? 500
+            guard (100...599).contains(code) else {
+                return json(.badRequest, #"{"error":"status must be between 100 and 599"}"#)
+            }
             var headers: HTTPFields = [.contentType: "application/json"]
             if let retryAfter = query.get("retry_after") { headers[.retryAfter] = retryAfter }
             return Response(status: .init(code: code), headers: headers,
