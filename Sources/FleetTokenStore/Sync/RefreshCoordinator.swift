@@ -155,9 +155,10 @@ actor RefreshCoordinator {
                 return .token(token)
             }
             if demand && !wantFresh && nowC < entry.usableUntil {
-                // Due but usable: the caller gets it now; the refresh runs in the background.
+                // Due but usable: the caller gets it now; the refresh runs in the background
+                // (started here, not left to the scheduler, which runs only inside run()).
                 memory.markUsed(key, at: nowC)
-                schedule(key, at: nowC)
+                refreshInBackground(key)
                 return .token(token)
             }
         }

@@ -44,6 +44,25 @@ struct LifecycleTests {
         _ = try? await running.value
     }
 
+    @Test("a stored token past its soft point is served at once and refreshed in the background, even without run()")
+    func restartPastSoftPoint() async throws {
+        let h = try EngineHarness()
+        let key = keys[0]
+        let first = try await h.engine.token(for: key)
+        #expect(await eventually(within: 2) { (try? await h.store.entry(for: key))?.token == first })
+        h.store.close()
+        await h.time.advance(by: 3000) // past the soft point, above the floor
+
+        let fetcher = ScriptedFetcher.minting(h.time)
+        let store = try openStore(h.dir.file("tokens.sqlite"))
+        defer { store.close() }
+        let engine = TokenSyncEngine(repository: store, fetcher: fetcher, logger: Logger(label: "restart"),
+                                     clock: h.time.clock, now: h.time.wall)
+        #expect(try await engine.token(for: key) == first)
+        #expect(await eventually(within: 2) { fetcher.total == 1 })
+        #expect(await eventually(within: 2) { (try? await engine.token(for: key)) != first })
+    }
+
     @Test("a restarted engine honours the stored backoff instead of fetching")
     func restartHonoursBackoff() async throws {
         let h = try EngineHarness()
