@@ -1,0 +1,157 @@
+// Each figure beside its baseline, measured in the same run (see ../../run for the ratios).
+
+import Benchmark
+import BenchmarkSupport
+import FleetTokenStore
+import Foundation
+import Synchronization
+
+/// A store file, a repository and an engine holding one fresh token.
+final class HitFixture: Sendable {
+    let engine: TokenSyncEngine
+    let key = try! TokenKey.vehicle("hot-vehicle")
+    let store: SQLiteTokenRepository
+    let dictionary: Mutex<[TokenKey: String]>
+
+    init() async throws {
+        store = try SQLiteTokenRepository(path: scratchDirectory("hit") + "/tokens.sqlite", logger: quietLogger)
+        engine = TokenSyncEngine(repository: store, fetcher: MintingFetcher(), logger: quietLogger)
+        let token = try await engine.token(for: key)
+        // The baseline: the seed samples' approach, a locked dictionary of token strings, as
+        // large as a busy agent's memory.
+        var map: [TokenKey: String] = [key: token.value]
+        for other in vehicleKeys(1000) { map[other] = token.value }
+        dictionary = Mutex(map)
+        for other in vehicleKeys(1000) { _ = try await engine.token(for: other) }
+    }
+}
+
+/// A store and the raw C-API connection to the same kind of file.
+final class PersistFixture: Sendable {
+    let store: SQLiteTokenRepository
+    let raw: RawSQLite
+    let counter = Mutex(0)
+    let value = realisticJWT(for: try! .vehicle("p"), issuedAt: Date())
+
+    init(label: String) throws {
+        let directory = scratchDirectory(label)
+        store = try SQLiteTokenRepository(path: directory + "/tokens.sqlite", logger: quietLogger)
+        // The raw baseline gets its own file with the identical schema (migrated the same way).
+        try SQLiteTokenRepository(path: directory + "/raw.sqlite", logger: quietLogger).close()
+        raw = RawSQLite(path: directory + "/raw.sqlite")
+    }
+
+    /// Tokens that each expire later than the last, so every upsert really replaces.
+    func tokens(_ keys: [TokenKey]) -> [StoredToken] {
+        let n = counter.withLock { $0 += 1; return $0 }
+        let now = Date(timeIntervalSince1970: 1_800_000_000 + Double(n))
+        return keys.map { StoredToken(key: $0, value: value, expiresAt: now + 3600, issuedAt: now, fetchedAt: now) }
+    }
+}
+
+let persistKey = [try! TokenKey.vehicle("persisted")]
+let batchKeys = vehicleKeys(1000, prefix: "batch-")
+
+let benchmarks: @Sendable () -> Void = {
+    Benchmark.defaultConfiguration = .init(metrics: [.wallClock, .throughput, .mallocCountTotal], warmupIterations: 20,
+                                           maxDuration: .seconds(3), maxIterations: 100_000)
+
+    // MARK: hit path
+    // 1,000 calls per measured iteration, so clock reads do not swamp a tens-of-nanoseconds call.
+    Benchmark("hit: token(for:) fresh", configuration: .init(warmupIterations: 100, scalingFactor: .kilo, maxIterations: 20_000)) { benchmark, fixture in
+        for _ in benchmark.scaledIterations { blackHole(try await fixture.engine.token(for: fixture.key)) }
+    } setup: {
+        try await HitFixture()
+    }
+
+    Benchmark("hit baseline: Mutex<[Key: String]> lookup", configuration: .init(warmupIterations: 100, scalingFactor: .kilo, maxIterations: 20_000)) { benchmark, fixture in
+        for _ in benchmark.scaledIterations { blackHole(fixture.dictionary.withLock { $0[fixture.key] }) }
+    } setup: {
+        try await HitFixture()
+    }
+
+    // MARK: persistence
+    Benchmark("persist: repository upsert of one token", configuration: .init(metrics: [.wallClock, .throughput], maxIterations: 20_000)) { benchmark, fixture in
+        let tokens = fixture.tokens(persistKey)
+        benchmark.startMeasurement()
+        try await fixture.store.upsert(tokens[0])
+        benchmark.stopMeasurement()
+    } setup: {
+        try PersistFixture(label: "persist")
+    }
+
+    Benchmark("persist baseline: raw C API upsert", configuration: .init(metrics: [.wallClock, .throughput], maxIterations: 20_000)) { benchmark, fixture in
+        let tokens = fixture.tokens(persistKey)
+        benchmark.startMeasurement()
+        fixture.raw.upsert(tokens[0])
+        benchmark.stopMeasurement()
+    } setup: {
+        try PersistFixture(label: "persist-raw")
+    }
+
+    Benchmark("batch: repository upsert of 1,000 tokens", configuration: .init(metrics: [.wallClock, .throughput], maxIterations: 300)) { benchmark, fixture in
+        let tokens = fixture.tokens(batchKeys)
+        benchmark.startMeasurement()
+        try await fixture.store.upsert(tokens)
+        benchmark.stopMeasurement()
+    } setup: {
+        try PersistFixture(label: "batch")
+    }
+
+    Benchmark("batch baseline: 1,000 raw upserts in one transaction", configuration: .init(metrics: [.wallClock, .throughput], maxIterations: 300)) { benchmark, fixture in
+        let tokens = fixture.tokens(batchKeys)
+        benchmark.startMeasurement()
+        fixture.raw.upsert(tokens)
+        benchmark.stopMeasurement()
+    } setup: {
+        try PersistFixture(label: "batch-raw")
+    }
+
+    // MARK: purge of 100,000 expired rows
+    let purgeKeys = vehicleKeys(100_000, prefix: "expired-")
+    Benchmark("purge: repository purge --expired of 100,000 rows", configuration: .init(metrics: [.wallClock, .throughput], warmupIterations: 0, maxDuration: .seconds(120), maxIterations: 5)) { benchmark, fixture in
+        benchmark.stopMeasurement()
+        fixture.raw.upsert(expiredTokens(purgeKeys))
+        benchmark.startMeasurement()
+        let purged = try await fixture.store.purge(TokenFilter(validity: .expired(asOf: Date())))
+        benchmark.stopMeasurement()
+        precondition(purged == purgeKeys.count)
+    } setup: {
+        try PersistFixture(label: "purge")
+    }
+
+    Benchmark("purge baseline: raw DELETE WHERE expires_at < ?", configuration: .init(metrics: [.wallClock, .throughput], warmupIterations: 0, maxDuration: .seconds(120), maxIterations: 5)) { benchmark, fixture in
+        benchmark.stopMeasurement()
+        fixture.raw.upsert(expiredTokens(purgeKeys))
+        benchmark.startMeasurement()
+        let purged = fixture.raw.deleteExpired(before: Date())
+        benchmark.stopMeasurement()
+        precondition(purged == purgeKeys.count)
+    } setup: {
+        try PersistFixture(label: "purge-raw")
+    }
+
+    // MARK: start-up: open + ready to serve the first token
+    for size in [1_000, 100_000] {
+        Benchmark("startup: open and serve the first token, \(size) entries", configuration: .init(metrics: [.wallClock, .throughput], warmupIterations: 1, maxDuration: .seconds(20), maxIterations: 20)) { benchmark, path in
+            benchmark.startMeasurement()
+            let store = try SQLiteTokenRepository(path: path, logger: quietLogger)
+            let engine = TokenSyncEngine(repository: store, fetcher: MintingFetcher(), logger: quietLogger)
+            blackHole(try await engine.token(for: .vehicle("v\(size / 2)")))
+            benchmark.stopMeasurement()
+            store.close()
+        } setup: {
+            let path = scratchDirectory("startup-\(size)") + "/tokens.sqlite"
+            let store = try SQLiteTokenRepository(path: path, logger: quietLogger)
+            try await seed(store, keys: vehicleKeys(size))
+            store.close()
+            return path
+        }
+    }
+}
+
+func expiredTokens(_ keys: [TokenKey]) -> [StoredToken] {
+    let issued = Date().addingTimeInterval(-7200)
+    let value = realisticJWT(for: keys[0], issuedAt: issued)
+    return keys.map { StoredToken(key: $0, value: value, expiresAt: issued + 3600, issuedAt: issued, fetchedAt: issued) }
+}
