@@ -313,13 +313,10 @@ actor RefreshCoordinator {
     private func adoptFromStore(_ key: TokenKey, _ stored: TokenEntry?) -> LeaseDecision? {
         let held = memory.entry(key)
         let nowC = correctedNow
-        if let token = stored?.token, token.value != held?.token?.value,
-           token.expiresAt > (held?.token?.expiresAt ?? .distantPast),
-           nowC < token.expiresAt.addingTimeInterval(-policy.floor(of: token)) {
-            memory.install(token, source: .otherProcess, failure: stored?.failure)
-            events.emit(.refreshed(key: key, fingerprint: token.fingerprint, expiresAt: token.expiresAt, source: .otherProcess))
-            scheduleNextRefresh(key)
-            if let entry = memory.entry(key), nowC < entry.softPoint { return .adopted(token) }
+        if let token = stored?.token, nowC < token.expiresAt.addingTimeInterval(-policy.floor(of: token)),
+           adoptIfNewer(token, failure: stored?.failure),
+           let entry = memory.entry(key), nowC < entry.softPoint {
+            return .adopted(token)
         }
         if let failure = stored?.failure, failure.nextAttemptAt > now(),
            failure.lastFailureAt > (held?.failure?.lastFailureAt ?? .distantPast) {
@@ -329,6 +326,22 @@ actor RefreshCoordinator {
             return .failedElsewhere(error, failure.nextAttemptAt)
         }
         return nil
+    }
+
+    /// Installs a token another process stored when it is newer than ours (a slow writer's
+    /// older token must not replace it), and reports and reschedules the key. Returns whether
+    /// it was adopted.
+    @discardableResult
+    private func adoptIfNewer(_ token: StoredToken, failure: RefreshFailureState?) -> Bool {
+        let mine = memory.entry(token.key)?.token
+        guard token.value != mine?.value, token.expiresAt > (mine?.expiresAt ?? .distantPast) else { return false }
+        memory.install(token, source: .otherProcess, failure: failure)
+        logger.info("adopted a token another process stored", metadata: [
+            "key": .string(token.key.description), "fingerprint": .string(token.fingerprint.description),
+        ])
+        events.emit(.refreshed(key: token.key, fingerprint: token.fingerprint, expiresAt: token.expiresAt, source: .otherProcess))
+        scheduleNextRefresh(token.key)
+        return true
     }
 
     private func releaseLease(_ key: TokenKey) async {
@@ -543,14 +556,7 @@ actor RefreshCoordinator {
         for key in held {
             let mine = memory.entry(key)?.token
             if let token = stored[key]?.token {
-                // Only a newer token replaces ours: a slow writer's older token must not.
-                guard token.value != mine?.value, token.expiresAt > (mine?.expiresAt ?? .distantPast) else { continue }
-                memory.install(token, source: .otherProcess, failure: stored[key]?.failure)
-                logger.info("adopted a token another process stored", metadata: [
-                    "key": .string(key.description), "fingerprint": .string(token.fingerprint.description),
-                ])
-                events.emit(.refreshed(key: key, fingerprint: token.fingerprint, expiresAt: token.expiresAt, source: .otherProcess))
-                scheduleNextRefresh(key)
+                adoptIfNewer(token, failure: stored[key]?.failure)
             } else if mine != nil, pendingWrites[key] == nil {
                 memory.installEmpty(key, failure: nil)
                 logger.notice("another process removed a token; it will be fetched again when needed", metadata: [
