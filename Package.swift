@@ -56,6 +56,7 @@ let package = Package(
             dependencies: [
                 "FleetTokenMigrations",
                 .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "GRDBSQLite", package: "GRDB.swift"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Crypto", package: "swift-crypto"),
@@ -162,6 +163,7 @@ let package = Package(
                 "FleetTokenStore",
                 "DevTokenIssuer",
                 .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "Clocks", package: "swift-clocks"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "InMemoryLogging", package: "swift-log"),

@@ -30,13 +30,16 @@ final class RunningProcess: @unchecked Sendable {
     let stdoutPath: String
     let stderrPath: String
 
+    /// `executable` is one of this package's products, or an absolute path (sqlite3, setpriv, unshare).
     init(_ executable: String, _ arguments: [String], environment: [String: String] = [:], in scratch: Scratch) throws {
         let id = UUID().uuidString.prefix(8)
-        stdoutPath = scratch.file("\(executable)-\(id).out")
-        stderrPath = scratch.file("\(executable)-\(id).err")
+        let name = (executable as NSString).lastPathComponent
+        stdoutPath = scratch.file("\(name)-\(id).out")
+        stderrPath = scratch.file("\(name)-\(id).err")
         FileManager.default.createFile(atPath: stdoutPath, contents: nil)
         FileManager.default.createFile(atPath: stderrPath, contents: nil)
-        process.executableURL = productsDirectory.appendingPathComponent(executable)
+        process.executableURL = executable.hasPrefix("/") ? URL(fileURLWithPath: executable)
+            : productsDirectory.appendingPathComponent(executable)
         process.arguments = arguments
         var env = ProcessInfo.processInfo.environment
         env.removeValue(forKey: "TOKEN_STORE_DB")
@@ -122,10 +125,12 @@ final class IssuerProcess: Sendable {
     }
 }
 
-func sqlite3(_ path: String, _ sql: String) throws -> String {
+/// Runs stock sqlite3 on `path`. `readOnly` opens with `-readonly`, which leaves a crashed
+/// process's `-wal` as it was (a read-write shell checkpoints and deletes it on close).
+func sqlite3(_ path: String, _ sql: String, readOnly: Bool = false) throws -> String {
     let process = Process()
     process.executableURL = URL(fileURLWithPath: "/usr/bin/sqlite3")
-    process.arguments = [path, sql]
+    process.arguments = (readOnly ? ["-readonly", "-cmd", ".timeout 5000"] : []) + [path, sql]
     let out = Pipe()
     process.standardOutput = out
     try process.run()

@@ -47,6 +47,15 @@ let package = Package(
             ],
             path: "Sources/Measurements"
         ),
+        // One path in a loop, for counting its instructions under valgrind's callgrind.
+        .executableTarget(
+            name: "token-store-profile",
+            dependencies: [
+                "BenchmarkSupport",
+                .product(name: "FleetTokenStore", package: "FleetTokenStore"),
+            ],
+            path: "Sources/Profile"
+        ),
     ],
     swiftLanguageModes: [.v6]
 )

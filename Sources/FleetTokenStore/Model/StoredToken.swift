@@ -77,6 +77,20 @@ public struct RefreshFailureState: Sendable, Equatable {
     }
 }
 
+extension RefreshFailureState {
+    /// A failure recorded more than this after "now" means the wall clock was stepped back.
+    static let clockStepTolerance: TimeInterval = 1
+
+    /// Whether fetching must still wait at `now` (local wall-clock time). A failure recorded
+    /// after `now` means the wall clock has been stepped back since: its backoff was computed on
+    /// the old clock, and honouring it would stretch it by the size of the step (an hour's step:
+    /// an hour without a token). Such a backoff is over; the next attempt, if it fails, records
+    /// a failure on the current clock and backs off from there.
+    func isBackingOff(at now: Date) -> Bool {
+        nextAttemptAt > now && lastFailureAt <= now.addingTimeInterval(Self.clockStepTolerance)
+    }
+}
+
 /// Everything the store holds for one key: a token, a failure state, or both.
 public struct TokenEntry: Sendable, Equatable {
     /// The key.

@@ -59,13 +59,31 @@ final class ChangeMonitor: Sendable {
     }
 
     /// Marks log rows written by this process's repository, so they are not echoed back.
+    /// Nothing is noted while no stream polls (polling starts from the log's end), and
+    /// back-to-back ranges are merged, so the list stays short.
     func noteOwnChanges(_ range: ClosedRange<Int64>) {
-        state.withLock { $0.ownRanges.append(range) }
+        state.withLock { state in
+            guard state.pollTask != nil else { return }
+            if let last = state.ownRanges.last, last.upperBound + 1 == range.lowerBound {
+                state.ownRanges[state.ownRanges.count - 1] = last.lowerBound...range.upperBound
+            } else {
+                state.ownRanges.append(range)
+            }
+        }
     }
 
     /// Forgets a noted range whose transaction did not commit.
     func forgetOwnChanges(_ range: ClosedRange<Int64>) {
-        state.withLock { $0.ownRanges.removeAll { $0 == range } }
+        state.withLock { state in
+            // It may have been merged into a neighbour: cut it out of whichever range holds it.
+            state.ownRanges = state.ownRanges.flatMap { held -> [ClosedRange<Int64>] in
+                guard held.overlaps(range) else { return [held] }
+                var kept: [ClosedRange<Int64>] = []
+                if held.lowerBound < range.lowerBound { kept.append(held.lowerBound...(range.lowerBound - 1)) }
+                if held.upperBound > range.upperBound { kept.append((range.upperBound + 1)...held.upperBound) }
+                return kept
+            }
+        }
     }
 
     /// Ends every stream and stops polling.
@@ -188,7 +206,8 @@ enum ChangeLog {
 
     /// The highest sequence number ever assigned (AUTOINCREMENT keeps it past pruning).
     static func lastSequence(_ db: Database) throws -> Int64 {
-        try Int64.fetchOne(db, sql: "SELECT seq FROM sqlite_sequence WHERE name = 'token_changes'") ?? 0
+        // Every write reads it twice: stepped through the C API (see DirectStep).
+        try DirectStep.run(db, "SELECT seq FROM sqlite_sequence WHERE name = 'token_changes'") ?? 0
     }
 
     static func read(_ db: Database, after seq: Int64, dataVersion: Int64, limit: Int) throws -> Batch {

@@ -38,14 +38,32 @@ public struct StoreOpenMode: Sendable, Equatable {
                                               quarantineCorrupt: false, readOnly: false)
 }
 
+/// When a store's pages are all checked, by a scan that takes time in proportion to its size.
+public enum IntegrityCheckTiming: Sendable, Equatable {
+    /// Before opening, every time: damage anywhere is caught before anything is served, and
+    /// start-up time grows with the store.
+    case beforeOpening
+    /// Before opening when the last run may not have ended cleanly (a non-empty write-ahead
+    /// log) or an earlier check found damage; otherwise after opening, in the background, so
+    /// start-up does not scan the store. Damage found in the background is logged as an error
+    /// and marked (`<store>.needs-check`), and the next open checks first and moves the store
+    /// aside; until that restart the process serves from memory and its writes may fail as
+    /// corrupt. Read-only opens never run the background check.
+    case whenNeeded
+    /// Never; only the constant-cost checks run.
+    case never
+}
+
 /// Tuning of a token store connection. The defaults suit agents and admin tools alike.
 public struct StoreConfiguration: Sendable, Equatable {
     /// How long a write waits for another process's write lock before failing with
     /// ``TokenStoreError/busy(path:timeoutSeconds:)``. Default 5 s.
     public var busyTimeout: TimeInterval = 5
-    /// Run `PRAGMA quick_check` when opening, to catch a corrupt store before serving from it.
-    /// Its cost grows with the store's size. Default true.
-    public var quickCheckOnOpen: Bool = true
+    /// When every page of the store is checked (`PRAGMA integrity_check`; `quick_check` misses
+    /// indexes that disagree with their tables). A file that is not a database, has a damaged
+    /// header or was truncated is caught at every open regardless, at a cost that does not grow
+    /// with the store. Default ``IntegrityCheckTiming/whenNeeded``.
+    public var integrityCheck: IntegrityCheckTiming = .whenNeeded
     /// How often the store looks for changes made by other processes (`PRAGMA data_version`,
     /// one query on one connection). Default 0.25 s, so changes are seen well within a second.
     public var changePollInterval: TimeInterval = 0.25
@@ -64,6 +82,8 @@ public struct StoreOpenReport: Sendable, Equatable {
     public var quarantinedTo: String?
     /// Why the quarantined store was judged corrupt.
     public var corruptionDetail: String?
+    /// True when the full integrity check ran before opening (see ``IntegrityCheckTiming``).
+    public var checkedBeforeOpening: Bool = false
     /// Files whose modes were looser than 0600 and were tightened.
     public var tightenedFiles: [String] = []
     /// Schema version found on disk before migrating (0 for a new store).

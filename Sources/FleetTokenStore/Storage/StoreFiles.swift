@@ -18,6 +18,29 @@ struct StoreFiles: Sendable {
 
     var directory: String { (path as NSString).deletingLastPathComponent }
     var walPath: String { path + "-wal" }
+    /// Present when a check found damage the store could not act on at once (see
+    /// ``IntegrityCheckTiming/whenNeeded``): the next open checks every page first.
+    var checkMarkerPath: String { path + ".needs-check" }
+
+    /// Whether the next open should check every page first: the write-ahead log holds frames
+    /// (the last run did not close cleanly, or another process has the store open) or damage
+    /// was marked.
+    var fullCheckNeeded: Bool {
+        var info = stat()
+        let walHoldsFrames = stat(walPath, &info) == 0 && info.st_size > 0
+        return walHoldsFrames || Self.exists(checkMarkerPath)
+    }
+
+    /// Marks the store for a full check at its next open. Best effort: a failure is logged by the caller.
+    func markForCheck() -> Bool {
+        let descriptor = open(checkMarkerPath, O_WRONLY | O_CREAT | O_CLOEXEC, 0o600)
+        guard descriptor >= 0 else { return false }
+        close(descriptor)
+        return true
+    }
+
+    /// Removes the mark once a full check has passed or the store was moved aside.
+    func clearCheckMark() { unlink(checkMarkerPath) }
     var shmPath: String { path + "-shm" }
     /// The store and the SQLite side files that exist now.
     var existingFiles: [String] { [path, walPath, shmPath].filter { Self.exists($0) } }
@@ -125,6 +148,7 @@ struct StoreFiles: Sendable {
                 throw .directoryNotWritable(path: path, reason: "cannot move corrupt \(source) aside: \(Self.errnoText())")
             }
         }
+        clearCheckMark()
         return target
     }
 

@@ -56,7 +56,7 @@ struct StoreOpener {
         if report.created {
             state = SchemaMigrator.State(storeVersion: 0, unknownIdentifiers: [], pending: migrator.migrations.map(\.identifier))
         } else {
-            state = try inspect()
+            state = try inspect(report: &report)
         }
         report.schemaVersionBefore = state.storeVersion
         report.schemaVersion = state.storeVersion
@@ -97,10 +97,17 @@ struct StoreOpener {
         return (pool, report)
     }
 
-    /// Integrity check (when configured) and schema state, through a read-only connection.
-    private func inspect() throws(TokenStoreError) -> SchemaMigrator.State {
+    /// Integrity check (when due, see ``IntegrityCheckTiming``) and schema state, through a
+    /// read-only connection. Reading the schema catches, at constant cost, a file that is not
+    /// a database, a damaged header, and truncation (SQLite refuses a file shorter than its
+    /// header says).
+    private func inspect(report: inout StoreOpenReport) throws(TokenStoreError) -> SchemaMigrator.State {
         let path = files.path
-        let quickCheck = configuration.quickCheckOnOpen
+        let fullCheck = switch configuration.integrityCheck {
+        case .beforeOpening: true
+        case .whenNeeded: files.fullCheckNeeded
+        case .never: false
+        }
         var config = Configuration()
         config.readonly = true
         config.busyMode = .timeout(configuration.busyTimeout)
@@ -108,15 +115,14 @@ struct StoreOpener {
         do {
             let queue = try DatabaseQueue(path: path, configuration: config)
             defer { try? queue.close() }
-            return try queue.read { db in
-                if quickCheck {
-                    let findings = try String.fetchAll(db, sql: "PRAGMA quick_check")
-                    if findings != ["ok"] {
-                        throw TokenStoreError.corrupt(path: path, detail: "quick_check: " + findings.prefix(3).joined(separator: "; "))
-                    }
-                }
-                return try migrator.state(db)
+            let state = try queue.read { db in
+                let state = try migrator.state(db)
+                if fullCheck { try IntegrityCheck.run(db, path: path) }
+                return state
             }
+            report.checkedBeforeOpening = fullCheck
+            if fullCheck && !mode.readOnly { files.clearCheckMark() }
+            return state
         } catch {
             throw TokenStoreError(error, path: path, busyTimeout: configuration.busyTimeout)
         }
@@ -134,6 +140,21 @@ struct StoreOpener {
             try db.execute(sql: "PRAGMA synchronous = NORMAL")
         }
         return config
+    }
+}
+
+/// The full check of every page.
+enum IntegrityCheck {
+    /// Throws ``TokenStoreError/corrupt(path:detail:)`` with the first findings.
+    static func run(_ db: Database, path: String) throws {
+        // integrity_check, not quick_check: quick_check skips the comparison of indexes with
+        // their tables, so a store whose pages were mixed with another database's (a `-wal`
+        // file from another store) passed it, and every later write failed as corrupt while
+        // nothing moved the store aside. On a token store both cost about the same.
+        let findings = try String.fetchAll(db, sql: "PRAGMA integrity_check")
+        if findings != ["ok"] {
+            throw TokenStoreError.corrupt(path: path, detail: "integrity_check: " + findings.prefix(3).joined(separator: "; "))
+        }
     }
 }
 

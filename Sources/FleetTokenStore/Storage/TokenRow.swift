@@ -91,12 +91,16 @@ enum TokenRow {
     private static let upsertClearingFailureSQL = upsertSQL(clearingFailure: true)
 
     static func upsert(_ token: StoredToken, clearFailure: Bool, _ db: Database) throws {
-        let statement = try db.cachedStatement(sql: clearFailure ? upsertClearingFailureSQL : upsertKeepingFailureSQL)
-        try statement.execute(arguments: [
-            token.key.kind.rawValue, token.key.subjectID, token.value,
-            token.expiresAt.timeIntervalSince1970, token.issuedAt?.timeIntervalSince1970,
-            token.fetchedAt.timeIntervalSince1970, token.lastUsedAt?.timeIntervalSince1970,
-        ])
+        // Every refresh runs this: bound through the C API (see DirectStep).
+        try DirectStep.run(db, clearFailure ? upsertClearingFailureSQL : upsertKeepingFailureSQL) { statement in
+            statement.bind(1, token.key.kind.rawValue)
+            statement.bind(2, token.key.subjectID)
+            statement.bind(3, token.value)
+            statement.bind(4, token.expiresAt.timeIntervalSince1970)
+            statement.bind(5, token.issuedAt?.timeIntervalSince1970)
+            statement.bind(6, token.fetchedAt.timeIntervalSince1970)
+            statement.bind(7, token.lastUsedAt?.timeIntervalSince1970)
+        }
     }
 
     static func recordFailure(_ failure: RefreshFailureState, for key: TokenKey, _ db: Database) throws {

@@ -39,8 +39,8 @@ actor RefreshCoordinator {
     private let random: @Sendable () -> Double
     private let metrics: SyncMetrics
     private let memory: TokenMemory
-    /// Names this process in refresh leases.
-    private let holder = "pid-\(getpid())-\(UUID().uuidString.prefix(8))"
+    /// Names this process in refresh leases (so others can tell when it died).
+    private let holder = RefreshLeaseHolder.make()
 
     private var inFlight: [TokenKey: Task<Outcome, Never>] = [:]
     private var tracked: Set<TokenKey> = []
@@ -164,7 +164,7 @@ actor RefreshCoordinator {
         }
         // Backoff and lease times are local wall-clock times: they coordinate this machine's
         // processes, whose provider-clock estimates may differ.
-        if let failure = entry?.failure, failure.nextAttemptAt > now() {
+        if let failure = entry?.failure, failure.isBackingOff(at: now()) {
             scheduleNextRefresh(key)
             return .failed(.provider(entry?.lastError ?? Self.persistedError(failure)), nextAttemptAt: failure.nextAttemptAt)
         }
@@ -318,7 +318,7 @@ actor RefreshCoordinator {
            let entry = memory.entry(key), nowC < entry.softPoint {
             return .adopted(token)
         }
-        if let failure = stored?.failure, failure.nextAttemptAt > now(),
+        if let failure = stored?.failure, failure.isBackingOff(at: now()),
            failure.lastFailureAt > (held?.failure?.lastFailureAt ?? .distantPast) {
             let error = Self.persistedError(failure)
             memory.recordFailure(key, failure: failure, error: error)
@@ -464,7 +464,7 @@ actor RefreshCoordinator {
         let entry = memory.entry(key)
         let nowC = correctedNow
         var due = entry?.token == nil ? nowC : (entry?.softPoint ?? nowC)
-        if let failure = entry?.failure {
+        if let failure = entry?.failure, failure.isBackingOff(at: now()) {
             // The queue runs on corrected time; backoff is kept in local time.
             let retry = failure.nextAttemptAt.addingTimeInterval(nowC.timeIntervalSince(now()))
             if retry > due { due = retry }
@@ -487,7 +487,17 @@ actor RefreshCoordinator {
     func runUntilCancelled() async {
         let watcher = Task { await self.followStoreChanges() }
         defer { watcher.cancel() }
+        var lastWall = now()
         while !Task.isCancelled && !shuttingDown {
+            let wall = now()
+            if wall < lastWall.addingTimeInterval(-RefreshFailureState.clockStepTolerance) {
+                // The wall clock was stepped back: queued retries were computed on the old
+                // clock and would wait the size of the step on top of their backoff.
+                for key in memory.keys where memory.entry(key)?.failure != nil && queue.deadline(of: key) != nil {
+                    scheduleNextRefresh(key)
+                }
+            }
+            lastWall = wall
             let nowC = correctedNow
             let slots = max(0, policy.maxConcurrentFetches - backgroundFlights)
             for key in queue.popDue(at: nowC, limit: slots) {

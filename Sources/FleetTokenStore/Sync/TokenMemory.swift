@@ -16,6 +16,32 @@ struct MemoryEntry: Sendable {
     var refreshRequested: Bool
 }
 
+extension MemoryEntry {
+    /// The hot-path decision for this entry at provider-corrected `now`, recording the use.
+    mutating func hit(now: Date, localNow: Date) -> MemoryLookup {
+        guard let token else { return .miss }
+        if now < softPoint {
+            lastUsed = now
+            return .fresh(token)
+        }
+        guard now < usableUntil else { return .miss }
+        lastUsed = now
+        let inBackoff = failure?.isBackingOff(at: localNow) ?? false
+        let start = !refreshRequested && !inBackoff
+        if start { refreshRequested = true }
+        return .stale(token, startRefresh: start, offline: inBackoff)
+    }
+}
+
+/// One key's entry in a box, so the hot path reads and stamps it where it lies.
+///
+/// `@unchecked Sendable`: a slot is only created, read and changed while holding the lock of the
+/// ``TokenMemory`` that owns it, and never handed out (callers get ``MemoryEntry`` copies).
+final class MemorySlot: @unchecked Sendable {
+    var entry: MemoryEntry
+    init(_ entry: MemoryEntry) { self.entry = entry }
+}
+
 /// The result of the hot-path lookup.
 enum MemoryLookup: Sendable {
     case fresh(StoredToken)
@@ -29,7 +55,16 @@ enum MemoryLookup: Sendable {
 /// hash lookup and two comparisons, with no allocation and no actor hop.
 final class TokenMemory: Sendable {
     struct State: Sendable {
-        var entries: [TokenKey: MemoryEntry] = [:]
+        var slots: [TokenKey: MemorySlot] = [:]
+
+        /// The entry of `key` by value; setting nil forgets the key.
+        subscript(entry key: TokenKey) -> MemoryEntry? {
+            get { slots[key]?.entry }
+            set {
+                guard let newValue else { slots.removeValue(forKey: key); return }
+                if let slot = slots[key] { slot.entry = newValue } else { slots[key] = MemorySlot(newValue) }
+            }
+        }
         /// Provider clock minus local clock, applied when it exceeds the skew threshold.
         var clockOffset: TimeInterval = 0
     }
@@ -47,33 +82,25 @@ final class TokenMemory: Sendable {
     /// start one, so only the first caller past the soft point does.
     func lookup(_ key: TokenKey, localNow: Date) -> MemoryLookup {
         state.withLock { state in
-            guard let index = state.entries.index(forKey: key), let token = state.entries.values[index].token else {
-                return .miss
-            }
             let now = localNow.addingTimeInterval(state.clockOffset)
-            if now < state.entries.values[index].softPoint {
-                state.entries.values[index].lastUsed = now
-                return .fresh(token)
-            }
-            guard now < state.entries.values[index].usableUntil else { return .miss }
-            state.entries.values[index].lastUsed = now
-            let inBackoff = state.entries.values[index].failure.map { $0.nextAttemptAt > localNow } ?? false
-            let start = !state.entries.values[index].refreshRequested && !inBackoff
-            if start { state.entries.values[index].refreshRequested = true }
-            return .stale(token, startRefresh: start, offline: inBackoff)
+            // The boxed entry is read and stamped in place. Copying a whole entry out of the
+            // dictionary (retaining every string in it), or editing it through the dictionary's
+            // modify accessor (which allocates), was most of a hit's cost when profiled.
+            guard let slot = state.slots[key] else { return .miss }
+            return slot.entry.hit(now: now, localNow: localNow)
         }
     }
 
     /// The held token if it is above the floor (for offline serving), else nil.
     func usableToken(_ key: TokenKey, localNow: Date) -> StoredToken? {
         state.withLock { state in
-            guard let entry = state.entries[key], let token = entry.token else { return nil }
+            guard let entry = state[entry: key], let token = entry.token else { return nil }
             return localNow.addingTimeInterval(state.clockOffset) < entry.usableUntil ? token : nil
         }
     }
 
     func entry(_ key: TokenKey) -> MemoryEntry? {
-        state.withLock { $0.entries[key] }
+        state.withLock { $0[entry: key] }
     }
 
     /// The provider-corrected time.
@@ -89,10 +116,10 @@ final class TokenMemory: Sendable {
         // the soft point.
         let soft = min(policy.softPoint(of: token, jitter: random()), usable)
         state.withLock { state in
-            let previousUse = state.entries[token.key]?.lastUsed
-            state.entries[token.key] = MemoryEntry(
+            let previousUse = state[entry: token.key]?.lastUsed
+            state[entry: token.key] = MemoryEntry(
                 token: token, source: source, softPoint: soft, usableUntil: usable, failure: failure,
-                lastError: failure == nil ? nil : state.entries[token.key]?.lastError,
+                lastError: failure == nil ? nil : state[entry: token.key]?.lastError,
                 lastUsed: lastUsed ?? previousUse ?? token.lastUsedAt ?? .distantPast,
                 refreshRequested: false)
         }
@@ -101,7 +128,7 @@ final class TokenMemory: Sendable {
     /// Records that `key` has no usable token (nothing stored, or it expired), keeping failure state.
     func installEmpty(_ key: TokenKey, failure: RefreshFailureState?) {
         state.withLock { state in
-            var entry = state.entries[key] ?? MemoryEntry(
+            var entry = state[entry: key] ?? MemoryEntry(
                 token: nil, source: .store, softPoint: .distantPast, usableUntil: .distantPast,
                 failure: nil, lastError: nil, lastUsed: .distantPast, refreshRequested: false)
             entry.token = nil
@@ -109,37 +136,37 @@ final class TokenMemory: Sendable {
             entry.usableUntil = .distantPast
             entry.failure = failure
             entry.refreshRequested = false
-            state.entries[key] = entry
+            state[entry: key] = entry
         }
     }
 
     func recordFailure(_ key: TokenKey, failure: RefreshFailureState, error: TokenProviderError) {
         state.withLock { state in
-            if state.entries[key] == nil {
-                state.entries[key] = MemoryEntry(
+            if state[entry: key] == nil {
+                state[entry: key] = MemoryEntry(
                     token: nil, source: .store, softPoint: .distantPast, usableUntil: .distantPast,
                     failure: nil, lastError: nil, lastUsed: .distantPast, refreshRequested: false)
             }
-            state.entries[key]?.failure = failure
-            state.entries[key]?.lastError = error
-            state.entries[key]?.refreshRequested = false
+            state[entry: key]?.failure = failure
+            state[entry: key]?.lastError = error
+            state[entry: key]?.refreshRequested = false
         }
     }
 
     func finishRefreshRequest(_ key: TokenKey) {
-        state.withLock { $0.entries[key]?.refreshRequested = false }
+        state.withLock { $0[entry: key]?.refreshRequested = false }
     }
 
     func remove(_ key: TokenKey) {
-        state.withLock { _ = $0.entries.removeValue(forKey: key) }
+        state.withLock { _ = $0.slots.removeValue(forKey: key) }
     }
 
-    var keys: [TokenKey] { state.withLock { Array($0.entries.keys) } }
+    var keys: [TokenKey] { state.withLock { Array($0.slots.keys) } }
 }
 
 
 extension TokenMemory {
     func markUsed(_ key: TokenKey, at date: Date) {
-        state.withLock { $0.entries[key]?.lastUsed = date }
+        state.withLock { $0[entry: key]?.lastUsed = date }
     }
 }

@@ -89,6 +89,16 @@ let benchmarks: @Sendable () -> Void = {
         try PersistFixture(label: "persist-raw")
     }
 
+    // Reported without a goal: the SQLite work of the repository's transaction shape alone.
+    Benchmark("persist shape: raw C API upsert in the repository's transaction shape", configuration: .init(metrics: [.wallClock, .throughput], maxIterations: 20_000)) { benchmark, fixture in
+        let tokens = fixture.tokens(persistKey)
+        benchmark.startMeasurement()
+        fixture.raw.upsertInTransactionShape(tokens[0])
+        benchmark.stopMeasurement()
+    } setup: {
+        try PersistFixture(label: "persist-shape")
+    }
+
     Benchmark("batch: repository upsert of 1,000 tokens", configuration: .init(metrics: [.wallClock, .throughput], maxIterations: 300)) { benchmark, fixture in
         let tokens = fixture.tokens(batchKeys)
         benchmark.startMeasurement()
@@ -108,27 +118,25 @@ let benchmarks: @Sendable () -> Void = {
     }
 
     // MARK: purge of 100,000 expired rows
+    // Each iteration measures one purge, then (unmeasured) puts the 100,000 expired rows back
+    // into the same file, the repository's through the repository, the baseline's raw.
     let purgeKeys = vehicleKeys(100_000, prefix: "expired-")
     Benchmark("purge: repository purge --expired of 100,000 rows", configuration: .init(metrics: [.wallClock, .throughput], warmupIterations: 0, maxDuration: .seconds(120), maxIterations: 5)) { benchmark, fixture in
-        benchmark.stopMeasurement()
-        fixture.raw.upsert(expiredTokens(purgeKeys))
-        benchmark.startMeasurement()
         let purged = try await fixture.store.purge(TokenFilter(validity: .expired(asOf: Date())))
         benchmark.stopMeasurement()
-        precondition(purged == purgeKeys.count)
+        guard purged == purgeKeys.count else { return benchmark.error("purged \(purged) rows, expected \(purgeKeys.count)") }
+        try await fixture.store.upsert(expiredTokens(purgeKeys))
     } setup: {
-        try PersistFixture(label: "purge")
+        try await PersistFixture.holdingExpired(purgeKeys, label: "purge", throughRepository: true)
     }
 
     Benchmark("purge baseline: raw DELETE WHERE expires_at < ?", configuration: .init(metrics: [.wallClock, .throughput], warmupIterations: 0, maxDuration: .seconds(120), maxIterations: 5)) { benchmark, fixture in
-        benchmark.stopMeasurement()
-        fixture.raw.upsert(expiredTokens(purgeKeys))
-        benchmark.startMeasurement()
         let purged = fixture.raw.deleteExpired(before: Date())
         benchmark.stopMeasurement()
-        precondition(purged == purgeKeys.count)
+        guard purged == purgeKeys.count else { return benchmark.error("deleted \(purged) rows, expected \(purgeKeys.count)") }
+        fixture.raw.upsert(expiredTokens(purgeKeys))
     } setup: {
-        try PersistFixture(label: "purge-raw")
+        try await PersistFixture.holdingExpired(purgeKeys, label: "purge-raw", throughRepository: false)
     }
 
     // MARK: start-up: open + ready to serve the first token
@@ -147,6 +155,19 @@ let benchmarks: @Sendable () -> Void = {
             store.close()
             return path
         }
+    }
+}
+
+extension PersistFixture {
+    /// A fixture whose measured file (the repository's or the raw one) holds expired rows for `keys`.
+    static func holdingExpired(_ keys: [TokenKey], label: String, throughRepository: Bool) async throws -> PersistFixture {
+        let fixture = try PersistFixture(label: label)
+        if throughRepository {
+            try await fixture.store.upsert(expiredTokens(keys))
+        } else {
+            fixture.raw.upsert(expiredTokens(keys))
+        }
+        return fixture
     }
 }
 

@@ -31,6 +31,10 @@ public final class DevTokenIssuer: Sendable {
         public var allowNonLoopback = false
         /// The service account named in `iss` and `sub`.
         public var serviceAccount = "fleet-engine-dev@fleet-token-store-dev.iam.gserviceaccount.com"
+        /// The clock tokens are issued by (`iat`, `exp`). Tests that run a client on simulated
+        /// time inject the same clock here, so tokens follow it. (The HTTP `Date` header stays
+        /// the real time: the server framework sets it.)
+        public var now: @Sendable () -> Date = { Date() }
 
         /// The defaults.
         public init() {}

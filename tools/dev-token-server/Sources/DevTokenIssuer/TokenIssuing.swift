@@ -38,7 +38,7 @@ struct TokenIssuing: Sendable {
         }
         let query = request.uri.queryParameters
         let fault = query.get("fault").flatMap(DevTokenIssuer.Fault.init(rawValue:))
-        let now = Date()
+        let now = configuration.now()
         var issuedAt = now
         var lifetime = configuration.lifetime
         var subject = id

@@ -1,0 +1,260 @@
+// Wall-clock jumps (NTP steps, manual changes) while the engine tracks many keys: the wall
+// clock moves by an hour while scheduling time (the TestClock) does not. Every served token is
+// checked against the wall clock of that moment, and every fetch is counted per key.
+
+import Foundation
+import Logging
+import Synchronization
+import Testing
+import TestSupportKit
+@testable import FleetTokenStore
+
+/// An engine tracking `keys` on a real store, whose provider mints on the test's wall clock
+/// and remembers every token it handed out (for the secret scan).
+final class JumpRig: Sendable {
+    let dir = TemporaryDirectory()
+    let time = TestTime()
+    let log = RecordingLogger(level: .trace)
+    let minted = MintedTokens()
+    let keys: [TokenKey]
+    let store: SQLiteTokenRepository
+    let fetcher: ScriptedFetcher
+    let engine: TokenSyncEngine
+    let policy = RefreshPolicy()
+
+    init(keyCount: Int = 50) throws {
+        keys = try (0..<keyCount).map { index throws(InvalidTokenKey) in
+            index.isMultiple(of: 3) ? try TokenKey.trip("trip-\(index)") : try TokenKey.vehicle("vehicle-\(index)")
+        }
+        store = try openStore(dir.file("tokens.sqlite"), logger: log.logger)
+        let time = self.time
+        let minted = self.minted
+        fetcher = ScriptedFetcher { key, _ in
+            let value = TestJWT.make(for: key, issuedAt: time.now)
+            minted.values.withLock { $0.append(value) }
+            return FetchedToken(value: value)
+        }
+        // Constant jitter: every token fetched at one moment has the same soft point (77.5%).
+        engine = TokenSyncEngine(repository: store, fetcher: fetcher, policy: policy, logger: log.logger,
+                                 clock: time.clock, now: time.wall, random: { 0.5 })
+    }
+
+    /// Fetches per key, and whether every key was fetched exactly `expected` times.
+    func counts() -> [TokenKey: Int] { Dictionary(uniqueKeysWithValues: keys.map { ($0, fetcher.count($0)) }) }
+
+    func everyKeyFetched(_ expected: Int) -> Bool { keys.allSatisfy { fetcher.count($0) == expected } }
+
+    /// Asks for every key from several callers at once and checks each served token against the
+    /// wall clock of this moment: the right subject, its JWT `exp` matching, above the floor.
+    func serveAll(_ comment: Comment) async throws {
+        let engine = self.engine
+        let served = try await withThrowingTaskGroup(of: StoredToken.self) { group in
+            for key in keys {
+                for _ in 0..<3 { group.addTask { try await engine.token(for: key) } }
+            }
+            return try await group.reduce(into: [StoredToken]()) { $0.append($1) }
+        }
+        let now = time.now
+        for token in served {
+            let exp = try #require(try JWTClaims.decode(token.value).expiresAt)
+            #expect(exp == token.expiresAt, "\(comment)")
+            #expect(token.expiresAt.timeIntervalSince(now) > policy.floor(of: token),
+                    "\(comment): served \(token) at \(now.formatted(.iso8601))")
+            #expect(try JWTClaims.decode(token.value).authorization?[token.key.kind.authorizationClaim] == token.key.subjectID)
+        }
+        #expect(served.count == keys.count * 3)
+    }
+
+    /// Gives the scheduler (sleeping at most 30 s of clock time) two turns to act.
+    func letSchedulerRun() async throws {
+        for _ in 0..<2 {
+            await time.advance(by: 31)
+            try await Task.sleep(for: .milliseconds(100))
+        }
+    }
+
+    /// No minted token value, payload or signature in any log entry or in `texts`.
+    func checkNoSecretLeaks(_ comment: Comment, texts: [String] = []) {
+        let needles = minted.values.withLock { $0 }.flatMap { value -> [String] in
+            let parts = value.split(separator: ".").map(String.init)
+            return [value, parts[1], parts[2]]
+        }
+        #expect(!needles.isEmpty)
+        let entries = log.handler.entries.map { entry in
+            "\(entry.message) \(entry.metadata.map { "\($0.key)=\($0.value)" }.joined(separator: " ")) \(entry.error.map { String(reflecting: $0) } ?? "")"
+        }
+        #expect(!entries.isEmpty)
+        for text in entries + texts {
+            #expect(!needles.contains { text.contains($0) }, "\(comment): a token leaked into: \(text.prefix(120))")
+        }
+    }
+}
+
+@Suite("Wall-clock jumps: nothing expired served, no refresh storm, schedules recover", .exclusive)
+struct ClockJumpTests {
+    @Test("forward an hour past expiry, then back an hour, with 50 tracked keys")
+    func forwardThenBack() async throws {
+        let rig = try JumpRig()
+        let running = Task { try await rig.engine.run() }
+        await rig.engine.track(rig.keys)
+        #expect(await eventually(within: 10) { rig.everyKeyFetched(1) })
+        #expect(await eventually(within: 5) { (try? await rig.store.list(.all).count) == 50 })
+        await rig.time.advance(by: 600)
+        try await rig.serveAll("before the jumps")
+        #expect(rig.fetcher.total == 50)
+
+        // Forward one hour: every token is 10 minutes past expiry. Each key is fetched again,
+        // once, however many callers ask, and whatever the scheduler does.
+        rig.time.jumpWallClock(by: 3600)
+        try await rig.serveAll("after jumping forward")
+        try await rig.letSchedulerRun()
+        try await rig.serveAll("after jumping forward, scheduler run")
+        #expect(rig.everyKeyFetched(2), "\(rig.counts().filter { $0.value != 2 })")
+        #expect(rig.fetcher.total == 100)
+
+        // Back one hour: the tokens just fetched look two hours fresh. Nothing is fetched.
+        rig.time.jumpWallClock(by: -3600)
+        try await rig.serveAll("after jumping back")
+        try await rig.letSchedulerRun()
+        try await rig.serveAll("after jumping back, scheduler run")
+        #expect(rig.fetcher.total == 100)
+
+        // The schedule recovers: at the tokens' soft point the scheduler refreshes each key once.
+        let softPoint = try #require(rig.engine.memory.entry(rig.keys[0])?.softPoint)
+        await rig.time.advance(by: softPoint.timeIntervalSince(rig.time.now) - 5)
+        try await Task.sleep(for: .milliseconds(100))
+        #expect(rig.fetcher.total == 100, "refreshed before the soft point")
+        await rig.time.advance(by: 10)
+        #expect(await eventually(within: 10) { rig.fetcher.total == 150 })
+        try await Task.sleep(for: .milliseconds(100))
+        #expect(rig.everyKeyFetched(3), "\(rig.counts().filter { $0.value != 3 })")
+        try await rig.serveAll("after the scheduled refresh")
+        #expect(rig.fetcher.total == 150)
+        #expect(rig.engine.memory.keys.count == 50)
+
+        running.cancel()
+        _ = try? await running.value
+        rig.checkNoSecretLeaks("forward then back")
+    }
+
+    @Test("back an hour, then forward again: nothing is refetched, the original schedule holds")
+    func backThenForward() async throws {
+        let rig = try JumpRig()
+        let running = Task { try await rig.engine.run() }
+        await rig.engine.track(rig.keys)
+        #expect(await eventually(within: 10) { rig.everyKeyFetched(1) })
+
+        rig.time.jumpWallClock(by: -3600)
+        try await rig.serveAll("after jumping back")
+        try await rig.letSchedulerRun()
+        #expect(rig.fetcher.total == 50)
+
+        rig.time.jumpWallClock(by: 3600)
+        try await rig.serveAll("after jumping forward again")
+        try await rig.letSchedulerRun()
+        #expect(rig.fetcher.total == 50)
+
+        // 0.775 × 3600 = 2790 s after the first fetch (the clock has moved 124 s since).
+        let softPoint = try #require(rig.engine.memory.entry(rig.keys[0])?.softPoint)
+        #expect(softPoint == rig.time.start + 2790)
+        await rig.time.advance(by: softPoint.timeIntervalSince(rig.time.now) - 5)
+        try await Task.sleep(for: .milliseconds(100))
+        #expect(rig.fetcher.total == 50)
+        await rig.time.advance(by: 10)
+        #expect(await eventually(within: 10) { rig.fetcher.total == 100 })
+        try await Task.sleep(for: .milliseconds(100))
+        #expect(rig.everyKeyFetched(2), "\(rig.counts().filter { $0.value != 2 })")
+        try await rig.serveAll("after the scheduled refresh")
+
+        running.cancel()
+        _ = try? await running.value
+        rig.checkNoSecretLeaks("back then forward")
+    }
+
+    @Test("a backoff running when the wall clock steps back an hour is not stretched by the hour; no retry storm either")
+    func backoffAcrossBackwardJump() async throws {
+        let rig = try JumpRig(keyCount: 1)
+        let key = rig.keys[0]
+        let failing: ScriptedFetcher.Answer = { _, _ throws(TokenProviderError) in throw .unreachable(detail: "connection refused") }
+        let minting = try #require(rig.fetcherAnswerMinting())
+        rig.fetcher.setAnswer(failing)
+        var errors: [TokenUnavailable] = []
+        for _ in 0..<3 {
+            let error = await #expect(throws: TokenUnavailable.self) { try await rig.engine.token(for: key) }
+            let next = try #require(error?.nextAttemptAt)
+            errors += error.map { [$0] } ?? []
+            await rig.time.advance(by: next.timeIntervalSince(rig.time.now))
+        }
+        // The fourth failure backs off 6 s (nominal 8 s; equal jitter at 0.5 gives 3/4 of it).
+        let error = await #expect(throws: TokenUnavailable.self) { try await rig.engine.token(for: key) }
+        errors += error.map { [$0] } ?? []
+        let delay = try #require(error?.nextAttemptAt).timeIntervalSince(rig.time.now)
+        #expect(abs(delay - 6) < 0.001)
+        #expect(rig.fetcher.total == 4)
+
+        rig.time.jumpWallClock(by: -3600)
+        // Right after the step the provider still fails. However often callers ask, at most one
+        // attempt is made, and the next one is due per the rules (here at most the fifth
+        // failure's nominal 16 s), not an hour away.
+        for _ in 0..<20 { _ = try? await rig.engine.token(for: key) }
+        #expect(rig.fetcher.total <= 5)
+        let during = await #expect(throws: TokenUnavailable.self) { try await rig.engine.token(for: key) }
+        errors += during.map { [$0] } ?? []
+        let remaining = try #require(during?.nextAttemptAt).timeIntervalSince(rig.time.now)
+        let bound = rig.policy.nominalBackoff(afterFailures: 5, retryable: true)
+        #expect(remaining > 0 && remaining <= bound, "after stepping back, the backoff ends in \(remaining) s")
+        #expect(rig.fetcher.total <= 5)
+
+        // The provider recovers: once that wait is over, a token, with one fetch.
+        rig.fetcher.setAnswer(minting)
+        let before = rig.fetcher.total
+        await rig.time.advance(by: remaining + 0.01)
+        let token = try await rig.engine.token(for: key)
+        #expect(token.expiresAt.timeIntervalSince(rig.time.now) > 3500)
+        #expect(rig.fetcher.total == before + 1)
+        #expect(await eventually(within: 2) { (try? await rig.store.entry(for: key))?.failure == nil })
+
+        rig.checkNoSecretLeaks("backoff across a jump", texts: errors.flatMap { [$0.description, String(reflecting: $0)] })
+    }
+
+    @Test("a running engine retries a tracked key after its backoff even when the wall clock stepped back meanwhile")
+    func scheduledBackoffAcrossBackwardJump() async throws {
+        let rig = try JumpRig(keyCount: 1)
+        let key = rig.keys[0]
+        let minting = try #require(rig.fetcherAnswerMinting())
+        rig.fetcher.setAnswer { _, _ throws(TokenProviderError) in throw .httpStatus(code: 503, retryAfter: 20) }
+        let running = Task { try await rig.engine.run() }
+        await rig.engine.track([key])
+        #expect(await eventually(within: 5) { (try? await rig.store.entry(for: key))?.failure != nil })
+        let failure = try #require(try await rig.store.entry(for: key)?.failure)
+        #expect(abs(failure.nextAttemptAt.timeIntervalSince(rig.time.now) - 20) < 0.01)
+
+        rig.time.jumpWallClock(by: -3600)
+        rig.fetcher.setAnswer(minting)
+        try await rig.letSchedulerRun() // 62 s of clock time: the 20 s Retry-After is long over
+        #expect(await eventually(within: 5) { rig.engine.heldToken(for: key) != nil })
+        #expect(rig.fetcher.total == 2)
+
+        running.cancel()
+        _ = try? await running.value
+        rig.checkNoSecretLeaks("scheduled backoff across a jump")
+    }
+}
+
+extension JumpRig {
+    /// The minting answer the rig's fetcher started with, to restore after a failing phase.
+    func fetcherAnswerMinting() -> ScriptedFetcher.Answer? {
+        let time = self.time
+        let minted = self.minted
+        return { key, _ in
+            let value = TestJWT.make(for: key, issuedAt: time.now)
+            minted.values.withLock { $0.append(value) }
+            return FetchedToken(value: value)
+        }
+    }
+}
+
+/// Every token value the rig's provider handed out.
+final class MintedTokens: Sendable {
+    let values = Mutex<[String]>([])
+}
