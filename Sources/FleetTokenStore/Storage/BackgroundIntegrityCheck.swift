@@ -17,9 +17,10 @@ final class BackgroundIntegrityCheck: Sendable {
 
     /// Starts the check; nil when its connection cannot be opened (then nothing is checked,
     /// which is logged).
-    init?(files: StoreFiles, logger: Logger) {
+    init?(files: StoreFiles, busyTimeout: TimeInterval, logger: Logger) {
         var config = Configuration()
         config.readonly = true
+        config.busyMode = .timeout(busyTimeout)
         config.label = "FleetTokenStore.integrityCheck"
         do {
             connection = try DatabaseQueue(path: files.path, configuration: config)
@@ -31,6 +32,8 @@ final class BackgroundIntegrityCheck: Sendable {
         }
         DispatchQueue.global(qos: .utility).async { [self] in
             defer { finished.signal() }
+            // An interrupt only stops a running statement: a stop that came first must be seen here.
+            guard !state.withLock({ $0.stopped }) else { return }
             do {
                 try connection.read { db in try IntegrityCheck.run(db, path: files.path) }
             } catch {
@@ -55,7 +58,7 @@ final class BackgroundIntegrityCheck: Sendable {
     /// What the check found, once it has finished; nil while running or when the store is sound.
     var finding: String? { state.withLock { $0.finding } }
 
-    /// Waits up to `timeout` for the check to finish; true if it did.
+    /// Blocks the calling thread up to `timeout` for the check to finish; true if it did.
     func waitUntilFinished(timeout: TimeInterval) -> Bool {
         guard finished.wait(timeout: .now() + timeout) == .success else { return false }
         finished.signal()  // Leave it signalled for other waiters and for `stop()`.
@@ -65,8 +68,11 @@ final class BackgroundIntegrityCheck: Sendable {
     /// Interrupts the check if still running, waits for it, and closes its connection.
     func stop() {
         state.withLock { $0.stopped = true }
-        connection.interrupt()
-        finished.wait()
+        // Interrupt until the check ends: one sent between its statements would be lost.
+        while true {
+            connection.interrupt()
+            if finished.wait(timeout: .now() + .milliseconds(20)) == .success { break }
+        }
         finished.signal()
         try? connection.close()
     }

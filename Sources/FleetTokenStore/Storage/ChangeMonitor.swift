@@ -59,30 +59,20 @@ final class ChangeMonitor: Sendable {
     }
 
     /// Marks log rows written by this process's repository, so they are not echoed back.
-    /// Nothing is noted while no stream polls (polling starts from the log's end), and
-    /// back-to-back ranges are merged, so the list stays short.
+    /// Nothing is noted while no stream polls (polling starts from the log's end); each poll
+    /// drops the ranges it has passed, so the list stays short.
     func noteOwnChanges(_ range: ClosedRange<Int64>) {
         state.withLock { state in
             guard state.pollTask != nil else { return }
-            if let last = state.ownRanges.last, last.upperBound + 1 == range.lowerBound {
-                state.ownRanges[state.ownRanges.count - 1] = last.lowerBound...range.upperBound
-            } else {
-                state.ownRanges.append(range)
-            }
+            state.ownRanges.append(range)
         }
     }
 
-    /// Forgets a noted range whose transaction did not commit.
+    /// Forgets a noted range whose transaction did not commit. Exactly that range: a later
+    /// write may reuse its numbers (the rollback reset the sequence) and must stay noted.
     func forgetOwnChanges(_ range: ClosedRange<Int64>) {
         state.withLock { state in
-            // It may have been merged into a neighbour: cut it out of whichever range holds it.
-            state.ownRanges = state.ownRanges.flatMap { held -> [ClosedRange<Int64>] in
-                guard held.overlaps(range) else { return [held] }
-                var kept: [ClosedRange<Int64>] = []
-                if held.lowerBound < range.lowerBound { kept.append(held.lowerBound...(range.lowerBound - 1)) }
-                if held.upperBound > range.upperBound { kept.append((range.upperBound + 1)...held.upperBound) }
-                return kept
-            }
+            if let index = state.ownRanges.firstIndex(of: range) { state.ownRanges.remove(at: index) }
         }
     }
 

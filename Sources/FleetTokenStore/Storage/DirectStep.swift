@@ -10,15 +10,24 @@ enum DirectStep {
     /// SQLite copies bound text at bind time, so the Swift string may go away at once.
     private static let transient = unsafeBitCast(-1, to: sqlite3_destructor_type.self)
 
-    /// Binds positional parameters (1-based) on a reset statement.
-    struct Binder {
+    /// Binds positional parameters (1-based) on a reset statement; the first failure is kept.
+    final class Binder {
         let handle: OpaquePointer
+        private(set) var failure: Int32 = SQLITE_OK
 
-        func bind(_ index: Int32, _ text: String) { sqlite3_bind_text(handle, index, text, -1, DirectStep.transient) }
-        func bind(_ index: Int32, _ value: Double?) {
-            if let value { sqlite3_bind_double(handle, index, value) } else { sqlite3_bind_null(handle, index) }
+        init(handle: OpaquePointer) { self.handle = handle }
+
+        /// With its byte length, so text holding a NUL is bound whole.
+        func bind(_ index: Int32, _ text: String) {
+            let length = Int32(text.utf8.count)
+            record(text.withCString { sqlite3_bind_text(handle, index, $0, length, DirectStep.transient) })
         }
-        func bind(_ index: Int32, _ value: Int64) { sqlite3_bind_int64(handle, index, value) }
+        func bind(_ index: Int32, _ value: Double?) {
+            record(value.map { sqlite3_bind_double(handle, index, $0) } ?? sqlite3_bind_null(handle, index))
+        }
+        func bind(_ index: Int32, _ value: Int64) { record(sqlite3_bind_int64(handle, index, value)) }
+
+        private func record(_ code: Int32) { if failure == SQLITE_OK && code != SQLITE_OK { failure = code } }
     }
 
     /// Steps `sql` to completion; returns the first column of the first row as an integer, if any.
@@ -28,7 +37,11 @@ enum DirectStep {
         sqlite3_reset(handle)
         sqlite3_clear_bindings(handle)
         defer { sqlite3_reset(handle) }
-        bind(Binder(handle: handle))
+        let binder = Binder(handle: handle)
+        bind(binder)
+        if binder.failure != SQLITE_OK {
+            throw DatabaseError(resultCode: ResultCode(rawValue: binder.failure), message: "cannot bind a parameter", sql: sql)
+        }
         var first: Int64?
         while true {
             switch sqlite3_step(handle) {

@@ -31,8 +31,10 @@ public final class SQLiteTokenRepository: TokenRepository {
     private let backgroundCheck: BackgroundIntegrityCheck?
     private let lastPrune = Mutex(Date.distantPast)
     /// Writes started and not finished; a write runs on its caller's thread only when it is
-    /// the only one (see ``write(_:)``).
+    /// the only one (see ``write(inline:_:)``). `close()` adds one for good.
     private let writesInFlight = Atomic<Int>(0)
+    /// Batches up to this size may be written on the caller's thread.
+    static let largestInlineBatch = 64
 
     /// Opens (and, as `mode` allows, creates, migrates or repairs) the store at `path`.
     ///
@@ -67,7 +69,7 @@ public final class SQLiteTokenRepository: TokenRepository {
         // Start-up skipped the full check (the last run closed cleanly): run it now, beside serving.
         let deferCheck = configuration.integrityCheck == .whenNeeded && !opened.report.checkedBeforeOpening
             && !opened.report.created && !mode.readOnly
-        self.backgroundCheck = deferCheck ? BackgroundIntegrityCheck(files: files, logger: logger) : nil
+        self.backgroundCheck = deferCheck ? BackgroundIntegrityCheck(files: files, busyTimeout: configuration.busyTimeout, logger: logger) : nil
     }
 
     deinit {
@@ -77,7 +79,8 @@ public final class SQLiteTokenRepository: TokenRepository {
 
     /// Damage found by the integrity check deferred from start-up (see
     /// ``IntegrityCheckTiming/whenNeeded``), once it has finished; nil while it runs, when the
-    /// store is sound, or when no such check ran. Waits up to `timeout` for it.
+    /// store is sound, or when no such check ran. Blocks the calling thread up to `timeout`
+    /// while the check runs.
     public func backgroundIntegrityFinding(waitingUpTo timeout: TimeInterval = 0) -> String? {
         guard let backgroundCheck else { return nil }
         _ = backgroundCheck.waitUntilFinished(timeout: timeout)
@@ -88,6 +91,9 @@ public final class SQLiteTokenRepository: TokenRepository {
     /// file (so a clean shutdown leaves one self-contained file), and closes the connections.
     /// Later calls throw ``TokenStoreError/closed(path:)``.
     public func close() {
+        // From now on every write takes GRDB's queue (which reports the store closed), so none
+        // waits inline behind the closing checkpoint.
+        writesInFlight.add(1, ordering: .acquiringAndReleasing)
         backgroundCheck?.stop()
         monitor.close()
         do {
@@ -266,7 +272,7 @@ public final class SQLiteTokenRepository: TokenRepository {
     /// - Throws: ``TokenStoreError``; on failure nothing was written.
     public func upsert(_ tokens: [StoredToken], clearFailure: Bool = true) async throws(TokenStoreError) {
         guard !tokens.isEmpty else { return }
-        try await write { db in
+        try await write(inline: tokens.count <= Self.largestInlineBatch) { db in
             for token in tokens { try TokenRow.upsert(token, clearFailure: clearFailure, db) }
         }
     }
@@ -277,7 +283,7 @@ public final class SQLiteTokenRepository: TokenRepository {
         let condition = TokenRow.condition(for: filter)
         let sql = "DELETE FROM tokens \(condition.whereClause)"
         let arguments = condition.arguments
-        return try await write { db in
+        return try await write(inline: false) { db in
             try db.execute(sql: sql, arguments: StatementArguments(arguments))
             return db.changesCount
         }
@@ -286,7 +292,7 @@ public final class SQLiteTokenRepository: TokenRepository {
     /// Deletes the entries whose token expired before `date`; returns how many went.
     /// - Throws: ``TokenStoreError``.
     public func deleteExpired(before date: Date) async throws(TokenStoreError) -> Int {
-        try await write { db in
+        try await write(inline: false) { db in
             try db.execute(sql: "DELETE FROM tokens WHERE expires_at < ?", arguments: [date.timeIntervalSince1970])
             return db.changesCount
         }
@@ -323,13 +329,20 @@ public final class SQLiteTokenRepository: TokenRepository {
     /// Runs `body` in one `BEGIN IMMEDIATE` transaction. The change-log rows it causes are noted
     /// as this repository's own before commit, so the change monitor never echoes them.
     ///
-    /// A write that can start at once (no other write of this repository in flight, the file's
-    /// write lock free) runs right here on the calling thread: a transaction of a few rows
-    /// commits in tens of microseconds with `synchronous=NORMAL`, and handing it to GRDB's
-    /// writer queue and back cost several times that (two thread wake-ups) when profiled.
-    /// Anything that would wait, for the queue or for another process's lock, goes through the
-    /// queue with the full busy timeout, so no caller's thread ever blocks on a lock.
-    func write<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws(TokenStoreError) -> T {
+    /// A small write (`inline`: a few rows, as every refresh makes) that can start at once (no
+    /// other write of this repository in flight, the file's write lock free) runs right here on
+    /// the calling thread: it commits in tens of microseconds with `synchronous=NORMAL`, and
+    /// handing it to GRDB's writer queue and back cost several times that when profiled.
+    /// Anything that would wait for the queue or another process's lock, and large writes
+    /// (purges, big batches, the change log's pruning), go through GRDB's queue with the full
+    /// busy timeout, so a caller's thread never waits on a lock. An inline write still does the
+    /// occasional WAL checkpoint SQLite runs at commit, as any SQLite commit would.
+    ///
+    /// The inline path steps BEGIN and COMMIT through the C API (``DirectStep``), outside GRDB's
+    /// statement bookkeeping: bodies must let every error propagate (none may swallow one and
+    /// go on, since SQLite may have rolled back), and nothing may rely on GRDB's transaction
+    /// date or observers, which this store does not use.
+    func write<T: Sendable>(inline: Bool = true, _ body: @escaping @Sendable (Database) throws -> T) async throws(TokenStoreError) -> T {
         let noted = Mutex<ClosedRange<Int64>?>(nil)
         let monitor = self.monitor
         let retention = configuration.changeLogRetention
@@ -353,7 +366,8 @@ public final class SQLiteTokenRepository: TokenRepository {
         }
         let forget = { if let range = noted.withLock({ $0 }) { monitor.forgetOwnChanges(range) } }
 
-        let claimedAtOnce = writesInFlight.compareExchange(expected: 0, desired: 1, ordering: .acquiringAndReleasing).exchanged
+        let claimedAtOnce = inline && !pruneDue
+            && writesInFlight.compareExchange(expected: 0, desired: 1, ordering: .acquiringAndReleasing).exchanged
         if !claimedAtOnce { writesInFlight.add(1, ordering: .acquiringAndReleasing) }
         defer { writesInFlight.subtract(1, ordering: .acquiringAndReleasing) }
         do {

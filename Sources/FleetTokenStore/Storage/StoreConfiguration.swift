@@ -43,8 +43,8 @@ public enum IntegrityCheckTiming: Sendable, Equatable {
     /// Before opening, every time: damage anywhere is caught before anything is served, and
     /// start-up time grows with the store.
     case beforeOpening
-    /// Before opening when the last run may not have ended cleanly (a non-empty write-ahead
-    /// log) or an earlier check found damage; otherwise after opening, in the background, so
+    /// Before opening when the last run may not have ended cleanly or another process has the
+    /// store open (either way the write-ahead log holds frames), or an earlier check found damage; otherwise after opening, in the background, so
     /// start-up does not scan the store. Damage found in the background is logged as an error
     /// and marked (`<store>.needs-check`), and the next open checks first and moves the store
     /// aside; until that restart the process serves from memory and its writes may fail as
@@ -64,6 +64,13 @@ public struct StoreConfiguration: Sendable, Equatable {
     /// header or was truncated is caught at every open regardless, at a cost that does not grow
     /// with the store. Default ``IntegrityCheckTiming/whenNeeded``.
     public var integrityCheck: IntegrityCheckTiming = .whenNeeded
+    /// The earlier switch for the full check: true is ``IntegrityCheckTiming/whenNeeded``,
+    /// false is ``IntegrityCheckTiming/never``.
+    @available(*, deprecated, renamed: "integrityCheck")
+    public var quickCheckOnOpen: Bool {
+        get { integrityCheck != .never }
+        set { integrityCheck = newValue ? .whenNeeded : .never }
+    }
     /// How often the store looks for changes made by other processes (`PRAGMA data_version`,
     /// one query on one connection). Default 0.25 s, so changes are seen well within a second.
     public var changePollInterval: TimeInterval = 0.25

@@ -63,6 +63,7 @@ public final class TokenSyncEngine: Service, Sendable {
     /// for a fetch shared with every other caller of the key; if it fails, the old token is
     /// returned while it is above the floor (offline mode).
     /// - Throws: ``TokenUnavailable`` with the provider's last error and the next attempt time.
+    #if compiler(>=6.2)
     @inlinable
     nonisolated(nonsending) public func token(for key: TokenKey) async throws(TokenUnavailable) -> StoredToken {
         // Inlined into the caller and `nonisolated(nonsending)`: a hit then costs neither a
@@ -71,6 +72,13 @@ public final class TokenSyncEngine: Service, Sendable {
         if let token = tokenFromMemory(key) { return token }
         return try await tokenAfterMiss(key)
     }
+    #else
+    @inlinable
+    public func token(for key: TokenKey) async throws(TokenUnavailable) -> StoredToken {
+        if let token = tokenFromMemory(key) { return token }
+        return try await tokenAfterMiss(key)
+    }
+    #endif
 
     /// The hot path of ``token(for:)``: the held token if it is usable, starting a background
     /// refresh past its soft point; nil on a miss.
