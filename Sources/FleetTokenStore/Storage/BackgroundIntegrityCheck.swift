@@ -14,6 +14,8 @@ final class BackgroundIntegrityCheck: Sendable {
     private let connection: DatabaseQueue
     private let finished = DispatchSemaphore(value: 0)
     private let state = Mutex<(finding: String?, stopped: Bool)>((nil, false))
+    /// How long after opening the check begins.
+    static let startDelay: TimeInterval = 2
 
     /// Starts the check; nil when its connection cannot be opened (then nothing is checked,
     /// which is logged).
@@ -30,7 +32,9 @@ final class BackgroundIntegrityCheck: Sendable {
             ])
             return nil
         }
-        DispatchQueue.global(qos: .utility).async { [self] in
+        // Started a little later, so it does not compete with start-up itself, and a short
+        // writable open (an admin command) closes before it begins.
+        DispatchQueue.global(qos: .utility).asyncAfter(deadline: .now() + Self.startDelay) { [self] in
             defer { finished.signal() }
             // An interrupt only stops a running statement: a stop that came first must be seen here.
             guard !state.withLock({ $0.stopped }) else { return }
