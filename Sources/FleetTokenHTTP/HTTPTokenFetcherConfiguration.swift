@@ -3,34 +3,8 @@ public import Foundation
 
 /// How ``HTTPTokenFetcher`` asks the customer's token provider and reads its answer.
 public struct HTTPTokenFetcherConfiguration: Sendable {
-    /// How `TOKEN_EXPIRATION` is written. The Fleet Engine samples disagree: the Swift sample
-    /// reads absolute Unix seconds, the Objective-C sample seconds from now.
-    public enum ExpirationFormat: String, Sendable, CaseIterable {
-        /// Tell the formats apart by magnitude (see ``HTTPTokenFetcherConfiguration/ExpirationFormat/interpret(_:now:)``)
-        /// and cross-check with the JWT `exp`.
-        case auto
-        /// Absolute Unix time in seconds.
-        case epochSeconds = "epoch-seconds"
-        /// Absolute Unix time in milliseconds.
-        case epochMillis = "epoch-millis"
-        /// Seconds from now.
-        case relativeSeconds = "relative-seconds"
-
-        /// The absolute expiry `value` means at `now` in this format.
-        ///
-        /// `auto`: above 10^11 it is milliseconds (10^11 s is the year 5138), above 10^9 it is
-        /// seconds since 1970 (10^9 s is 2001), below it is seconds from now (10^9 s is 31 years).
-        public func interpret(_ value: Double, now: Date) -> Date {
-            switch self {
-            case .epochSeconds: Date(timeIntervalSince1970: value)
-            case .epochMillis: Date(timeIntervalSince1970: value / 1000)
-            case .relativeSeconds: now.addingTimeInterval(value)
-            case .auto:
-                value >= 1e11 ? Date(timeIntervalSince1970: value / 1000)
-                    : value >= 1e9 ? Date(timeIntervalSince1970: value) : now.addingTimeInterval(value)
-            }
-        }
-    }
+    /// How `TOKEN_EXPIRATION` is written (see ``ProviderResponseFormat/ExpirationFormat``).
+    public typealias ExpirationFormat = ProviderResponseFormat.ExpirationFormat
 
     /// The provider URL with `{kind}` and `{id}` placeholders; `{id}` is percent-encoded.
     public var urlTemplate: String
@@ -59,16 +33,14 @@ public struct HTTPTokenFetcherConfiguration: Sendable {
         self.urlTemplate = urlTemplate
     }
 
-    /// The token field for `kind`: ``tokenKey`` if set, else the samples' name
-    /// (`VEHICLE_TOKEN_KEY`, `TRIP_TOKEN_KEY`; `DELIVERY_VEHICLE_TOKEN_KEY`, `TASK_TOKEN_KEY`).
+    /// How the answer is read: ``tokenKey``, ``expirationKey`` and ``expirationFormat``.
+    public var responseFormat: ProviderResponseFormat {
+        ProviderResponseFormat(tokenKey: tokenKey, expirationKey: expirationKey, expirationFormat: expirationFormat)
+    }
+
+    /// The token field for `kind` (see ``ProviderResponseFormat/tokenField(for:)``).
     public func tokenField(for kind: TokenKind) -> String {
-        if let tokenKey { return tokenKey }
-        switch kind {
-        case .vehicle: return "VEHICLE_TOKEN_KEY"
-        case .trip: return "TRIP_TOKEN_KEY"
-        case .deliveryVehicle: return "DELIVERY_VEHICLE_TOKEN_KEY"
-        case .task: return "TASK_TOKEN_KEY"
-        }
+        responseFormat.tokenField(for: kind)
     }
 }
 
