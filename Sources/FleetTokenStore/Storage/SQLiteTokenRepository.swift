@@ -283,7 +283,10 @@ public final class SQLiteTokenRepository: TokenRepository {
         let condition = TokenRow.condition(for: filter)
         let sql = "DELETE FROM tokens \(condition.whereClause)"
         let arguments = condition.arguments
-        return try await write(inline: false) { db in
+        // Inline when the lock is free, like a small write: an admin operation whose caller
+        // waits for it anyway, and through GRDB's writer queue the same 100,000-row DELETE
+        // measured 1.5-1.9x the raw C API against 1.0-1.3x inline (cause not found).
+        return try await write(inline: true) { db in
             try db.execute(sql: sql, arguments: StatementArguments(arguments))
             return db.changesCount
         }
@@ -292,7 +295,7 @@ public final class SQLiteTokenRepository: TokenRepository {
     /// Deletes the entries whose token expired before `date`; returns how many went.
     /// - Throws: ``TokenStoreError``.
     public func deleteExpired(before date: Date) async throws(TokenStoreError) -> Int {
-        try await write(inline: false) { db in
+        try await write(inline: true) { db in
             try db.execute(sql: "DELETE FROM tokens WHERE expires_at < ?", arguments: [date.timeIntervalSince1970])
             return db.changesCount
         }
@@ -333,9 +336,9 @@ public final class SQLiteTokenRepository: TokenRepository {
     /// other write of this repository in flight, the file's write lock free) runs right here on
     /// the calling thread: it commits in tens of microseconds with `synchronous=NORMAL`, and
     /// handing it to GRDB's writer queue and back cost several times that when profiled.
-    /// Anything that would wait for the queue or another process's lock, and large writes
-    /// (purges, big batches, the change log's pruning), go through GRDB's queue with the full
-    /// busy timeout, so a caller's thread never waits on a lock. An inline write still does the
+    /// Anything that would wait for the queue or another process's lock, big batches and the
+    /// change log's pruning go through GRDB's queue with the full busy timeout, so a caller's
+    /// thread never waits on a lock. Purges run inline too (see ``purge(_:)``). An inline write still does the
     /// occasional WAL checkpoint SQLite runs at commit, as any SQLite commit would.
     ///
     /// The inline path steps BEGIN and COMMIT through the C API (``DirectStep``), outside GRDB's

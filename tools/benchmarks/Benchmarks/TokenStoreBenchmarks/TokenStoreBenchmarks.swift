@@ -148,7 +148,7 @@ let benchmarks: @Sendable () -> Void = {
     // Each iteration measures one purge, then (unmeasured) puts the 100,000 expired rows back
     // into the same file, the repository's through the repository, the baseline's raw.
     let purgeKeys = vehicleKeys(100_000, prefix: "expired-")
-    Benchmark("purge: repository purge --expired of 100,000 rows", configuration: .init(metrics: [.wallClock, .throughput], warmupIterations: 0, maxDuration: .seconds(120), maxIterations: 5)) { benchmark, fixture in
+    Benchmark("purge: repository purge --expired of 100,000 rows", configuration: .init(metrics: [.wallClock, .throughput], warmupIterations: 0, maxDuration: .seconds(120), maxIterations: 10)) { benchmark, fixture in
         let purged = try await fixture.store.purge(TokenFilter(validity: .expired(asOf: Date())))
         benchmark.stopMeasurement()
         guard purged == purgeKeys.count else { return benchmark.error("purged \(purged) rows, expected \(purgeKeys.count)") }
@@ -157,7 +157,7 @@ let benchmarks: @Sendable () -> Void = {
         try await PersistFixture.holdingExpired(purgeKeys, label: "purge", throughRepository: true)
     }
 
-    Benchmark("purge baseline: raw DELETE WHERE expires_at < ?", configuration: .init(metrics: [.wallClock, .throughput], warmupIterations: 0, maxDuration: .seconds(120), maxIterations: 5)) { benchmark, fixture in
+    Benchmark("purge baseline: raw DELETE WHERE expires_at < ?", configuration: .init(metrics: [.wallClock, .throughput], warmupIterations: 0, maxDuration: .seconds(120), maxIterations: 10)) { benchmark, fixture in
         let purged = fixture.raw.deleteExpired(before: Date())
         benchmark.stopMeasurement()
         guard purged == purgeKeys.count else { return benchmark.error("deleted \(purged) rows, expected \(purgeKeys.count)") }
