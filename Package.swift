@@ -134,6 +134,10 @@ let package = Package(
         // Test support shared by the test targets.
         .target(
             name: "TestSupportKit",
+            dependencies: [
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "InMemoryLogging", package: "swift-log"),
+            ],
             path: "Tests/TestSupportKit",
             swiftSettings: testSettings
         ),

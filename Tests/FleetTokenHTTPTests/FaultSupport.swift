@@ -7,6 +7,7 @@ import DevTokenIssuer
 import FleetTokenHTTP
 @testable import FleetTokenStore
 import Foundation
+import TestSupportKit
 import Hummingbird
 import InMemoryLogging
 import Logging
@@ -59,31 +60,6 @@ final class SeededRandom: Sendable {
 }
 
 // MARK: - Logs and secrets
-
-/// A trace-level logger whose entries a test can read.
-struct LogCapture {
-    let handler = InMemoryLogHandler()
-    let logger: Logger
-
-    init() {
-        let handler = self.handler
-        var logger = Logger(label: "fault-test", factory: { _ in handler })
-        logger.logLevel = .trace
-        self.logger = logger
-    }
-
-    /// Every message, metadata key and value, and attached error, for redaction checks.
-    var allText: String {
-        handler.entries.map { entry in
-            var text = "\(entry.level) \(entry.message) "
-            text += entry.metadata.map { "\($0.key)=\($0.value)" }.joined(separator: " ")
-            if let error = entry.error { text += " error=\(error) \(String(reflecting: error))" }
-            return text
-        }.joined(separator: "\n")
-    }
-
-    var count: Int { handler.entries.count }
-}
 
 /// Token values that passed through a test, and the texts that must never contain them.
 final class SecretScanner: Sendable {
@@ -252,33 +228,6 @@ final class CannedServer: Sendable {
 }
 
 // MARK: - Small helpers
-
-/// Collects what an async stream yields, in the background.
-final class Collector<Element: Sendable>: Sendable {
-    private let items = Mutex<[Element]>([])
-    private let task = Mutex<Task<Void, Never>?>(nil)
-
-    init(_ stream: AsyncStream<Element>) {
-        let task = Task { [weak self] in
-            for await item in stream { self?.items.withLock { $0.append(item) } }
-        }
-        self.task.withLock { $0 = task }
-    }
-
-    var elements: [Element] { items.withLock { $0 } }
-
-    deinit { task.withLock { $0?.cancel() } }
-}
-
-/// Polls `condition` every 10 ms for at most `seconds` (real time); returns whether it held.
-func waitUntil(within seconds: Double = 10, _ condition: () async throws -> Bool) async rethrows -> Bool {
-    let deadline = ContinuousClock.now + .milliseconds(Int64(seconds * 1000))
-    while ContinuousClock.now < deadline {
-        if try await condition() { return true }
-        try? await Task.sleep(for: .milliseconds(10))
-    }
-    return try await condition()
-}
 
 /// A JWT-shaped token (unsigned: random signature bytes) for canned answers.
 func cannedJWT(subject: String, issuedAt: Date, lifetime: TimeInterval = 3600) -> String {

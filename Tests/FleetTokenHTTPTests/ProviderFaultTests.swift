@@ -135,13 +135,13 @@ struct ProviderFault: Sendable, CustomTestStringConvertible {
 final class FaultRig: Sendable {
     let issuer: DevTokenIssuer
     let time: SimulatedTime
-    let log = LogCapture()
+    let log = RecordingLogger()
     let secrets = SecretScanner()
     let directory: String
     let store: SQLiteTokenRepository
     let fetcher: SwitchingFetcher
     let engine: TokenSyncEngine
-    let events: Collector<TokenSyncEvent>
+    let events: StreamRecorder<TokenSyncEvent>
     let policy: RefreshPolicy
     private let cleanups = Mutex<[@Sendable () async -> Void]>([])
 
@@ -166,7 +166,7 @@ final class FaultRig: Sendable {
         let random = SeededRandom(seed: seed)
         engine = TokenSyncEngine(repository: store, fetcher: fetcher, policy: policy, logger: log.logger,
                                  clock: time.clock, now: time.wall, random: { random.next() })
-        events = Collector(engine.events())
+        events = StreamRecorder(engine.events())
     }
 
     static func http(_ template: String, timeout: TimeInterval, connectTimeout: TimeInterval = 5, logger: Logger) throws -> HTTPTokenFetcher {
@@ -271,7 +271,7 @@ struct ProviderFaultTests {
             // A good token first, committed to the store.
             let good = try await rig.engine.token(for: key)
             #expect(rig.fetcher.calls == 1)
-            #expect(await waitUntil { (try? await rig.store.entry(for: key))?.token?.value == good.value })
+            #expect(await eventually { (try? await rig.store.entry(for: key))?.token?.value == good.value })
             let usableUntil = good.expiresAt.addingTimeInterval(-policy.floor(of: good))
 
             // Then the provider breaks, and time passes the soft point (at most 80% of the hour).
@@ -284,7 +284,7 @@ struct ProviderFaultTests {
                 // Past the soft point (or a backoff): the good token, and one background refresh.
                 #expect(try await rig.engine.token(for: key) == good)
                 failures += 1
-                let reported = await waitUntil { rig.failures.count == failures }
+                let reported = await eventually { rig.failures.count == failures }
                 try #require(reported, "\(fault.name): refresh \(failures) reported no failure")
                 let failure = rig.failures[failures - 1]
                 #expect(rig.fetcher.calls == callsBefore + 1, "\(fault.name): one fetch per attempt")
@@ -360,7 +360,7 @@ struct ProviderFaultTests {
             let running = Task { try await rig.engine.run() }
             defer { running.cancel() }
             await rig.engine.track([key])
-            #expect(await waitUntil { (try? await rig.store.entry(for: key))?.token != nil })
+            #expect(await eventually { (try? await rig.store.entry(for: key))?.token != nil })
             let good = try #require(rig.engine.heldToken(for: key)?.token)
             #expect(rig.fetcher.calls == 1)
 
@@ -371,7 +371,7 @@ struct ProviderFaultTests {
             rig.fetcher.use(try await rig.fetcher(for: ProviderFault(
                 name: "503", endpoint: .issuer(query: "fault=status&status=503&retry_after=7"), retryable: true) { _ in true }))
             await rig.time.advance(by: 11) // past the soft point: the scheduler refreshes, no caller needed
-            #expect(await waitUntil { rig.failures.count == 1 })
+            #expect(await eventually { rig.failures.count == 1 })
             let failure = try #require(rig.failures.first)
             #expect(failure.error == .httpStatus(code: 503, retryAfter: 7))
             let stored = try #require(try await rig.store.entry(for: key)?.failure)
@@ -384,7 +384,7 @@ struct ProviderFaultTests {
             try await Task.sleep(for: .milliseconds(100))
             #expect(rig.fetcher.calls == 2, "retried before Retry-After ended")
             await rig.time.advance(by: 1.5)
-            #expect(await waitUntil { (try? await rig.store.entry(for: key))?.failure == nil })
+            #expect(await eventually { (try? await rig.store.entry(for: key))?.failure == nil })
             let entry = try await rig.store.entry(for: key)
             #expect(rig.fetcher.calls == 3)
             #expect(entry?.token?.fingerprint != good.fingerprint)

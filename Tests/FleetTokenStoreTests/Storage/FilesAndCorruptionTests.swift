@@ -1,4 +1,5 @@
 import Foundation
+import TestSupportKit
 import GRDB
 import Logging
 import Testing

@@ -1,5 +1,6 @@
 import FleetTokenMigrations
 import Foundation
+import TestSupportKit
 import GRDB
 import Logging
 import Testing

@@ -1,5 +1,6 @@
 import Clocks
 import Foundation
+import TestSupportKit
 import Logging
 import Synchronization
 @testable import FleetTokenStore

@@ -27,31 +27,6 @@ final class TemporaryDirectory: Sendable {
     }
 }
 
-/// A logger whose entries a test can read.
-struct RecordingLogger {
-    let handler: InMemoryLogHandler
-    let logger: Logger
-
-    init(level: Logger.Level = .trace) {
-        let handler = InMemoryLogHandler()
-        var logger = Logger(label: "test", factory: { _ in handler })
-        logger.logLevel = level
-        self.handler = handler
-        self.logger = logger
-    }
-
-    func messages(at level: Logger.Level) -> [String] {
-        handler.entries.filter { $0.level == level }.map { $0.message.description }
-    }
-
-    /// Every message and metadata value, for redaction checks.
-    var allText: String {
-        handler.entries.map { entry in
-            "\(entry.message) \(entry.metadata.map { "\($0.key)=\($0.value)" }.joined(separator: " "))"
-        }.joined(separator: "\n")
-    }
-}
-
 func sha256(ofFile path: String) -> String {
     let data = FileManager.default.contents(atPath: path) ?? Data()
     return SHA256.hash(data: data).map { String(format: "%02x", $0) }.joined()
@@ -117,29 +92,3 @@ func openStore(_ path: String, mode: StoreOpenMode = .agent, configure: (inout S
     return try SQLiteTokenRepository(path: path, mode: mode, configuration: configuration, logger: logger)
 }
 
-/// Waits (polling every 20 ms, at most `seconds`) until `condition` holds; returns whether it did.
-func eventually(within seconds: Double, _ condition: () async throws -> Bool) async rethrows -> Bool {
-    let deadline = Date().addingTimeInterval(seconds)
-    while Date() < deadline {
-        if try await condition() { return true }
-        try? await Task.sleep(for: .milliseconds(20))
-    }
-    return try await condition()
-}
-
-/// Collects what an async stream yields, in the background.
-final class StreamRecorder<Element: Sendable>: Sendable {
-    private let items = Mutex<[Element]>([])
-    private let task = Mutex<Task<Void, Never>?>(nil)
-
-    init(_ stream: AsyncStream<Element>) {
-        let task = Task { [weak self] in
-            for await item in stream { self?.items.withLock { $0.append(item) } }
-        }
-        self.task.withLock { $0 = task }
-    }
-
-    var elements: [Element] { items.withLock { $0 } }
-
-    deinit { task.withLock { $0?.cancel() } }
-}
