@@ -98,6 +98,9 @@ struct ClockJumpTests {
         let running = Task { try await rig.engine.run() }
         await rig.engine.track(rig.keys)
         #expect(await eventually(within: 10) { rig.everyKeyFetched(1) })
+        // Fetched is not yet held: wait for every token to be installed before moving the clock,
+        // or a key still in flight is validated against the jumped clock.
+        #expect(await eventually(within: 10) { rig.keys.allSatisfy { rig.engine.heldToken(for: $0) != nil } })
         #expect(await eventually(within: 5) { (try? await rig.store.list(.all).count) == 50 })
         await rig.time.advance(by: 600)
         try await rig.serveAll("before the jumps")
@@ -143,6 +146,9 @@ struct ClockJumpTests {
         let running = Task { try await rig.engine.run() }
         await rig.engine.track(rig.keys)
         #expect(await eventually(within: 10) { rig.everyKeyFetched(1) })
+        // Fetched is not yet held: wait for every token to be installed before moving the clock,
+        // or a key still in flight is validated against the jumped clock.
+        #expect(await eventually(within: 10) { rig.keys.allSatisfy { rig.engine.heldToken(for: $0) != nil } })
 
         rig.time.jumpWallClock(by: -3600)
         try await rig.serveAll("after jumping back")

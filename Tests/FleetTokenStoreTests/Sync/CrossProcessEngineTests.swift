@@ -18,9 +18,11 @@ struct CrossProcessEngineTests {
         let probe = productsDirectory.appendingPathComponent("token-engine-probe").path
         #expect(FileManager.default.isExecutableFile(atPath: probe))
 
-        async let first = Task.detached { try run(probe, [store, "vehicle", "shared-1", fetchLog, "1500"]) }.value
+        async let first = Task.detached { try run(probe, [store, "vehicle", "shared-1", fetchLog, "3000"]) }.value
+        // The first holds its fetch for 3 s, so the second (started 0.3 s later) meets its
+        // lease even when starting a process takes seconds on a loaded machine.
         try await Task.sleep(for: .milliseconds(300))
-        async let second = Task.detached { try run(probe, [store, "vehicle", "shared-1", fetchLog, "1500"]) }.value
+        async let second = Task.detached { try run(probe, [store, "vehicle", "shared-1", fetchLog, "3000"]) }.value
         let (a, b) = try await (first, second)
         #expect(a.status == 0, "\(a.stderr)")
         #expect(b.status == 0, "\(b.stderr)")
