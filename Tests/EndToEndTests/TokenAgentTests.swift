@@ -166,6 +166,8 @@ struct TokenAgentTests {
         ["--no-such-flag"],
         ["--request-timeout", "inf"],
         ["--connect-timeout", "0"],
+        ["--vehicle", ".."],
+        ["--trip", "."],
     ])
     func usageErrors(arguments: [String]) async throws {
         let scratch = Scratch()
