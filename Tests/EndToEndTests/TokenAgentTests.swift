@@ -176,6 +176,22 @@ struct TokenAgentTests {
         #expect(result.stderr.contains("Error") || result.stderr.contains("error"), "\(result.stderr)")
     }
 
+    // Issue 12 item 11: a malformed `--header 'Bearer <credential>'` was printed back whole.
+    @Test("a malformed --header or --header-file is a usage error that names the flag, never the value", arguments: [
+        ["--header", "Bearer s3cr3t-credential-value"],
+        ["--header", "Authorization Bearer s3cr3t-credential-value: x"],
+        ["--header", "X-Key: s3cr3t-credential-value\r\nX-Evil: 1"],
+        ["--header-file", "Bearer s3cr3t-credential-value"],
+    ])
+    func headerNeverEchoed(arguments: [String]) async throws {
+        let scratch = Scratch()
+        let result = try await runToEnd("token-agent", ["--db", scratch.file("t.sqlite"), "--provider-url", "https://auth.invalid/{kind}/{id}",
+                                                        "--vehicle", "v", "--once"] + arguments, in: scratch)
+        #expect(result.status == 64, "\(arguments): \(result.stderr)")
+        #expect(result.stderr.contains(arguments[0]), "\(result.stderr)")
+        #expect(!(result.stdout + result.stderr).contains("s3cr3t"), "\(result.stderr)")
+    }
+
     @Test("plain http to a non-loopback provider is refused unless allowed")
     func insecureHTTP() async throws {
         let scratch = Scratch()
