@@ -60,6 +60,45 @@ struct TokenCtlTests {
         #expect(result.stderr.contains(message), "\(result.stderr)")
     }
 
+    // Issue 12 items 10 and 12: `purge --vehicle/--trip` took any id while `show` validated it,
+    // and "." and ".." were ids everywhere. On an existing store, so that a command that skips
+    // the check runs (and exits 0 or 1) instead of failing for want of a store.
+    @Test("ids the library refuses are usage errors (exit 64) for show and purge alike, on an existing store", arguments: [
+        (["show", "vehicle", ".."], "path segment"),
+        (["show", "trip", "."], "path segment"),
+        (["purge", "--vehicle", ".."], "path segment"),
+        (["purge", "--trip", "."], "path segment"),
+        (["purge", "--vehicle", "a\tb"], "control characters"),
+        (["purge", "--trip", String(repeating: "x", count: 513)], "513 bytes long"),
+        (["purge", "--vehicle", "..", "--dry-run"], "path segment"),
+    ])
+    func invalidIDs(arguments: [String], message: String) async throws {
+        let scratch = Scratch()
+        let (path, _) = try await seededStore(scratch)
+        let before = try sqlite3(path, "SELECT count(*) FROM tokens")
+        let result = try await tokenctl(["--db", path] + arguments, scratch)
+        #expect(result.status == 64, "\(arguments): \(result.stdout) \(result.stderr)")
+        #expect(result.stderr.contains(message), "\(result.stderr)")
+        #expect(try sqlite3(path, "SELECT count(*) FROM tokens") == before)
+    }
+
+    // Issue 12 item 12: `check` judged the link's own mode (777) and failed for that, while the
+    // library opened the target. It now says what the library says: a symlinked store is refused.
+    @Test("check on a symlinked store reports the link the library refuses, not the link's mode")
+    func checkSymlinkedStore() async throws {
+        let scratch = Scratch()
+        let (target, _) = try await seededStore(scratch)
+        let link = scratch.file("link.sqlite")
+        #expect(symlink(target, link) == 0)
+        let check = try await tokenctl(["--db", link, "check", "--json"], scratch)
+        #expect(check.status == 1)
+        let output = check.stdout + check.stderr
+        #expect(output.contains("symbolic link") && output.contains(target), "\(output)")
+        #expect(!output.contains("777"), "\(output)")
+        let list = try await tokenctl(["--db", link, "list"], scratch)
+        #expect(list.status == 1 && list.stderr.contains("symbolic link"), "\(list.stdout) \(list.stderr)")
+    }
+
     @Test("read commands on a missing path say so, exit 1 and create nothing", arguments: [
         ["list"], ["show", "vehicle", "v"], ["stats"], ["check"], ["purge", "--expired", "--dry-run"],
     ])
