@@ -1,6 +1,7 @@
 import Dispatch
 import Foundation
 import GRDB
+import GRDBSQLite
 import Logging
 import Synchronization
 
@@ -10,10 +11,18 @@ import Synchronization
 /// Damage found here cannot be acted on while the store is open (the pool is in use), so it is
 /// logged as an error telling the operator to restart, and marked so the next open checks
 /// first and moves the store aside.
+///
+/// ``stop()`` never waits: a check that has not begun never will, and a running one is ended by
+/// SQLite's progress handler at its next few thousand instructions and closes its own connection.
 final class BackgroundIntegrityCheck: Sendable {
+    private enum Phase { case pending, running, stopping, finished, stopped }
+
     private let connection: DatabaseQueue
+    /// Signalled once the check will not run any more, for ``waitUntilFinished(timeout:)``.
     private let finished = DispatchSemaphore(value: 0)
-    private let state = Mutex<(finding: String?, stopped: Bool)>((nil, false))
+    private let state = Mutex<(phase: Phase, finding: String?, ran: Bool)>((.pending, nil, false))
+    /// Read by SQLite's progress handler on the check's thread: true ends the running statement.
+    private let stopRequested = Atomic<Bool>(false)
     /// How long after opening the check begins.
     static let startDelay: TimeInterval = 2
 
@@ -35,49 +44,97 @@ final class BackgroundIntegrityCheck: Sendable {
         // Started a little later, so it does not compete with start-up itself, and a short
         // writable open (an admin command) closes before it begins.
         DispatchQueue.global(qos: .utility).asyncAfter(deadline: .now() + Self.startDelay) { [self] in
-            defer { finished.signal() }
-            // An interrupt only stops a running statement: a stop that came first must be seen here.
-            guard !state.withLock({ $0.stopped }) else { return }
-            do {
-                try connection.read { db in try IntegrityCheck.run(db, path: files.path) }
-            } catch {
-                let reason = TokenStoreError(error, path: files.path)
-                if case .corrupt(_, let detail) = reason {
-                    state.withLock { $0.finding = detail }
-                    let marked = files.markForCheck()
-                    logger.error("token store is damaged (found by the background integrity check): restart the process; the next start moves the store aside and starts a fresh one (tokens will be refetched)", metadata: [
-                        "store": .string(files.path), "detail": .string(detail),
-                        "marked_for_check": .stringConvertible(marked),
-                    ])
-                } else if !state.withLock({ $0.stopped }) {
-                    // When stopped, the interruption is ours and nothing was learned.
-                    logger.warning("token store background integrity check did not finish", metadata: [
-                        "store": .string(files.path), "reason": .string(reason.description),
-                    ])
-                }
+            run(files: files, logger: logger)
+        }
+    }
+
+    private func run(files: StoreFiles, logger: Logger) {
+        let begins = state.withLock { state in
+            guard state.phase == .pending else { return false }
+            state.phase = .running
+            return true
+        }
+        // Stopped before it began: stop() closed the connection and signalled.
+        guard begins else { return }
+        defer { end() }
+        do {
+            try connection.read { db in
+                // Every statement of this connection asks this handler every 1,000 virtual-machine
+                // steps whether to go on, so a stop is never lost between two statements.
+                sqlite3_progress_handler(db.sqliteConnection, 1000, { context in
+                    guard let context else { return 0 }
+                    let check = Unmanaged<BackgroundIntegrityCheck>.fromOpaque(context).takeUnretainedValue()
+                    return check.stopRequested.load(ordering: .relaxed) ? 1 : 0
+                }, Unmanaged.passUnretained(self).toOpaque())
+                defer { sqlite3_progress_handler(db.sqliteConnection, 0, nil, nil) }
+                try IntegrityCheck.run(db, path: files.path)
+            }
+        } catch {
+            let reason = TokenStoreError(error, path: files.path)
+            if case .corrupt(_, let detail) = reason {
+                state.withLock { $0.finding = detail }
+                let marked = files.markForCheck()
+                logger.error("token store is damaged (found by the background integrity check): restart the process; the next start moves the store aside and starts a fresh one (tokens will be refetched)", metadata: [
+                    "store": .string(files.path), "detail": .string(detail),
+                    "marked_for_check": .stringConvertible(marked),
+                ])
+            } else if !stopRequested.load(ordering: .relaxed) {
+                // When stopped, the interruption is ours and nothing was learned.
+                logger.warning("token store background integrity check did not finish", metadata: [
+                    "store": .string(files.path), "reason": .string(reason.description),
+                ])
             }
         }
+    }
+
+    /// The check has ended: close the connection if the store was closed meanwhile.
+    private func end() {
+        let closeHere = state.withLock { state in
+            let stopping = state.phase == .stopping
+            state.phase = stopping ? .stopped : .finished
+            state.ran = !stopRequested.load(ordering: .relaxed)
+            return stopping
+        }
+        if closeHere { try? connection.close() }
+        finished.signal()
     }
 
     /// What the check found, once it has finished; nil while running or when the store is sound.
     var finding: String? { state.withLock { $0.finding } }
 
+    /// True once the check has run to its end (found damage or not), false while pending or
+    /// running and when it was stopped first.
+    var hasRun: Bool { state.withLock { $0.ran } }
+
     /// Blocks the calling thread up to `timeout` for the check to finish; true if it did.
+    /// Only for callers that chose to wait (``SQLiteTokenRepository/backgroundIntegrityFinding(waitingUpTo:)``).
     func waitUntilFinished(timeout: TimeInterval) -> Bool {
         guard finished.wait(timeout: .now() + timeout) == .success else { return false }
-        finished.signal()  // Leave it signalled for other waiters and for `stop()`.
+        finished.signal()  // Leave it signalled for other waiters.
         return true
     }
 
-    /// Interrupts the check if still running, waits for it, and closes its connection.
+    /// Ends the check without waiting: a pending check will not begin (its connection is closed
+    /// here); a running one is interrupted and closes its connection as it returns.
     func stop() {
-        state.withLock { $0.stopped = true }
-        // Interrupt until the check ends: one sent between its statements would be lost.
-        while true {
-            connection.interrupt()
-            if finished.wait(timeout: .now() + .milliseconds(20)) == .success { break }
+        stopRequested.store(true, ordering: .relaxed)
+        let previous = state.withLock { state in
+            let previous = state.phase
+            switch previous {
+            case .pending, .finished: state.phase = .stopped
+            case .running: state.phase = .stopping
+            case .stopping, .stopped: break
+            }
+            return previous
         }
-        finished.signal()
-        try? connection.close()
+        switch previous {
+        case .pending:
+            try? connection.close()
+            finished.signal()
+        case .finished:
+            try? connection.close()
+        case .running, .stopping, .stopped:
+            break
+        }
     }
 }

@@ -87,9 +87,13 @@ public final class SQLiteTokenRepository: TokenRepository {
         return backgroundCheck.finding
     }
 
+    /// True once the deferred integrity check has run to its end (for tests).
+    var backgroundCheckHasRun: Bool { backgroundCheck?.hasRun ?? false }
+
     /// Closes the store: ends ``changes()`` streams, folds the write-ahead log into the store
     /// file (so a clean shutdown leaves one self-contained file), and closes the connections.
-    /// Later calls throw ``TokenStoreError/closed(path:)``.
+    /// A background integrity check that has not begun is cancelled and a running one
+    /// interrupted; neither is waited for. Later calls throw ``TokenStoreError/closed(path:)``.
     public func close() {
         // From now on every write takes GRDB's queue (which reports the store closed), so none
         // waits inline behind the closing checkpoint.

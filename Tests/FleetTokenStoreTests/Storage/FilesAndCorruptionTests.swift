@@ -176,7 +176,15 @@ struct FilesAndCorruptionTests {
             let clock = ContinuousClock()
             let took = clock.measure { store.close() }
             #expect(took < .seconds(1), "close() with mode \(mode) took \(took)")
+            #expect(!store.backgroundCheckHasRun)
         }
+
+        // Left open past the delay, the check still runs to its end.
+        let kept = try openStore(path)
+        #expect(kept.backgroundIntegrityFinding(waitingUpTo: 20) == nil)
+        #expect(kept.backgroundCheckHasRun)
+        kept.close()
+        #expect(try sqlite3(path, "PRAGMA integrity_check") == "ok")
     }
 
     @Test("a sound store opened after a clean close is not scanned at start-up; after a crash it is")
