@@ -66,6 +66,8 @@ public final class DevTokenIssuer: Sendable {
         case slowBody = "slow-body"
         /// The same token every time (a caching provider).
         case sameToken = "same-token"
+        /// Answer normally after `delay_ms` (default 500): a slow provider.
+        case slow
     }
 
     /// Why the issuer could not start.

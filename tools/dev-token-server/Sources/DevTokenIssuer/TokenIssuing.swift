@@ -57,6 +57,8 @@ struct TokenIssuing: Sendable {
                             body: .init(byteBuffer: ByteBuffer(string: "<html><body>Sign in</body></html>")))
         case .hang:
             try await Task.sleep(for: .seconds(3600))
+        case .slow:
+            try await Task.sleep(for: .milliseconds(min(max(Int(query.get("delay_ms") ?? "") ?? 500, 0), 60_000)))
         case .hugeBody:
             let chunk = ByteBuffer(repeating: UInt8(ascii: " "), count: 64 * 1024)
             return Response(status: .ok, headers: [.contentType: "application/json"],

@@ -1,0 +1,223 @@
+import Foundation
+import Logging
+import Synchronization
+import Testing
+import TestSupportKit
+@testable import FleetTokenStore
+
+/// A provider that answers after a real delay, counting fetches per key and noting when each
+/// answer left it.
+final class SlowProvider: TokenFetcher, Sendable {
+    let delay: Duration
+    private let state = Mutex<(counts: [TokenKey: Int], answeredAt: [TokenKey: Date])>(([:], [:]))
+
+    init(delay: Duration) { self.delay = delay }
+
+    func count(_ key: TokenKey) -> Int { state.withLock { $0.counts[key] ?? 0 } }
+    var total: Int { state.withLock { $0.counts.values.reduce(0, +) } }
+    func answeredAt(_ key: TokenKey) -> Date? { state.withLock { $0.answeredAt[key] } }
+
+    func fetchToken(for key: TokenKey) async throws(TokenProviderError) -> FetchedToken {
+        state.withLock { $0.counts[key, default: 0] += 1 }
+        try? await Task.sleep(for: delay)
+        let token = TestJWT.make(for: key, issuedAt: Date(), lifetime: 3600)
+        state.withLock { $0.answeredAt[key] = Date() }
+        return FetchedToken(value: token)
+    }
+}
+
+/// The README's promises under contention, clock steps and long uptime (issue 12, items 1-7).
+@Suite("Promises under contention, clock steps and months of uptime", .exclusive)
+struct PromiseTests {
+    // MARK: - Cross-process single flight (items 1-3)
+
+    @Test("two running engines on one store, 100 keys, a provider slower than the lease: one fetch per key, waiters end with the holder's answer")
+    func twoRunningEnginesFetchEachKeyOnce() async throws {
+        let dir = TemporaryDirectory()
+        var policy = RefreshPolicy()
+        policy.leaseDuration = 0.3 // shorter than the provider's answer: the holder must renew it
+        let provider = SlowProvider(delay: .milliseconds(500))
+        let keys = try (0..<100).map { try TokenKey.vehicle("truck-\($0)") }
+        let logA = RecordingLogger(), logB = RecordingLogger()
+        let storeA = try openStore(dir.file("tokens.sqlite")), storeB = try openStore(dir.file("tokens.sqlite"))
+        defer { storeA.close(); storeB.close() }
+        let a = TokenSyncEngine(repository: storeA, fetcher: provider, policy: policy, logger: logA.logger)
+        let b = TokenSyncEngine(repository: storeB, fetcher: provider, policy: policy, logger: logB.logger)
+        let runA = Task { try await a.run() }, runB = Task { try await b.run() }
+        defer { runA.cancel(); runB.cancel() }
+        await a.track(keys)
+        // Callers on B ask for every key at once, while both schedulers fetch.
+        let waits = try await withThrowingTaskGroup(of: (TokenKey, Date).self) { group in
+            for key in keys { group.addTask { _ = try await b.token(for: key); return (key, Date()) } }
+            await b.track(keys)
+            return try await group.reduce(into: [TokenKey: Date]()) { $0[$1.0] = $1.1 }
+        }
+        #expect(await eventually(within: 10) { keys.allSatisfy { a.heldToken(for: $0) != nil && b.heldToken(for: $0) != nil } })
+        try await Task.sleep(for: .milliseconds(600)) // room for a wrongful second fetch to show
+        let twice = keys.filter { provider.count($0) != 1 }
+        #expect(twice.isEmpty, "fetched other than once: \(twice.map { "\($0)=\(provider.count($0))" })")
+        for (key, gotAt) in waits {
+            guard let answered = provider.answeredAt(key) else { continue }
+            #expect(gotAt.timeIntervalSince(answered) < 1.5, "a caller of \(key) waited \(gotAt.timeIntervalSince(answered)) s past the provider's answer")
+        }
+        for log in [logA, logB] {
+            #expect(!log.allText.contains("noProgress") && !log.allText.contains("expires no later than"))
+            #expect(log.messages(at: .warning).filter { $0.contains("refresh failed") }.isEmpty)
+        }
+    }
+
+    @Test("a waiter whose holder gave up its lease without a result fetches at once instead of waiting out the lease")
+    func leaseReleasedWithoutResult() async throws {
+        let dir = TemporaryDirectory()
+        let key = try TokenKey.vehicle("truck-1")
+        let held = ScriptedFetcher { key, _ in FetchedToken(value: TestJWT.make(for: key, issuedAt: Date())) }
+        held.close()
+        let storeA = try openStore(dir.file("tokens.sqlite")), storeB = try openStore(dir.file("tokens.sqlite"))
+        defer { storeA.close(); storeB.close() }
+        let a = TokenSyncEngine(repository: storeA, fetcher: held, logger: Logger(label: "a"))
+        let fresh = ScriptedFetcher { key, _ in FetchedToken(value: TestJWT.make(for: key, issuedAt: Date())) }
+        let b = TokenSyncEngine(repository: storeB, fetcher: fresh, logger: Logger(label: "b"))
+        let callerA = Task { try? await a.token(for: key) }
+        #expect(await eventually(within: 5) { held.waitingAtGate == 1 })
+        let done = Mutex<Date?>(nil)
+        let callerB = Task { _ = try await b.token(for: key); done.withLock { $0 = Date() } }
+        try await Task.sleep(for: .milliseconds(300)) // B is waiting on A's lease
+        #expect(fresh.total == 0)
+        let released = Date()
+        await a.shutdown() // cancels A's fetch and releases its lease, storing nothing
+        _ = await callerA.value
+        #expect(await eventually(within: 10) { done.withLock { $0 } != nil })
+        if let at = done.withLock({ $0 }) {
+            #expect(at.timeIntervalSince(released) < 3, "B waited \(at.timeIntervalSince(released)) s after the lease was released")
+        }
+        #expect(fresh.total == 1)
+        callerB.cancel()
+    }
+
+    // MARK: - Never serve an expired token (items 4, 5)
+
+    @Test("after NTP steps a fast clock back, a stale provider offset never makes an expired token usable")
+    func clockStepClearsStaleOffset() async throws {
+        // Our clock runs an hour fast: the provider's Date header and iat are an hour behind it.
+        let time = TestTime(start: referenceNow.addingTimeInterval(3600))
+        let fast = Mutex<TimeInterval>(3600)
+        let fetcher = ScriptedFetcher { key, n throws(TokenProviderError) in
+            if n > 1 { throw .httpStatus(code: 503, retryAfter: nil) }
+            let providerNow = time.now.addingTimeInterval(-fast.withLock { $0 })
+            return FetchedToken(value: TestJWT.make(for: key, issuedAt: providerNow), providerDate: providerNow)
+        }
+        let h = try EngineHarness(time: time, fetcher: fetcher)
+        let key = try TokenKey.vehicle("truck-7")
+        let first = try await h.engine.token(for: key)
+        let running = h.start()
+        defer { running.cancel() }
+        // NTP corrects our clock: it is stepped back an hour.
+        time.jumpWallClock(by: -3600)
+        fast.withLock { $0 = 0 }
+        for _ in 0..<40 {
+            await time.advance(by: 100)
+            await Task.yield()
+            if let served = try? await h.engine.token(for: key) {
+                #expect(served.expiresAt > time.now, "served a token that expired at \(served.expiresAt) at \(time.now)")
+            }
+        }
+        #expect(time.now > first.expiresAt)
+    }
+
+    @Test("an offset learnt from an iat in our future is cleared by a later answer that shows none")
+    func iatOffsetIsCleared() async throws {
+        let time = TestTime()
+        let ahead = Mutex<TimeInterval>(600)
+        let fetcher = ScriptedFetcher { key, _ in
+            FetchedToken(value: TestJWT.make(for: key, issuedAt: time.now.addingTimeInterval(ahead.withLock { $0 })))
+        }
+        let h = try EngineHarness(time: time, fetcher: fetcher)
+        _ = try await h.engine.token(for: try .vehicle("v1"))
+        #expect(h.engine.memory.state.withLock { $0.clockOffset } == 600)
+        ahead.withLock { $0 = 0 }
+        _ = try await h.engine.token(for: try .vehicle("v2"))
+        #expect(h.engine.memory.state.withLock { $0.clockOffset } == 0)
+    }
+
+    @Test("a JWT without iat (absent or null) or without the authorization claim is rejected unless opaque tokens are allowed")
+    func claimsAreRequired() throws {
+        let key = try TokenKey.vehicle("truck-7")
+        let now = referenceNow
+        let exp = Int(now.timeIntervalSince1970) + 3600
+        let noIat = TestJWT.raw(payload: #"{"exp":\#(exp + 30 * 86400),"authorization":{"vehicleid":"truck-7"}}"#)
+        let nullIat = TestJWT.raw(payload: #"{"iat":null,"exp":\#(exp),"authorization":{"vehicleid":"truck-7"}}"#)
+        let noAuthorization = TestJWT.make(for: key, issuedAt: now, includeAuthorization: false)
+        let strict = TokenValidator(policy: RefreshPolicy())
+        for token in [noIat, nullIat] {
+            #expect(throws: TokenValidationError.self) { try strict.validate(FetchedToken(value: token), for: key, now: now) }
+        }
+        #expect(throws: TokenValidationError.self) {
+            try strict.validate(FetchedToken(value: noAuthorization), for: key, now: now)
+        }
+        var lenient = RefreshPolicy()
+        lenient.allowOpaqueTokens = true
+        for token in [nullIat, noAuthorization] {
+            _ = try TokenValidator(policy: lenient).validate(FetchedToken(value: token), for: key, now: now)
+        }
+    }
+
+    // MARK: - Do not hammer a failing provider (item 6)
+
+    @Test("purging expired tokens keeps the failure state, in the store and in a running engine")
+    func purgeKeepsBackoff() async throws {
+        let h = try EngineHarness()
+        let key = try TokenKey.vehicle("truck-7")
+        _ = try await h.engine.token(for: key)
+        h.fetcher.setAnswer { _, _ throws(TokenProviderError) in throw .httpStatus(code: 503, retryAfter: 300) }
+        await h.time.advance(by: 3700) // expired; the provider is down
+        _ = await #expect(throws: TokenUnavailable.self) { try await h.engine.token(for: key) }
+        let nextAttempt = h.time.now.addingTimeInterval(300)
+        #expect(await eventually(within: 2) { (try? await h.store.entry(for: key))?.failure?.nextAttemptAt == nextAttempt })
+        await h.engine.track([key])
+        let running = h.start()
+        defer { running.cancel() }
+        let fetchesBefore = h.fetcher.total
+
+        // An operator's cron job purges expired tokens through another connection.
+        let admin = try openStore(h.dir.file("tokens.sqlite"))
+        defer { admin.close() }
+        #expect(try await admin.purge(TokenFilter(validity: .expired(asOf: h.time.now))) == 1)
+        let kept = try await admin.entry(for: key)
+        #expect(kept?.token == nil)
+        #expect(kept?.failure?.nextAttemptAt == nextAttempt)
+
+        // The engine sees the removal, but keeps its backoff: no fetch before the next attempt.
+        try await Task.sleep(for: .milliseconds(800))
+        await h.time.advance(by: 200)
+        try await Task.sleep(for: .milliseconds(300))
+        #expect(h.fetcher.total == fetchesBefore)
+        await h.time.advance(by: 110)
+        #expect(await eventually(within: 3) { h.fetcher.total == fetchesBefore + 1 })
+    }
+
+    // MARK: - Months of uptime (item 7)
+
+    @Test("rows of 10,000 finished trips are deleted after the retention period; tracked keys are untouched")
+    func retentionDeletesFinishedTrips() async throws {
+        let h = try EngineHarness()
+        let trips = try (0..<10_000).map { try TokenKey.trip("trip-\($0)") }
+        try await h.store.upsert(trips.map { token($0, expiresIn: 600) }, clearFailure: true)
+        let tracked = try TokenKey.vehicle("truck-1"), down = try TokenKey.vehicle("truck-down")
+        h.fetcher.setAnswer { key, _ throws(TokenProviderError) in
+            if key == down { throw .httpStatus(code: 503, retryAfter: nil) }
+            return FetchedToken(value: TestJWT.make(for: key, issuedAt: h.time.now))
+        }
+        // A tracked key whose provider has failed for days: its row (and backoff) must stay.
+        try await h.store.upsert(token(down, expiresIn: 60), clearFailure: true)
+        await h.engine.track([tracked, down])
+        let running = h.start()
+        defer { running.cancel() }
+        for _ in 0..<26 {
+            await h.time.advance(by: 3600)
+            await Task.yield()
+        }
+        #expect(await eventually(within: 20) { (try? await h.store.count(TokenFilter(kind: .trip))) == 0 })
+        #expect(try await h.store.entry(for: tracked)?.token != nil)
+        #expect(try await h.store.entry(for: down) != nil)
+    }
+}
