@@ -39,10 +39,13 @@ public struct TokenKey: Hashable, Sendable, Comparable, CustomStringConvertible 
     public static let maximumSubjectIDLength = 512
 
     /// Creates a key, checking the subject id.
-    /// - Throws: ``InvalidTokenKey`` when the id is empty, longer than
+    /// - Throws: ``InvalidTokenKey`` when the id is empty, `.` or `..`, longer than
     ///   ``maximumSubjectIDLength`` bytes, or contains control characters.
     public init(kind: TokenKind, subjectID: String) throws(InvalidTokenKey) {
         if subjectID.isEmpty { throw .emptySubjectID(kind: kind) }
+        // Unreserved in URLs, so never percent-encoded: as `{id}` they would be path segments
+        // that proxies and servers resolve to another endpoint.
+        if subjectID == "." || subjectID == ".." { throw .pathSegment(kind: kind, subjectID: subjectID) }
         if subjectID.utf8.count > Self.maximumSubjectIDLength {
             throw .subjectIDTooLong(kind: kind, length: subjectID.utf8.count)
         }
@@ -86,6 +89,8 @@ public enum InvalidTokenKey: Error, Sendable, Equatable, CustomStringConvertible
     case subjectIDTooLong(kind: TokenKind, length: Int)
     /// The id contains control characters (newlines, tabs, NUL...).
     case controlCharacters(kind: TokenKind)
+    /// The id is `.` or `..`, which a provider URL would carry as a relative path segment.
+    case pathSegment(kind: TokenKind, subjectID: String)
 
     /// What is wrong and what to do.
     public var description: String {
@@ -96,6 +101,8 @@ public enum InvalidTokenKey: Error, Sendable, Equatable, CustomStringConvertible
             "the \(kind) id is \(length) bytes long, more than the \(TokenKey.maximumSubjectIDLength) allowed: check the id"
         case .controlCharacters(let kind):
             "the \(kind) id contains control characters (newline, tab, NUL...): check how the id was read"
+        case .pathSegment(let kind, let subjectID):
+            "the \(kind) id \"\(subjectID)\" is a relative path segment, which proxies and servers would resolve to another endpoint of the token provider: give the real \(kind) id"
         }
     }
 }
