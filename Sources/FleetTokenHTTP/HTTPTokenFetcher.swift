@@ -188,13 +188,18 @@ public final class HTTPTokenFetcher: TokenFetcher, Sendable {
         }
     }
 
-    private static func checkHeader(name: String, value: String) throws(HTTPFetcherConfigurationError) {
+    /// Checks one header as the fetcher would send it (for a header file, pass an empty value:
+    /// the file is read at each request).
+    /// - Throws: ``HTTPFetcherConfigurationError/invalidHeader(_:)``, whose text never quotes
+    ///   the value, nor a name that is not a valid header name (a misplaced colon can put a
+    ///   credential there: `Authorization Bearer abc: x`).
+    public static func checkHeader(name: String, value: String) throws(HTTPFetcherConfigurationError) {
         let tokenCharacters = CharacterSet(charactersIn: "!#$%&'*+-.^_`|~").union(.alphanumerics)
         guard !name.isEmpty, name.unicodeScalars.allSatisfy({ $0.isASCII && tokenCharacters.contains($0) }) else {
-            throw .invalidHeader("\"\(name)\" is not a valid header name")
+            throw .invalidHeader("the header name is not valid (only letters, digits and !#$%&'*+-.^_`|~ are allowed; not shown, since a misplaced colon can put a credential in it)")
         }
         guard isValidHeaderValue(value) else {
-            throw .invalidHeader("the value of \(name) contains a control character")
+            throw .invalidHeader("the value of \(name) contains a control character (CR, LF, NUL, DEL...)")
         }
     }
 

@@ -196,6 +196,22 @@ struct HTTPTokenFetcherTests {
         #expect(error?.description.contains("s3cr3t") == false)
     }
 
+    // Issue 12 item 11: `--header 'Authorization Bearer abc: x'` made the credential part of
+    // the "name", which the error quoted.
+    @Test("an invalid header name is refused without being quoted")
+    func invalidHeaderNameNotQuoted() {
+        for name in ["Authorization Bearer s3cr3t", "", "Bearer\ts3cr3t"] {
+            let error = #expect(throws: HTTPFetcherConfigurationError.self) {
+                try fetcher("https://x/{id}") { $0.headers = [(name: name, value: "x")] }
+            }
+            #expect(error?.description.contains("header name is not valid") == true)
+            #expect(error?.description.contains("s3cr3t") == false)
+        }
+        #expect(throws: HTTPFetcherConfigurationError.self) {
+            try fetcher("https://x/{id}") { $0.headerFiles = [(name: "Bearer s3cr3t", path: "/dev/null")] }
+        }
+    }
+
     @Test("a header file behind a swapped symlink (rotated secret) is re-read")
     func symlinkedHeaderFile() async throws {
         let server = HeaderRecorder()

@@ -74,11 +74,21 @@ struct TokenAgent: AsyncParsableCommand {
     var demoLifetime: Int = 120
 
     func validate() throws {
-        for header in headers where HeaderArgument.parseHeader(header) == nil {
-            throw ValidationError("--header '\(header)' is not 'Name: value'")
+        // Header arguments hold credentials: errors name the flag (and a valid header name),
+        // never the argument.
+        for (index, header) in headers.enumerated() {
+            let flag = HeaderArgument.flag("--header", index, of: headers.count)
+            guard let (name, value) = HeaderArgument.parseHeader(header) else {
+                throw ValidationError("\(flag) is not 'Name: value' (the argument is not shown: it may hold a credential)")
+            }
+            try HeaderArgument.check(flag, name: name, value: value)
         }
-        for file in headerFiles where HeaderArgument.parseHeaderFile(file) == nil {
-            throw ValidationError("--header-file '\(file)' is not 'Name:PATH'")
+        for (index, file) in headerFiles.enumerated() {
+            let flag = HeaderArgument.flag("--header-file", index, of: headerFiles.count)
+            guard let (name, _) = HeaderArgument.parseHeaderFile(file) else {
+                throw ValidationError("\(flag) is not 'Name:PATH' (the argument is not shown: it may hold a credential)")
+            }
+            try HeaderArgument.check(flag, name: name, value: "")
         }
         for id in vehicles { _ = try key(.vehicle, id) }
         for id in trips { _ = try key(.trip, id) }
@@ -178,6 +188,21 @@ struct TokenAgent: AsyncParsableCommand {
 
 /// Parses the `--header` and `--header-file` argument forms.
 enum HeaderArgument {
+    /// `--header`, or `--header #2` when there are several.
+    static func flag(_ name: String, _ index: Int, of count: Int) -> String {
+        count > 1 ? "\(name) #\(index + 1)" : name
+    }
+
+    /// The fetcher's own header rules, as a usage error naming the flag.
+    static func check(_ flag: String, name: String, value: String) throws {
+        do {
+            try HTTPTokenFetcher.checkHeader(name: name, value: value)
+        } catch {
+            guard case .invalidHeader(let detail) = error else { throw ValidationError("\(flag): \(error.description)") }
+            throw ValidationError("\(flag): \(detail)")
+        }
+    }
+
     static func parseHeader(_ text: String) -> (name: String, value: String)? {
         guard let colon = text.firstIndex(of: ":") else { return nil }
         let name = text[..<colon].trimmingCharacters(in: .whitespaces)
