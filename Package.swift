@@ -1,4 +1,4 @@
-// swift-tools-version: 6.1
+// swift-tools-version: 6.2
 // FleetTokenStore: a persistent, offline-capable store of Fleet Engine authorization tokens.
 
 import PackageDescription
