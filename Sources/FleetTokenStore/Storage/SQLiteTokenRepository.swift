@@ -55,7 +55,7 @@ public final class SQLiteTokenRepository: TokenRepository {
 
     init(path: String, mode: StoreOpenMode, configuration: StoreConfiguration, logger: Logger,
          migrator: SchemaMigrator) throws(TokenStoreError) {
-        let files = StoreFiles(path: path)
+        let files = StoreFiles(path: path, allowsSymlink: configuration.allowsSymlinkedStore)
         let opened = try StoreOpener(files: files, mode: mode, configuration: configuration,
                                      logger: logger, migrator: migrator).open()
         self.path = files.path

@@ -79,6 +79,12 @@ public struct StoreConfiguration: Sendable, Equatable {
     public var changeLogRetention: TimeInterval = 300
     /// Create missing parent directories of the store (mode 0700). Default true.
     public var createParentDirectories: Bool = true
+    /// Accept a store path whose last component is a symbolic link, and use the file it points
+    /// to as the store (its side files live beside that file, and its owner and mode are
+    /// checked). Default false: a link is refused with ``TokenStoreError/symbolicLink(path:file:target:)``,
+    /// since whoever can change it decides where tokens are written. Links among the parent
+    /// directories are followed either way.
+    public var allowsSymlinkedStore: Bool = false
 
     /// The default configuration.
     public init() {}

@@ -8,12 +8,18 @@ import Darwin
 
 /// File-system work around a store: its path, directory, modes and quarantine. Token stores
 /// hold credentials, so every file is 0600 and every directory the store creates is 0700.
+/// Ownership, links and modes are judged in StoreFileSafety.swift.
 struct StoreFiles: Sendable {
-    /// The store file's absolute path.
+    /// The store file's absolute path: with `allowsSymlink`, the file a link there points to.
     let path: String
 
-    init(path: String) {
-        self.path = URL(fileURLWithPath: path).standardizedFileURL.path
+    init(path: String, allowsSymlink: Bool = false) {
+        let given = URL(fileURLWithPath: path).standardizedFileURL.path
+        if allowsSymlink, Self.isSymbolicLink(given), let target = Self.resolved(given) {
+            self.path = target
+        } else {
+            self.path = given
+        }
     }
 
     var directory: String { (path as NSString).deletingLastPathComponent }
@@ -33,7 +39,7 @@ struct StoreFiles: Sendable {
 
     /// Marks the store for a full check at its next open. Best effort: a failure is logged by the caller.
     func markForCheck() -> Bool {
-        let descriptor = open(checkMarkerPath, O_WRONLY | O_CREAT | O_CLOEXEC, 0o600)
+        let descriptor = open(checkMarkerPath, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0o600)
         guard descriptor >= 0 else { return false }
         close(descriptor)
         return true
@@ -42,28 +48,10 @@ struct StoreFiles: Sendable {
     /// Removes the mark once a full check has passed or the store was moved aside.
     func clearCheckMark() { unlink(checkMarkerPath) }
     var shmPath: String { path + "-shm" }
-    /// The store and the SQLite side files that exist now.
-    var existingFiles: [String] { [path, walPath, shmPath].filter { Self.exists($0) } }
-
-    enum Kind { case missing, file, other }
-
-    var kind: Kind {
-        var info = stat()
-        guard lstat(path, &info) == 0 else { return .missing }
-        // A symlink to a file is accepted as the file; stat follows it.
-        guard stat(path, &info) == 0 else { return .missing }
-        return (info.st_mode & S_IFMT) == S_IFREG ? .file : .other
-    }
 
     static func exists(_ path: String) -> Bool {
         var info = stat()
         return stat(path, &info) == 0
-    }
-
-    static func mode(of path: String) -> mode_t? {
-        var info = stat()
-        guard stat(path, &info) == 0 else { return nil }
-        return info.st_mode & 0o7777
     }
 
     /// Makes sure the directory exists (creating missing levels with mode 0700 when allowed) and
@@ -104,30 +92,6 @@ struct StoreFiles: Sendable {
         _ = fchmod(fd, 0o600)
         close(fd)
         return true
-    }
-
-    /// Files among the store and its side files whose mode grants anything to group or others.
-    func looseFiles() -> [String] {
-        existingFiles.filter { (Self.mode(of: $0) ?? 0) & 0o077 != 0 }
-    }
-
-    /// Sets every loose file to 0600 and returns the ones changed, logging a warning for each.
-    func tightenModes(logger: Logger) -> [String] {
-        let loose = looseFiles()
-        for file in loose {
-            let before = Self.mode(of: file) ?? 0
-            if chmod(file, 0o600) == 0 {
-                logger.warning("token store file mode was too open; set to 0600", metadata: [
-                    "file": .string(file), "previous_mode": .string(String(before, radix: 8)),
-                ])
-            } else {
-                logger.warning("token store file mode is too open and could not be changed", metadata: [
-                    "file": .string(file), "mode": .string(String(before, radix: 8)),
-                    "error": .string(Self.errnoText()),
-                ])
-            }
-        }
-        return loose.filter { (Self.mode(of: $0) ?? 0) & 0o077 == 0 }
     }
 
     /// Renames the store and its side files to `<name>.corrupt-<UTC time>` (side files keep

@@ -30,25 +30,16 @@ struct StoreOpener {
 
     private func openOnce(report: StoreOpenReport) throws(TokenStoreError) -> (pool: DatabasePool, report: StoreOpenReport) {
         var report = report
-        switch files.kind {
-        case .other:
-            throw .notAFile(path: files.path)
-        case .missing:
+        // Links and special files at the store path are refused before anything is created or
+        // opened; ownership, side files and modes right after (see StoreFileSafety.swift).
+        let existing = files.inspect()
+        if let refusal = existing.refusal { throw refusal }
+        if !existing.files.contains(where: { $0.path == files.path }) {
             guard mode.createIfMissing, !mode.readOnly else { throw .storeMissing(path: files.path) }
             try files.prepareDirectory(create: configuration.createParentDirectories)
             report.created = try files.createEmptyFile()
-        case .file:
-            if mode.readOnly {
-                for file in files.looseFiles() {
-                    logger.warning("token store file mode is too open (read-only command, not changed): run the agent or `chmod 600`", metadata: [
-                        "file": .string(file),
-                        "mode": .string(String(StoreFiles.mode(of: file) ?? 0, radix: 8)),
-                    ])
-                }
-            } else {
-                report.tightenedFiles = files.tightenModes(logger: logger)
-            }
         }
+        report.tightenedFiles = try files.secure(tighten: !mode.readOnly, logger: logger)
 
         // Judge an existing file through one read-only connection first: a corrupt or newer
         // store must be refused before anything writes to it (opening a writable pool does).
@@ -91,8 +82,13 @@ struct StoreOpener {
             }
         }
         if !mode.readOnly {
-            // SQLite created -wal/-shm with the store's mode; make sure, in case it was changed.
-            report.tightenedFiles += files.tightenModes(logger: logger)
+            // SQLite created -wal/-shm with the store's mode and owner; make sure of both.
+            do {
+                report.tightenedFiles += try files.secure(tighten: true, logger: logger)
+            } catch {
+                try? pool.close()
+                throw error
+            }
         }
         return (pool, report)
     }
@@ -112,6 +108,8 @@ struct StoreOpener {
         config.readonly = true
         config.busyMode = .timeout(configuration.busyTimeout)
         config.label = "FleetTokenStore.inspect"
+        let expected = files.pathAsSQLiteNamesIt
+        config.prepareDatabase { [files] db in try files.verifyConnection(db, expected: expected) }
         do {
             let queue = try DatabaseQueue(path: path, configuration: config)
             defer { try? queue.close() }
@@ -134,7 +132,10 @@ struct StoreOpener {
         config.busyMode = .timeout(configuration.busyTimeout)
         config.label = "FleetTokenStore"
         config.maximumReaderCount = 4
-        config.prepareDatabase { db in
+        let expected = files.pathAsSQLiteNamesIt
+        config.prepareDatabase { [files] db in
+            // Every connection, readers opened later included, must be to the file checked.
+            try files.verifyConnection(db, expected: expected)
             // WAL makes NORMAL durable against crashes of the process; only a power loss can
             // drop the last commits, and tokens are refetchable.
             try db.execute(sql: "PRAGMA synchronous = NORMAL")

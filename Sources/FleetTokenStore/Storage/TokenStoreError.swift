@@ -28,6 +28,18 @@ public enum TokenStoreError: Error, Sendable, Equatable, CustomStringConvertible
     case closed(path: String)
     /// Any other SQLite failure, with SQLite's own code and message.
     case sqlite(path: String, code: Int32, message: String)
+    /// The store (`file` equal to `path`) or one of its `-wal`/`-shm` side files is a symbolic
+    /// link, to `target`. Refused unless ``StoreConfiguration/allowsSymlinkedStore`` (for the
+    /// store file; side files never are followed): whoever can change a link decides where
+    /// tokens are written.
+    case symbolicLink(path: String, file: String, target: String)
+    /// The store or a side file belongs to another user (`ownerID`), not to the running one
+    /// (`userID`): its owner can read every token written to it, whatever its mode.
+    case notOwnedByUser(path: String, file: String, ownerID: UInt32, userID: UInt32)
+    /// The store or a side file grants access to group or others (`mode`, permission bits).
+    /// With a `reason`, setting 0600 failed and the store was refused; without one, it is
+    /// reported (read-only opens, ``SQLiteTokenRepository/inspectFiles(at:configuration:)``).
+    case fileModeTooOpen(path: String, file: String, mode: Int, reason: String?)
 
     /// What happened and what to do next.
     public var description: String {
@@ -58,6 +70,16 @@ public enum TokenStoreError: Error, Sendable, Equatable, CustomStringConvertible
             "token store \(path) was closed: open it again"
         case .sqlite(let path, let code, let message):
             "token store \(path): SQLite error \(code): \(message)"
+        case .symbolicLink(let path, let file, let target) where file == path:
+            "token store \(path) is a symbolic link (to \(target)), and whoever can change a link decides where tokens are written: pass the path of the file itself (--db \(target)), or, when embedding, set StoreConfiguration.allowsSymlinkedStore"
+        case .symbolicLink(let path, let file, let target):
+            "\(file), a side file of token store \(path), is a symbolic link (to \(target)), through which SQLite would write tokens: find out who made it, then remove it (SQLite recreates it)"
+        case .notOwnedByUser(let path, let file, let owner, let user):
+            "\(file == path ? "token store \(path)" : "\(file), a side file of token store \(path),") belongs to uid \(owner), not to this user (uid \(user)), so its owner could read every token written to it: find out who made it, then remove it or chown it to this user; run the agent and tokenctl as the store's owner, and keep the store in a directory only that user can write"
+        case .fileModeTooOpen(_, let file, let mode, nil):
+            "token store file \(file) has mode \(String(mode, radix: 8)), so other users can read its tokens: chmod 600 it (the agent tightens it when it starts)"
+        case .fileModeTooOpen(_, let file, let mode, let reason?):
+            "token store file \(file) has mode \(String(mode, radix: 8)) and could not be set to 0600 (\(reason)), so other users could read its tokens: chmod 600 it as its owner, or keep the store on a file system that keeps Unix modes"
         }
     }
 }

@@ -1,4 +1,5 @@
 import Foundation
+import GRDB
 import Testing
 @testable import FleetTokenStore
 #if canImport(Glibc)
@@ -87,5 +88,75 @@ struct StoreOwnershipTests {
         let error = #expect(throws: TokenStoreError.self) { try openStore(path).close() }
         #expect(error?.description.contains(path + "-wal") == true, "\(String(describing: error))")
         #expect(try Data(contentsOf: URL(fileURLWithPath: elsewhere)).isEmpty)
+    }
+
+    @Test("with allowsSymlinkedStore the link's target is the store: its owner and mode are checked, its side files live beside it")
+    func symlinkedStoreOptIn() async throws {
+        let dir = TemporaryDirectory()
+        let target = try await Self.makeStore(in: dir, name: "real.sqlite")
+        #expect(chmod(target, 0o644) == 0)
+        let link = dir.file("tokens.sqlite")
+        #expect(symlink(target, link) == 0)
+        let store = try openStore(link) { $0.allowsSymlinkedStore = true }
+        #expect(store.path == target)
+        #expect(store.openReport.tightenedFiles == [target])
+        #expect(fileMode(target) == 0o600)
+        try await store.upsert(token(try .trip("t"), expiresIn: 600))
+        #expect(FileManager.default.fileExists(atPath: target + "-wal"))
+        #expect(!FileManager.default.fileExists(atPath: link + "-wal"))
+        store.close()
+        #expect(StoreFiles.isSymbolicLink(link))
+        #expect(try sqlite3(target, "SELECT count(*) FROM tokens") == "2")
+
+        if Self.canChown {
+            #expect(chown(target, Self.otherUser, gid_t(Self.otherUser)) == 0)
+            let error = #expect(throws: TokenStoreError.self) { try openStore(link) { $0.allowsSymlinkedStore = true } }
+            #expect(error == .notOwnedByUser(path: target, file: target, ownerID: Self.otherUser, userID: UInt32(geteuid())))
+        }
+    }
+
+    @Test("inspectFiles reports what opening would refuse or tighten, and changes nothing")
+    func inspectFiles() async throws {
+        let dir = TemporaryDirectory()
+        let path = try await Self.makeStore(in: dir)
+        let sound = SQLiteTokenRepository.inspectFiles(at: path)
+        #expect(sound.problems.isEmpty)
+        #expect(sound.storePath == path)
+        #expect(sound.files.map(\.path) == [path] && sound.files.first?.mode == 0o600 && sound.files.first?.ownerID == UInt32(geteuid()))
+
+        #expect(chmod(path, 0o640) == 0)
+        let loose = SQLiteTokenRepository.inspectFiles(at: path)
+        #expect(loose.problems == [.fileModeTooOpen(path: path, file: path, mode: 0o640, reason: nil)])
+        #expect(loose.problems.first?.description.contains("chmod 600") == true)
+        #expect(fileMode(path) == 0o640)
+
+        let link = dir.file("link.sqlite")
+        #expect(symlink(path, link) == 0)
+        let linked = SQLiteTokenRepository.inspectFiles(at: link)
+        #expect(linked.problems == [.symbolicLink(path: link, file: link, target: path)])
+        #expect(linked.files.isEmpty)
+        var optIn = StoreConfiguration()
+        optIn.allowsSymlinkedStore = true
+        let followed = SQLiteTokenRepository.inspectFiles(at: link, configuration: optIn)
+        #expect(followed.storePath == path && followed.files.map(\.path) == [path])
+
+        #expect(SQLiteTokenRepository.inspectFiles(at: dir.file("absent.sqlite")) == StoreFileReport(storePath: dir.file("absent.sqlite"), files: [], problems: []))
+    }
+
+    @Test("a connection SQLite opened through a link at the last component is refused (a link swapped in after the checks)")
+    func connectionThroughLinkRefused() async throws {
+        let dir = TemporaryDirectory()
+        let target = try await Self.makeStore(in: dir, name: "real.sqlite")
+        let link = dir.file("tokens.sqlite")
+        #expect(symlink(target, link) == 0)
+        let files = StoreFiles(path: link)
+        let queue = try DatabaseQueue(path: link)
+        defer { try? queue.close() }
+        try queue.inDatabase { db in
+            #expect(throws: TokenStoreError.symbolicLink(path: link, file: link, target: target)) {
+                try files.verifyConnection(db, expected: files.pathAsSQLiteNamesIt)
+            }
+            try StoreFiles(path: target).verifyConnection(db, expected: StoreFiles(path: target).pathAsSQLiteNamesIt)
+        }
     }
 }
