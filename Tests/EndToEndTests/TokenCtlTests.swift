@@ -90,11 +90,16 @@ struct TokenCtlTests {
         let (target, _) = try await seededStore(scratch)
         let link = scratch.file("link.sqlite")
         #expect(symlink(target, link) == 0)
-        let check = try await tokenctl(["--db", link, "check", "--json"], scratch)
+        let check = try await tokenctl(["--db", link, "check"], scratch)
         #expect(check.status == 1)
         let output = check.stdout + check.stderr
         #expect(output.contains("symbolic link") && output.contains(target), "\(output)")
         #expect(!output.contains("777"), "\(output)")
+        let json = try await tokenctl(["--db", link, "check", "--json"], scratch)
+        let object = try #require(try JSONSerialization.jsonObject(with: Data(json.stdout.utf8)) as? [String: Any])
+        let problems = try #require(object["problems"] as? [String])
+        #expect(problems.count == 1 && problems[0].contains("symbolic link (to \(target))"), "\(problems)")
+        #expect(object["ok"] as? Bool == false && json.status == 1)
         let list = try await tokenctl(["--db", link, "list"], scratch)
         #expect(list.status == 1 && list.stderr.contains("symbolic link"), "\(list.stdout) \(list.stderr)")
     }
@@ -109,6 +114,24 @@ struct TokenCtlTests {
         #expect(result.status == 1)
         #expect(result.stderr.contains("no token store at \(path)") || result.stdout.contains("no token store at \(path)"), "\(result.stderr)")
         #expect(!FileManager.default.fileExists(atPath: scratch.file("absent")))
+    }
+
+    @Test("a store another user owns: every command refuses it, and check says who owns it and lists its mode",
+          .enabled(if: geteuid() == 0, "only root can give a file to another user"))
+    func foreignStore() async throws {
+        let scratch = Scratch()
+        let (path, _) = try await seededStore(scratch)
+        #expect(chown(path, 65534, 65534) == 0)
+        for arguments in [["list"], ["purge", "--expired"], ["migrate"]] {
+            let result = try await tokenctl(["--db", path] + arguments, scratch)
+            #expect(result.status == 1 && result.stderr.contains("belongs to uid 65534"), "\(arguments): \(result.stderr)")
+        }
+        let check = try await tokenctl(["--db", path, "check", "--json"], scratch)
+        #expect(check.status == 1)
+        let object = try #require(try JSONSerialization.jsonObject(with: Data(check.stdout.utf8)) as? [String: Any])
+        let problems = try #require(object["problems"] as? [String])
+        #expect(problems.count == 1 && problems[0].contains("belongs to uid 65534"), "\(problems)")
+        #expect(object["modes"] as? [String: String] == ["tokens.sqlite": "600"])
     }
 
     @Test("list: an aligned table by default, and JSON with the contract's fields; filters work")

@@ -42,10 +42,13 @@ struct Show: AsyncParsableCommand {
     @Flag(help: "Also print the raw token. The only command that does.") var reveal = false
     @Flag(help: "Print JSON.") var json = false
 
+    func validate() throws {
+        _ = try validatedKey(kind, id)
+    }
+
     func run() async throws {
         try await reportingFailures {
-            let key: TokenKey
-            do throws(InvalidTokenKey) { key = try TokenKey(kind: kind, subjectID: id) } catch { throw ValidationError(error.description) }
+            let key = try validatedKey(kind, id)
             let repository = try store.open(.readOnly)
             defer { repository.close() }
             guard let entry = try await repository.entry(for: key) else {
@@ -107,9 +110,9 @@ struct Purge: AsyncParsableCommand {
         let selectors = [vehicle != nil, trip != nil, kind != nil, expired, all].filter { $0 }.count
         if selectors == 0 { throw ValidationError("choose what to purge: --vehicle ID, --trip ID, --kind KIND, --expired or --all") }
         if selectors > 1 { throw ValidationError("give exactly one of --vehicle, --trip, --kind, --expired, --all") }
-        for (flag, id) in [("--vehicle", vehicle), ("--trip", trip)] {
-            if let id, id.isEmpty { throw ValidationError("\(flag) needs a non-empty id") }
-        }
+        // The ids `show` and the library accept, no others.
+        if let vehicle { _ = try validatedKey(.vehicle, vehicle, flag: "--vehicle") }
+        if let trip { _ = try validatedKey(.trip, trip, flag: "--trip") }
     }
 
     var filter: TokenFilter {

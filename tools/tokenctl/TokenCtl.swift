@@ -53,6 +53,16 @@ struct Failure: Error, CustomStringConvertible {
 
 extension TokenKind: ExpressibleByArgument {}
 
+/// The library's key for an id given on the command line, or a usage error (exit 64) saying
+/// what is wrong with it, prefixed by `flag` when the id came from one.
+func validatedKey(_ kind: TokenKind, _ id: String, flag: String? = nil) throws(ValidationError) -> TokenKey {
+    do throws(InvalidTokenKey) {
+        return try TokenKey(kind: kind, subjectID: id)
+    } catch {
+        throw ValidationError((flag.map { "\($0): " } ?? "") + error.description)
+    }
+}
+
 /// Runs `body`, reporting a ``Failure`` or store error as "tokenctl: message" with exit code 1.
 func reportingFailures(_ body: () async throws -> Void) async throws {
     do {

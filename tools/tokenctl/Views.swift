@@ -76,6 +76,11 @@ struct StoreCheck {
         var problems: [String] = []
         report.json["store"] = path
         report.json["build_schema_version"] = SQLiteTokenRepository.buildSchemaVersion
+        // The files judged by the rules every open applies (links, owner, modes), so check and
+        // the library never disagree; a refusal among them is also what opening reports.
+        let files = SQLiteTokenRepository.inspectFiles(at: path)
+        let fileProblems = files.problems.map(\.description)
+        problems += fileProblems
         do {
             let repository = try options.open(.readOnly)
             defer { repository.close() }
@@ -89,19 +94,12 @@ struct StoreCheck {
             report.lines.append("integrity       \(integrity.isEmpty ? "ok" : "FAILED")")
             report.lines.append("schema version  \(version) (this build: \(SQLiteTokenRepository.buildSchemaVersion))")
         } catch let failure as Failure {
-            problems.append(failure.description)
+            if !fileProblems.contains(failure.description) { problems.append(failure.description) }
         } catch {
             problems.append(String(describing: error))
         }
-        var modes: [String: String] = [:]
-        for file in [path, path + "-wal", path + "-shm"] {
-            guard let attributes = try? FileManager.default.attributesOfItem(atPath: file),
-                  let mode = attributes[.posixPermissions] as? Int else { continue }
-            modes[(file as NSString).lastPathComponent] = String(mode, radix: 8)
-            if mode & 0o077 != 0 {
-                problems.append("\(file) has mode \(String(mode, radix: 8)); tokens are secrets: chmod 600 it (the agent tightens it on start)")
-            }
-        }
+        let modes = Dictionary(files.files.map { (($0.path as NSString).lastPathComponent, String($0.mode, radix: 8)) },
+                               uniquingKeysWith: { first, _ in first })
         report.json["modes"] = modes
         report.lines.append("file modes      " + modes.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " "))
         report.json["problems"] = problems
