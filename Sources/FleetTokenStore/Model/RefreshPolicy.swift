@@ -38,8 +38,15 @@ public struct RefreshPolicy: Sendable, Equatable {
     public var clockSkewThreshold: TimeInterval = 60
     /// How long a cross-process refresh lease lasts before others may take over. Default 30 s.
     public var leaseDuration: TimeInterval = 30
-    /// Accept tokens that are not JWTs (the provider must then state the expiry). Default false.
+    /// Accept tokens that are not JWTs (the provider must then state the expiry), and JWTs
+    /// without `iat` or the `authorization` claim (their lifetime or subject is then not
+    /// checked). Default false.
     public var allowOpaqueTokens: Bool = false
+    /// Rows of subjects this engine neither tracks nor holds, whose token expired (and whose
+    /// last failure happened) longer ago than this, are deleted while ``TokenSyncEngine/run()``
+    /// runs, so finished trips do not grow the store without bound. 0 keeps everything.
+    /// Default 24 h.
+    public var retention: TimeInterval = 86_400
 
     /// The default policy.
     public init() {}

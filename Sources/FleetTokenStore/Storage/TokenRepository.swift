@@ -42,9 +42,22 @@ public protocol TokenRepository: Sendable {
     /// - Throws: ``TokenStoreError``.
     func list(_ filter: TokenFilter, page: TokenPage) async throws(TokenStoreError) -> [TokenEntry]
 
-    /// Deletes every entry matching `filter` in one transaction and returns how many went.
+    /// Removes what `scope` names from every entry matching `filter`, in one transaction, and
+    /// returns how many entries lost a token (with ``PurgeScope/tokens``) or went entirely
+    /// (with ``PurgeScope/tokensAndFailureState``).
     /// - Throws: ``TokenStoreError``; on failure nothing was deleted.
-    func purge(_ filter: TokenFilter) async throws(TokenStoreError) -> Int
+    func purge(_ filter: TokenFilter, scope: PurgeScope) async throws(TokenStoreError) -> Int
+
+    /// Keys whose entries have been dead since before `cutoff` (a token that expired before
+    /// it, or none, and no failure after it), in (kind, subject id) order after `after`, at
+    /// most `limit`. The retention sweep's candidates.
+    /// - Throws: ``TokenStoreError``.
+    func retiredKeys(before cutoff: Date, after: TokenKey?, limit: Int) async throws(TokenStoreError) -> [TokenKey]
+
+    /// Deletes the entries of `keys` that are still dead since before `cutoff`, in one
+    /// transaction; returns how many went.
+    /// - Throws: ``TokenStoreError``; on failure nothing was deleted.
+    func deleteRetired(_ keys: [TokenKey], before cutoff: Date) async throws(TokenStoreError) -> Int
 
     /// Deletes tokens that expired before `date`, keeping entries that only hold failure state
     /// younger than that. Returns how many entries went.
@@ -67,6 +80,25 @@ public protocol TokenRepository: Sendable {
     /// file, delivered within about a second of their commit. The stream ends when the
     /// repository closes.
     func changes() -> AsyncStream<TokenStoreChange>
+}
+
+extension TokenRepository {
+    /// Removes the tokens of every entry matching `filter`, keeping failure state (see
+    /// ``PurgeScope/tokens``); returns how many entries lost a token.
+    /// - Throws: ``TokenStoreError``; on failure nothing was deleted.
+    public func purge(_ filter: TokenFilter) async throws(TokenStoreError) -> Int {
+        try await purge(filter, scope: .tokens)
+    }
+}
+
+/// What a purge removes from the entries it matches.
+public enum PurgeScope: Sendable, Equatable {
+    /// Tokens only. An entry's refresh-failure state (its backoff) survives, so a purge during
+    /// a provider outage does not make every failing key retry at once; an entry without
+    /// failure state goes entirely. The default.
+    case tokens
+    /// Tokens and failure state: matching entries go entirely, and their backoff with them.
+    case tokensAndFailureState
 }
 
 /// Which entries a list or purge applies to. Conditions combine with AND; the empty filter

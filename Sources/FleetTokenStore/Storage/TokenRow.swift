@@ -28,6 +28,15 @@ enum TokenRow {
         return condition
     }
 
+    /// Entries dead since before `cutoff`: no token, or one that expired before it, and no
+    /// failure after it (a key still being retried is someone's).
+    static func retiredCondition(before cutoff: Date) -> Condition {
+        var condition = Condition()
+        condition.append("coalesce(expires_at, 0) < ?", [cutoff.timeIntervalSince1970])
+        condition.append("(failure_count = 0 OR coalesce(last_failure_at, 0) < ?)", [cutoff.timeIntervalSince1970])
+        return condition
+    }
+
     /// The status rule of ``TokenStatus/init(token:failure:at:policy:)`` in SQL, for counting
     /// without reading tokens. Parameters: now, soft-point fraction. A test keeps the two equal.
     static let statusSQL = """

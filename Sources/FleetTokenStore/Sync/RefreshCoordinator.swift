@@ -16,9 +16,14 @@ actor RefreshCoordinator {
     }
 
     private enum LeaseDecision {
+        /// This process holds the lease (or the store could not be asked): fetch.
         case proceed
+        /// Another process's fresher token is here.
         case adopted(StoredToken)
+        /// Another process's fetch failed and its backoff runs.
         case failedElsewhere(TokenProviderError, Date)
+        /// Another live process is fetching, with a lease until this (local) time.
+        case heldElsewhere(until: Date)
     }
 
     /// Longest `Retry-After` honoured, so a hostile or broken header cannot stop refreshes for days.
@@ -27,6 +32,13 @@ actor RefreshCoordinator {
     static let maximumSleep: TimeInterval = 30
     /// Delay between attempts to write results after the store failed.
     static let storeRetryDelay: TimeInterval = 2
+    /// Longest wait on another process's lease between checks that its holder is alive and
+    /// the lease not given up without a result (which leave no trace in the change feed).
+    static let leaseCheckInterval: TimeInterval = 1
+    /// Rows deleted per transaction by the retention sweep, so readers and writers never wait long.
+    static let retentionBatch = 500
+    /// Time between retention sweeps (or the retention itself, when shorter).
+    static let retentionSweepInterval: TimeInterval = 3600
 
     nonisolated let events = EventBroadcaster()
     private let repository: any TokenRepository
@@ -35,6 +47,8 @@ actor RefreshCoordinator {
     private let validator: TokenValidator
     private let logger: Logger
     private let clock: any Clock<Duration>
+    /// Elapsed time on `clock`, to tell a stepped wall clock from time passing.
+    private let elapsed: @Sendable () -> Duration
     private let now: @Sendable () -> Date
     private let random: @Sendable () -> Double
     private let metrics: SyncMetrics
@@ -46,7 +60,8 @@ actor RefreshCoordinator {
     private var tracked: Set<TokenKey> = []
     private var queue = DeadlineQueue()
     private var activeFetches = 0
-    private var fetchWaiters: [CheckedContinuation<Void, Never>] = []
+    /// Flights queued for a fetch slot, oldest first.
+    private var fetchWaiters: [(key: TokenKey, continuation: CheckedContinuation<Bool, Never>)] = []
     private var backgroundFlights = 0
     private var wakeRequested = false
     private nonisolated let sleeper = Mutex<Task<Void, Never>?>(nil)
@@ -55,6 +70,7 @@ actor RefreshCoordinator {
     private var leasedKeys: Set<TokenKey> = []
     private var storeDegraded = false
     private var shuttingDown = false
+    private var clockOffset: ProviderClockOffset
 
     init(repository: any TokenRepository, fetcher: any TokenFetcher, policy: RefreshPolicy, logger: Logger,
          clock: any Clock<Duration>, now: @escaping @Sendable () -> Date, random: @escaping @Sendable () -> Double,
@@ -65,7 +81,9 @@ actor RefreshCoordinator {
         self.validator = TokenValidator(policy: policy)
         self.logger = logger
         self.clock = clock
+        self.elapsed = Self.elapsedReader(clock)
         self.now = now
+        self.clockOffset = ProviderClockOffset(threshold: policy.clockSkewThreshold)
         self.random = random
         self.metrics = metrics
         self.memory = memory
@@ -168,36 +186,43 @@ actor RefreshCoordinator {
             scheduleNextRefresh(key)
             return .failed(.provider(entry?.lastError ?? Self.persistedError(failure)), nextAttemptAt: failure.nextAttemptAt)
         }
-        switch await takeLease(key) {
-        case .adopted(let token):
-            return .token(token)
-        case .failedElsewhere(let error, let next):
-            return .failed(.provider(error), nextAttemptAt: next)
-        case .proceed:
-            break
+        // Any token fresher than this one ends the flight: whoever fetched it, this process's
+        // change follower or the lease wait below may install it first.
+        let startedFrom = entry?.token
+        while true {
+            if shuttingDown || Task.isCancelled { return .failed(.shuttingDown, nextAttemptAt: nil) }
+            if let token = fresherHeld(key, than: startedFrom) { return .token(token) }
+            // The fetch slot before the lease: a lease must not age while its key queues.
+            guard await acquireFetchSlot(for: key) else { continue } // a fresher token came meanwhile
+            switch await takeLease(key, startedFrom: startedFrom) {
+            case .adopted(let token):
+                releaseFetchSlot()
+                return .token(token)
+            case .failedElsewhere(let error, let next):
+                releaseFetchSlot()
+                return .failed(.provider(error), nextAttemptAt: next)
+            case .heldElsewhere(let until):
+                releaseFetchSlot()
+                if let decision = await waitForHolder(key, until: until, startedFrom: startedFrom) {
+                    if case .adopted(let token) = decision { return .token(token) }
+                    if case .failedElsewhere(let error, let next) = decision { return .failed(.provider(error), nextAttemptAt: next) }
+                }
+            case .proceed:
+                // What we hold now, not before the lease wait: another process may have stored a newer token.
+                return await fetch(key, previous: memory.entry(key)?.token, demand: demand)
+            }
         }
-        if shuttingDown || Task.isCancelled {
-            await releaseLease(key)
-            return .failed(.shuttingDown, nextAttemptAt: nil)
-        }
-        // What we hold now, not before the lease wait: another process may have stored a newer token.
-        return await fetch(key, previous: memory.entry(key)?.token, demand: demand)
     }
 
+    /// Fetches `key` holding a fetch slot (released here) and, normally, its lease.
     private func fetch(_ key: TokenKey, previous: StoredToken?, demand: Bool) async -> Outcome {
-        await acquireFetchSlot()
         if shuttingDown || Task.isCancelled {
             releaseFetchSlot()
             await releaseLease(key)
             return .failed(.shuttingDown, nextAttemptAt: nil)
         }
         let started = ContinuousClock.now
-        let result: Result<FetchedToken, TokenProviderError>
-        do {
-            result = .success(try await fetcher.fetchToken(for: key))
-        } catch {
-            result = .failure(error)
-        }
+        let result = await fetchRenewingLease(key)
         releaseFetchSlot()
         metrics.fetchLatency.recordNanoseconds(Int64((ContinuousClock.now - started) / .nanoseconds(1)))
         if Task.isCancelled || shuttingDown {
@@ -208,7 +233,7 @@ actor RefreshCoordinator {
         case .failure(let error):
             return await recordFailure(key, error)
         case .success(let fetched):
-            updateClockOffset(fetched)
+            learnClockOffset(from: fetched)
             let nowC = correctedNow
             do throws(TokenValidationError) {
                 var token = try validator.validate(fetched, for: key, now: nowC)
@@ -273,50 +298,89 @@ actor RefreshCoordinator {
 
     // MARK: - Cross-process single flight
 
-    private func takeLease(_ key: TokenKey) async -> LeaseDecision {
-        for _ in 0..<3 {
-            let outcome: RefreshLease
-            do {
-                outcome = try await repository.acquireRefreshLease(for: key, holder: holder, now: now(),
-                                                                  duration: policy.leaseDuration)
-            } catch {
-                logger.warning("could not take the refresh lease; fetching without it", metadata: [
-                    "key": .string(key.description), "error": .string(error.description),
-                ])
-                return .proceed
-            }
-            switch outcome {
-            case .acquired(let current):
-                leasedKeys.insert(key)
-                if let decision = adoptFromStore(key, current) {
-                    await releaseLease(key)
-                    return decision
-                }
-                return .proceed
-            case .heldElsewhere(let other, let until, _):
-                logger.debug("another process is refreshing this key; waiting for its result", metadata: [
-                    "key": .string(key.description), "holder": .string(other),
-                ])
-                let deadline = min(until, now().addingTimeInterval(policy.leaseDuration))
-                while now() < deadline, !Task.isCancelled {
-                    try? await Task.sleep(for: .milliseconds(50))
-                    guard let current = try? await repository.entry(for: key) else { continue }
-                    if let decision = adoptFromStore(key, current) { return decision }
-                }
-            }
+    /// One attempt at `key`'s lease, adopting what another process stored meanwhile.
+    private func takeLease(_ key: TokenKey, startedFrom: StoredToken?) async -> LeaseDecision {
+        let outcome: RefreshLease
+        do {
+            outcome = try await repository.acquireRefreshLease(for: key, holder: holder, now: now(),
+                                                              duration: policy.leaseDuration)
+        } catch {
+            logger.warning("could not take the refresh lease; fetching without it", metadata: [
+                "key": .string(key.description), "error": .string(error.description),
+            ])
+            return .proceed
         }
-        return .proceed
+        switch outcome {
+        case .acquired(let current):
+            leasedKeys.insert(key)
+            if let decision = adoptFromStore(key, current, startedFrom: startedFrom) {
+                await releaseLease(key)
+                return decision
+            }
+            return .proceed
+        case .heldElsewhere(let other, let until, let current):
+            if let decision = adoptFromStore(key, current, startedFrom: startedFrom) { return decision }
+            logger.debug("another process is refreshing this key; waiting for its result", metadata: [
+                "key": .string(key.description), "holder": .string(other),
+            ])
+            return .heldElsewhere(until: until)
+        }
     }
 
-    /// Takes what another process stored for `key` when it is newer than what we hold: a fresh
-    /// token, or a failure whose backoff is still running.
-    private func adoptFromStore(_ key: TokenKey, _ stored: TokenEntry?) -> LeaseDecision? {
+    /// Waits for another process's fetch of `key`: returns its result as soon as the change feed
+    /// shows it; nil when the lease should be tried again (a check interval passed, or the lease
+    /// ran out), which also finds a holder that died or gave up without a result.
+    private func waitForHolder(_ key: TokenKey, until: Date, startedFrom: StoredToken?) async -> LeaseDecision? {
+        let clock = self.clock
+        while !shuttingDown && !Task.isCancelled {
+            let limit = min(Self.leaseCheckInterval, until.timeIntervalSince(now()))
+            guard limit > 0 else { return nil }
+            // A stream per round: cancelling its reader below ends it.
+            let changes = repository.changes()
+            let changed = await withTaskGroup(of: Bool.self) { group in
+                group.addTask {
+                    for await change in changes {
+                        switch change {
+                        case .upserted(let changedKey), .removed(let changedKey): if changedKey == key { return true }
+                        case .unknown: return true
+                        }
+                    }
+                    return false
+                }
+                group.addTask {
+                    try? await clock.sleep(for: .milliseconds(Int64((limit * 1000).rounded(.up))))
+                    return false
+                }
+                let first = await group.next() ?? false
+                group.cancelAll()
+                return first
+            }
+            if let token = fresherHeld(key, than: startedFrom) { return .adopted(token) }
+            guard changed else { return nil }
+            if let stored = try? await repository.entry(for: key),
+               let decision = adoptFromStore(key, stored, startedFrom: startedFrom) {
+                return decision
+            }
+        }
+        return nil
+    }
+
+    /// The token held for `key` when it is fresher than `startedFrom` and before its soft point.
+    private func fresherHeld(_ key: TokenKey, than startedFrom: StoredToken?) -> StoredToken? {
+        guard let entry = memory.entry(key), let token = entry.token, entry.softPoint > correctedNow,
+              token.expiresAt > (startedFrom?.expiresAt ?? .distantPast) else { return nil }
+        return token
+    }
+
+    /// Takes what another process stored for `key` when it is fresher than the token the flight
+    /// started from: a token (adopted unless memory already holds it or a newer one), or a
+    /// failure whose backoff is still running.
+    private func adoptFromStore(_ key: TokenKey, _ stored: TokenEntry?, startedFrom: StoredToken?) -> LeaseDecision? {
         let held = memory.entry(key)
-        let nowC = correctedNow
-        if let token = stored?.token, nowC < token.expiresAt.addingTimeInterval(-policy.floor(of: token)),
-           adoptIfNewer(token, failure: stored?.failure),
-           let entry = memory.entry(key), nowC < entry.softPoint {
-            return .adopted(token)
+        if let token = stored?.token, token.expiresAt > (startedFrom?.expiresAt ?? .distantPast),
+           correctedNow < token.expiresAt.addingTimeInterval(-policy.floor(of: token)) {
+            adoptIfNewer(token, failure: stored?.failure)
+            if let fresher = fresherHeld(key, than: startedFrom) { return .adopted(fresher) }
         }
         if let failure = stored?.failure, failure.isBackingOff(at: now()),
            failure.lastFailureAt > (held?.failure?.lastFailureAt ?? .distantPast) {
@@ -328,6 +392,50 @@ actor RefreshCoordinator {
         return nil
     }
 
+    /// Fetches `key`, renewing its lease while the request runs (a slow provider must not let
+    /// the lease lapse and another process fetch the same key).
+    private func fetchRenewingLease(_ key: TokenKey) async -> Result<FetchedToken, TokenProviderError> {
+        let fetcher = self.fetcher
+        let fetch: @Sendable () async -> Result<FetchedToken, TokenProviderError> = {
+            do throws(TokenProviderError) { return .success(try await fetcher.fetchToken(for: key)) } catch { return .failure(error) }
+        }
+        guard leasedKeys.contains(key) else { return await fetch() }
+        return await withTaskGroup(of: Result<FetchedToken, TokenProviderError>?.self) { group in
+            group.addTask { await fetch() }
+            group.addTask { await self.renewLease(key); return nil }
+            var result: Result<FetchedToken, TokenProviderError> = .failure(.other(detail: "cancelled"))
+            while let next = await group.next() {
+                if let next {
+                    result = next
+                    break
+                }
+            }
+            group.cancelAll()
+            return result
+        }
+    }
+
+    /// Extends `key`'s lease every third of its duration until cancelled or lost.
+    private func renewLease(_ key: TokenKey) async {
+        let interval = Duration.milliseconds(Int64(max(policy.leaseDuration / 3, 0.01) * 1000))
+        while !Task.isCancelled {
+            do { try await clock.sleep(for: interval) } catch { return }
+            do {
+                if case .heldElsewhere(let other, _, _) = try await repository.acquireRefreshLease(
+                    for: key, holder: holder, now: now(), duration: policy.leaseDuration) {
+                    logger.warning("another process took over the refresh lease while this fetch ran", metadata: [
+                        "key": .string(key.description), "holder": .string(other),
+                    ])
+                    return
+                }
+            } catch {
+                logger.debug("could not renew the refresh lease; will retry", metadata: [
+                    "key": .string(key.description), "error": .string(error.description),
+                ])
+            }
+        }
+    }
+
     /// Installs a token another process stored when it is newer than ours (a slow writer's
     /// older token must not replace it), and reports and reschedules the key. Returns whether
     /// it was adopted.
@@ -336,6 +444,7 @@ actor RefreshCoordinator {
         let mine = memory.entry(token.key)?.token
         guard token.value != mine?.value, token.expiresAt > (mine?.expiresAt ?? .distantPast) else { return false }
         memory.install(token, source: .otherProcess, failure: failure)
+        endSlotWait(for: token.key)
         logger.info("adopted a token another process stored", metadata: [
             "key": .string(token.key.description), "fingerprint": .string(token.fingerprint.description),
         ])
@@ -351,20 +460,29 @@ actor RefreshCoordinator {
 
     // MARK: - Fetch concurrency bound
 
-    private func acquireFetchSlot() async {
+    /// Waits for one of ``RefreshPolicy/maxConcurrentFetches`` slots: true with a slot; false,
+    /// without one, when a fresher token for `key` arrived while it queued.
+    private func acquireFetchSlot(for key: TokenKey) async -> Bool {
         if activeFetches < max(1, policy.maxConcurrentFetches) {
             activeFetches += 1
-            return
+            return true
         }
-        await withCheckedContinuation { fetchWaiters.append($0) }
+        return await withCheckedContinuation { fetchWaiters.append((key, $0)) }
     }
 
     private func releaseFetchSlot() {
         if fetchWaiters.isEmpty {
             activeFetches -= 1
         } else {
-            fetchWaiters.removeFirst().resume() // the slot passes straight to the next waiter
+            fetchWaiters.removeFirst().continuation.resume(returning: true) // the slot passes straight on
         }
+    }
+
+    /// Ends the slot wait of `key`'s flight, whose caller can have the token just installed:
+    /// a caller must not queue behind other keys' fetches for a token already here.
+    private func endSlotWait(for key: TokenKey) {
+        guard let index = fetchWaiters.firstIndex(where: { $0.key == key }) else { return }
+        fetchWaiters.remove(at: index).continuation.resume(returning: false)
     }
 
     // MARK: - Persistence (group commit)
@@ -486,18 +604,21 @@ actor RefreshCoordinator {
     /// an earlier deadline or a finished refresh. Also follows other processes' store changes.
     func runUntilCancelled() async {
         let watcher = Task { await self.followStoreChanges() }
-        defer { watcher.cancel() }
+        let sweeper = Task { await self.sweepRetiredRowsPeriodically() }
+        defer {
+            watcher.cancel()
+            sweeper.cancel()
+        }
         var lastWall = now()
+        var lastElapsed = elapsed()
         while !Task.isCancelled && !shuttingDown {
             let wall = now()
-            if wall < lastWall.addingTimeInterval(-RefreshFailureState.clockStepTolerance) {
-                // The wall clock was stepped back: queued retries were computed on the old
-                // clock and would wait the size of the step on top of their backoff.
-                for key in memory.keys where memory.entry(key)?.failure != nil && queue.deadline(of: key) != nil {
-                    scheduleNextRefresh(key)
-                }
-            }
+            let sinceLast = elapsed()
+            // The wall clock moved more or less than time passed: it was stepped (NTP, an operator).
+            let step = wall.timeIntervalSince(lastWall) - Self.seconds(sinceLast - lastElapsed)
+            if abs(step) > RefreshFailureState.clockStepTolerance { wallClockStepped(by: step) }
             lastWall = wall
+            lastElapsed = sinceLast
             let nowC = correctedNow
             let slots = max(0, policy.maxConcurrentFetches - backgroundFlights)
             for key in queue.popDue(at: nowC, limit: slots) {
@@ -522,6 +643,10 @@ actor RefreshCoordinator {
             if delay <= 0 { continue }
             await sleep(seconds: delay)
         }
+    }
+
+    private static func seconds(_ duration: Duration) -> TimeInterval {
+        Double(duration.components.seconds) + Double(duration.components.attoseconds) / 1e18
     }
 
     private func sleep(seconds: TimeInterval) async {
@@ -568,42 +693,104 @@ actor RefreshCoordinator {
             if let token = stored[key]?.token {
                 adoptIfNewer(token, failure: stored[key]?.failure)
             } else if mine != nil, pendingWrites[key] == nil {
-                memory.installEmpty(key, failure: nil)
+                // A purge removes tokens, not the backoff: a row left with failure state keeps
+                // it here too (the newer of the stored and the held one). A deleted row was
+                // purged with its failure state, on purpose.
+                let failure = stored[key].map { Self.newer($0.failure, memory.entry(key)?.failure) } ?? nil
+                memory.installEmpty(key, failure: failure)
                 logger.notice("another process removed a token; it will be fetched again when needed", metadata: [
                     "key": .string(key.description),
                 ])
                 events.emit(.removedExternally(key: key))
-                if wantsProactiveRefresh(key) { schedule(key, at: correctedNow) }
+                if wantsProactiveRefresh(key) { scheduleNextRefresh(key) }
             }
         }
     }
 
+    static func newer(_ a: RefreshFailureState?, _ b: RefreshFailureState?) -> RefreshFailureState? {
+        guard let a, let b else { return a ?? b }
+        return a.lastFailureAt >= b.lastFailureAt ? a : b
+    }
+
     // MARK: - Clock skew
 
-    /// Estimates the provider's clock offset from its `Date` header, or from an `iat` in our
-    /// future (an old `iat` proves nothing: providers cache tokens). Applied only beyond the
-    /// threshold, and logged when it starts or stops applying.
-    private func updateClockOffset(_ fetched: FetchedToken) {
-        let local = now()
-        var estimate: TimeInterval?
-        if let providerDate = fetched.providerDate {
-            estimate = providerDate.timeIntervalSince(local)
-        } else if let issued = (try? JWTClaims.decode(fetched.value))?.issuedAt,
-                  issued.timeIntervalSince(local) > policy.clockSkewThreshold {
-            estimate = issued.timeIntervalSince(local)
+    /// Re-estimates the provider's clock offset from a successful answer (see
+    /// ``ProviderClockOffset``), logging when a correction starts or stops applying.
+    private func learnClockOffset(from fetched: FetchedToken) {
+        let issuedAt = fetched.providerDate == nil ? (try? JWTClaims.decode(fetched.value))?.issuedAt : nil
+        let previous = clockOffset.applied
+        clockOffset.learn(providerDate: fetched.providerDate, issuedAt: issuedAt, localNow: now())
+        applyClockOffset(previous: previous)
+    }
+
+    /// Our wall clock was stepped by `step` seconds (positive: forward) relative to elapsed time.
+    private func wallClockStepped(by step: TimeInterval) {
+        let previous = clockOffset.applied
+        clockOffset.wallClockStepped(by: step)
+        logger.notice("the wall clock was stepped; expiry is judged against the corrected time", metadata: [
+            "step_seconds": .stringConvertible(Int(step.rounded())),
+            "offset_seconds": .stringConvertible(Int(clockOffset.applied.rounded())),
+        ])
+        applyClockOffset(previous: previous)
+        // Deadlines are kept in corrected time; retries in local time, which the step moved.
+        for key in memory.keys where queue.deadline(of: key) != nil {
+            scheduleNextRefresh(key)
         }
-        guard let estimate else { return }
-        let applied = abs(estimate) > policy.clockSkewThreshold ? estimate : 0
-        let previous = memory.state.withLock { state in
-            defer { state.clockOffset = applied }
-            return state.clockOffset
-        }
+    }
+
+    private func applyClockOffset(previous: TimeInterval) {
+        let applied = clockOffset.applied
+        memory.state.withLock { $0.clockOffset = applied }
         if applied != 0 && previous == 0 {
             logger.warning("the token provider's clock differs from ours; judging expiry by the provider's time", metadata: [
                 "offset_seconds": .stringConvertible(Int(applied)),
             ])
         } else if applied == 0 && previous != 0 {
             logger.notice("the token provider's clock agrees with ours again")
+        }
+    }
+
+    private static func elapsedReader<C: Clock>(_ clock: C) -> @Sendable () -> Duration where C.Duration == Duration {
+        let origin = clock.now
+        return { origin.duration(to: clock.now) }
+    }
+
+    // MARK: - Retention
+
+    /// Deletes, every ``retentionSweepInterval`` (or ``RefreshPolicy/retention`` when shorter),
+    /// the rows of keys nobody here tracks or holds that have been dead for the retention
+    /// period, in batches of ``retentionBatch``.
+    private func sweepRetiredRowsPeriodically() async {
+        guard policy.retention > 0 else { return }
+        let interval = Duration.milliseconds(Int64(min(Self.retentionSweepInterval, policy.retention) * 1000))
+        while !Task.isCancelled && !shuttingDown {
+            do { try await clock.sleep(for: interval) } catch { return }
+            await sweepRetiredRows()
+        }
+    }
+
+    func sweepRetiredRows() async {
+        let cutoff = now().addingTimeInterval(-policy.retention)
+        var after: TokenKey?
+        var deleted = 0
+        do {
+            while !Task.isCancelled && !shuttingDown {
+                let candidates = try await repository.retiredKeys(before: cutoff, after: after, limit: Self.retentionBatch)
+                after = candidates.last
+                let unused = candidates.filter {
+                    !tracked.contains($0) && memory.entry($0) == nil && inFlight[$0] == nil && pendingWrites[$0] == nil
+                }
+                if !unused.isEmpty { deleted += try await repository.deleteRetired(unused, before: cutoff) }
+                if candidates.count < Self.retentionBatch { break }
+                await Task.yield()
+            }
+        } catch {
+            logger.warning("could not delete the rows of finished subjects; will retry", metadata: ["error": .string(error.description)])
+        }
+        if deleted > 0 {
+            logger.info("deleted the rows of subjects unused past the retention period", metadata: [
+                "rows": .stringConvertible(deleted), "retention_seconds": .stringConvertible(Int(policy.retention)),
+            ])
         }
     }
 

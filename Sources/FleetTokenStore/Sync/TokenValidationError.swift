@@ -20,6 +20,12 @@ public enum TokenValidationError: Error, Sendable, Equatable, CustomStringConver
     case opaqueNotAllowed
     /// The provider returned a token that expires no later than the one already held.
     case noProgress(expiresAt: Date)
+    /// A JWT without `iat` (absent or null): its lifetime cannot be checked, and refreshing
+    /// by it could wait for weeks. Allowed only with ``RefreshPolicy/allowOpaqueTokens``.
+    case missingIssuedAt
+    /// A JWT without the private `authorization` claim that names what Fleet Engine lets it act
+    /// on (`claim`, e.g. `vehicleid`). Allowed only with ``RefreshPolicy/allowOpaqueTokens``.
+    case missingAuthorization(claim: String)
 
     /// A short, stable name for logs, metrics and the store.
     public var kind: String {
@@ -33,6 +39,8 @@ public enum TokenValidationError: Error, Sendable, Equatable, CustomStringConver
         case .subjectMismatch: "subjectMismatch"
         case .opaqueNotAllowed: "opaqueNotAllowed"
         case .noProgress: "noProgress"
+        case .missingIssuedAt: "missingIssuedAt"
+        case .missingAuthorization: "missingAuthorization"
         }
     }
 
@@ -50,6 +58,10 @@ public enum TokenValidationError: Error, Sendable, Equatable, CustomStringConver
             "its authorization.\(claim) is \"\(found)\", not the requested \"\(expected)\""
         case .opaqueNotAllowed: "it is not a JWT and opaque tokens are not enabled"
         case .noProgress(let at): "it expires no later than the token already held (\(at.formatted(.iso8601))): the provider is caching"
+        case .missingIssuedAt:
+            "the JWT has no iat claim, so its lifetime cannot be checked: fix the provider, or allow opaque tokens to accept it"
+        case .missingAuthorization(let claim):
+            "the JWT has no authorization claim (expected authorization.\(claim)): fix the provider, or allow opaque tokens to accept it"
         }
     }
 }

@@ -3,11 +3,12 @@ public import Foundation
 /// Checks every fetched token, whatever the transport, before it can be stored or handed out.
 ///
 /// A JWT must have three base64url segments and a JSON payload; its expiry is the earlier of
-/// the provider's stated expiry and `exp`; `exp` may be at most ``RefreshPolicy/maximumLifetime``
-/// (plus tolerance) after `iat`; it must leave more than the floor of life; and when the payload
-/// has an `authorization` claim, the member for the key's kind must name the requested subject
-/// or be `*`. Opaque tokens pass only when ``RefreshPolicy/allowOpaqueTokens`` is set and the
-/// provider stated an expiry.
+/// the provider's stated expiry and `exp`; it must carry `iat`, and `exp` may be at most
+/// ``RefreshPolicy/maximumLifetime`` (plus tolerance) after it; it must leave more than the floor
+/// of life; and it must carry the `authorization` claim, whose member for the key's kind names
+/// the requested subject or is `*`. With ``RefreshPolicy/allowOpaqueTokens`` a JWT may lack
+/// `iat` or `authorization` (the checks that need them are skipped), and a token that is not a
+/// JWT passes when the provider stated an expiry.
 public struct TokenValidator: Sendable {
     /// The rules applied.
     public let policy: RefreshPolicy
@@ -28,6 +29,7 @@ public struct TokenValidator: Sendable {
             let claims = try JWTClaims.decode(value)
             issuedAt = claims.issuedAt
             if let exp = claims.expiresAt { expiry = min(expiry ?? exp, exp) }
+            if issuedAt == nil && !policy.allowOpaqueTokens { throw .missingIssuedAt }
             try checkSubject(claims.authorization, key: key)
         } else {
             guard policy.allowOpaqueTokens else { throw .opaqueNotAllowed }
@@ -50,8 +52,11 @@ public struct TokenValidator: Sendable {
     }
 
     private func checkSubject(_ authorization: [String: String]?, key: TokenKey) throws(TokenValidationError) {
-        guard let authorization else { return }
         let claim = key.kind.authorizationClaim
+        guard let authorization else {
+            if policy.allowOpaqueTokens { return }
+            throw .missingAuthorization(claim: claim)
+        }
         let found = authorization[claim]
         guard found == key.subjectID || found == "*" else {
             throw .subjectMismatch(expected: key.subjectID, claim: claim, found: found ?? "(absent)")

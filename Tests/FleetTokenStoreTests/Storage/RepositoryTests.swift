@@ -97,8 +97,49 @@ struct RepositoryTests {
         #expect(try await store.deleteExpired(before: referenceNow) == 1)
         #expect(try await store.list(.all).map(\.key.subjectID).sorted()
                 == ["t-failing", "t-valid-1", "v-valid-0", "v-valid-1", "v-valid-2"])
-        #expect(try await store.purge(.all) == 5)
+        // A purge removes tokens; failure state (a running backoff) survives unless named too.
+        #expect(try await store.count(.all, scope: .tokens) == 4)
+        #expect(try await store.purge(.all) == 4)
+        #expect(try await store.list(.all).map(\.key.subjectID) == ["t-failing"])
+        #expect(try await store.purge(.all, scope: .tokensAndFailureState) == 1)
         #expect(try await store.list(.all).isEmpty)
+    }
+
+    @Test("purging a failing key's token keeps its backoff; naming the failure state removes it too")
+    func purgeKeepsFailureState() async throws {
+        let store = try openStore(path)
+        defer { store.close() }
+        let key = try TokenKey.vehicle("truck-7")
+        let failure = RefreshFailureState(consecutiveFailures: 3, nextAttemptAt: referenceNow + 240,
+                                          lastErrorKind: "httpStatus", lastFailureAt: referenceNow)
+        try await store.upsert(token(key, expiresIn: -60))
+        try await store.recordFailure(failure, for: key)
+        #expect(try await store.purge(TokenFilter(validity: .expired(asOf: referenceNow))) == 1)
+        let kept = try await store.entry(for: key)
+        #expect(kept?.token == nil)
+        #expect(kept?.failure == failure)
+        #expect(try await store.purge(.key(key), scope: .tokensAndFailureState) == 1)
+        #expect(try await store.entry(for: key) == nil)
+    }
+
+    @Test("retired keys: dead since the cutoff (expired and not failing since), paged in key order; deletion re-checks")
+    func retiredKeys() async throws {
+        let store = try openStore(path)
+        defer { store.close() }
+        let cutoff = referenceNow
+        let old = try (0..<5).map { try TokenKey.trip("old-\($0)") }
+        try await store.upsert(old.map { token($0, expiresIn: -3600) })
+        let fresh = try TokenKey.trip("fresh"), failing = try TokenKey.trip("failing-recently")
+        try await store.upsert([token(fresh, expiresIn: 60), token(failing, expiresIn: -3600)])
+        try await store.recordFailure(RefreshFailureState(consecutiveFailures: 1, nextAttemptAt: cutoff + 30,
+                                                          lastErrorKind: "timeout", lastFailureAt: cutoff + 1), for: failing)
+        let firstPage = try await store.retiredKeys(before: cutoff, after: nil, limit: 3)
+        #expect(firstPage == Array(old.prefix(3)))
+        #expect(try await store.retiredKeys(before: cutoff, after: firstPage.last, limit: 3) == Array(old.suffix(2)))
+        // A key refreshed since it was listed is not deleted.
+        try await store.upsert(token(old[0], expiresIn: 600))
+        #expect(try await store.deleteRetired(old + [fresh, failing], before: cutoff) == 4)
+        #expect(try await store.list(.all).map(\.key).sorted { $0.subjectID < $1.subjectID } == [failing, fresh, old[0]])
     }
 
     @Test("a batch upsert is one transaction: all of it or none of it")

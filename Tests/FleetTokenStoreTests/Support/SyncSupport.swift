@@ -148,7 +148,11 @@ final class CountingRepository: TokenRepository, Sendable {
     func upsert(_ token: StoredToken, clearFailure: Bool) async throws(TokenStoreError) { tick(); try await base.upsert(token, clearFailure: clearFailure) }
     func upsert(_ tokens: [StoredToken], clearFailure: Bool) async throws(TokenStoreError) { tick(); try await base.upsert(tokens, clearFailure: clearFailure) }
     func list(_ filter: TokenFilter, page: TokenPage) async throws(TokenStoreError) -> [TokenEntry] { tick(); return try await base.list(filter, page: page) }
-    func purge(_ filter: TokenFilter) async throws(TokenStoreError) -> Int { tick(); return try await base.purge(filter) }
+    func purge(_ filter: TokenFilter, scope: PurgeScope) async throws(TokenStoreError) -> Int { tick(); return try await base.purge(filter, scope: scope) }
+    func retiredKeys(before cutoff: Date, after: TokenKey?, limit: Int) async throws(TokenStoreError) -> [TokenKey] {
+        tick(); return try await base.retiredKeys(before: cutoff, after: after, limit: limit)
+    }
+    func deleteRetired(_ keys: [TokenKey], before cutoff: Date) async throws(TokenStoreError) -> Int { tick(); return try await base.deleteRetired(keys, before: cutoff) }
     func deleteExpired(before date: Date) async throws(TokenStoreError) -> Int { tick(); return try await base.deleteExpired(before: date) }
     func recordFailure(_ failure: RefreshFailureState, for key: TokenKey) async throws(TokenStoreError) { tick(); try await base.recordFailure(failure, for: key) }
     func clearFailure(for key: TokenKey) async throws(TokenStoreError) { tick(); try await base.clearFailure(for: key) }

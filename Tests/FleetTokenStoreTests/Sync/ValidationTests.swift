@@ -45,8 +45,10 @@ struct ValidationTests {
         #expect(throws: TokenValidationError.subjectMismatch(expected: "truck-7", claim: "tripid", found: "(absent)")) {
             try validate(TestJWT.make(for: key, issuedAt: now), key: try .trip("truck-7"))
         }
-        // No authorization claim at all: nothing to check.
-        _ = try validate(TestJWT.make(for: key, issuedAt: now, includeAuthorization: false))
+        // No authorization claim at all: nothing says what the token may act on, so it is rejected.
+        #expect(throws: TokenValidationError.missingAuthorization(claim: "vehicleid")) {
+            try validate(TestJWT.make(for: key, issuedAt: now, includeAuthorization: false))
+        }
     }
 
     @Test("expired tokens, and tokens with less than the floor left, are rejected")
@@ -67,7 +69,7 @@ struct ValidationTests {
 
     @Test("exp at or before iat is rejected as expired")
     func expBeforeIat() {
-        let payload = #"{"iat":\#(Int(now.timeIntervalSince1970) + 30),"exp":\#(Int(now.timeIntervalSince1970) + 10)}"#
+        let payload = #"{"iat":\#(Int(now.timeIntervalSince1970) + 30),"exp":\#(Int(now.timeIntervalSince1970) + 10),"authorization":{"vehicleid":"truck-7"}}"#
         #expect(throws: TokenValidationError.expired(expiresAt: now + 10)) { try validate(TestJWT.raw(payload: payload)) }
     }
 
@@ -119,7 +121,7 @@ struct ValidationTests {
 
     @Test("no exp and no stated expiry is missingExpiry; a stated one suffices")
     func missingExpiry() throws {
-        let noExp = TestJWT.raw(payload: #"{"iat":\#(Int(now.timeIntervalSince1970))}"#)
+        let noExp = TestJWT.raw(payload: #"{"iat":\#(Int(now.timeIntervalSince1970)),"authorization":{"vehicleid":"truck-7"}}"#)
         #expect(throws: TokenValidationError.missingExpiry) { try validate(noExp) }
         #expect(try validate(noExp, stated: now + 600).expiresAt == now + 600)
     }
