@@ -1,4 +1,6 @@
+import FleetTokenStore
 import Foundation
+import Logging
 import Testing
 
 /// The README's promise that agents sharing a store fetch each key once between them, with real
@@ -32,5 +34,43 @@ struct SingleFlightProcessTests {
         second.signal(SIGTERM)
         #expect(await first.wait(upTo: 10) == 0)
         #expect(await second.wait(upTo: 10) == 0)
+    }
+
+    @Test("--retention: the agent deletes the row of a subject nobody tracks once expired that long; tracked rows stay")
+    func retention() async throws {
+        let scratch = Scratch()
+        let issuer = try await IssuerProcess(scratch: scratch)
+        let db = scratch.file("tokens.sqlite")
+        // A trip another agent finished hours ago, and one that ended a minute ago.
+        let store = try SQLiteTokenRepository(path: db, logger: Logger(label: "seed"))
+        for (id, issued) in [("finished-trip", Date() - 3 * 3600), ("recent-trip", Date() - 3660)] {
+            let key = try TokenKey.trip(id)
+            try await store.upsert(StoredToken(key: key, value: makeJWT(key, issuedAt: issued), expiresAt: issued + 3600,
+                                               issuedAt: issued, fetchedAt: issued))
+        }
+        store.close()
+        let agent = try RunningProcess("token-agent", ["--db", db, "--provider-url", issuer.template, "--vehicle", "truck-1",
+                                                       "--retention", "1h"], in: scratch)
+        defer { agent.signal(SIGTERM) }
+        #expect(await poll(within: 30) { (try? sqlite3(db, "SELECT count(*) FROM tokens WHERE subject_id = 'finished-trip'")) == "0" })
+        #expect(try sqlite3(db, "SELECT count(*) FROM tokens WHERE subject_id = 'recent-trip'") == "1")
+        #expect(try sqlite3(db, "SELECT count(*) FROM tokens WHERE subject_id = 'truck-1' AND token IS NOT NULL") == "1")
+        agent.signal(SIGTERM)
+        #expect(await agent.wait(upTo: 10) == 0)
+    }
+
+    @Test("--retention takes 90s, 30m, 24h, 7d and 0; anything else is a usage error", arguments: ["24x", "-1h", "1.5h", "h", "99999d"])
+    func retentionUsage(value: String) async throws {
+        let scratch = Scratch()
+        let result = try await runToEnd("token-agent", ["--db", scratch.file("t.sqlite"), "--vehicle", "v1", "--retention", value], in: scratch)
+        #expect(result.status == 64, "\(value): \(result.stderr)")
+        #expect(result.stderr.contains("retention"), "\(result.stderr)")
+    }
+
+    @Test("--retention accepts its documented forms", arguments: ["90s", "30m", "24h", "7d", "0", "3600"])
+    func retentionForms(value: String) async throws {
+        let scratch = Scratch()
+        let result = try await runToEnd("token-agent", ["--db", scratch.file("t.sqlite"), "--vehicle", "v1", "--retention", value, "--once"], in: scratch)
+        #expect(result.status == 0, "\(value): \(result.stderr)")
     }
 }

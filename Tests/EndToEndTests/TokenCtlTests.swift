@@ -205,8 +205,11 @@ struct TokenCtlTests {
         #expect(dry.status == 0, "\(dry.stderr)")
         #expect(try JSONSerialization.jsonObject(with: Data(dry.stdout.utf8)) as? [String: Int] == ["matched": 3, "purged": 0])
 
+        // v-old's provider is failing: a purge removes its token but keeps its backoff.
+        _ = try sqlite3(path, "UPDATE tokens SET failure_count = 2, next_attempt_at = unixepoch() + 300, last_error_kind = 'timeout', last_failure_at = unixepoch() WHERE subject_id = 'v-old'")
         let expired = try await tokenctl(["--db", path, "purge", "--expired"], scratch)
         #expect(expired.stdout.contains("purged 1 entry"))
+        #expect(try sqlite3(path, "SELECT token IS NULL, failure_count FROM tokens WHERE subject_id = 'v-old'") == "1|2")
         let vehicle = try await tokenctl(["--db", path, "purge", "--vehicle", "v-1", "--json"], scratch)
         #expect(try JSONSerialization.jsonObject(with: Data(vehicle.stdout.utf8)) as? [String: Int] == ["matched": 1, "purged": 1])
         let trip = try await tokenctl(["--db", path, "purge", "--trip", "t-1"], scratch)
@@ -215,9 +218,14 @@ struct TokenCtlTests {
         let refused = try await tokenctl(["--db", path, "purge", "--all"], scratch)
         #expect(refused.status == 1)
         #expect(refused.stderr.contains("--yes"))
-        #expect(try sqlite3(path, "SELECT count(*) FROM tokens") == "2")
+        #expect(try sqlite3(path, "SELECT count(*) FROM tokens") == "3")
         let all = try await tokenctl(["--db", path, "purge", "--all", "--yes"], scratch)
-        #expect(all.stdout.contains("purged 2 entries"))
+        #expect(all.stdout.contains("purged 1 entry"))
+        #expect(try sqlite3(path, "SELECT subject_id FROM tokens ORDER BY subject_id") == "t-failing\nv-old")
+        let dryFailures = try await tokenctl(["--db", path, "purge", "--all", "--include-failures", "--dry-run", "--json"], scratch)
+        #expect(try JSONSerialization.jsonObject(with: Data(dryFailures.stdout.utf8)) as? [String: Int] == ["matched": 2, "purged": 0])
+        let failures = try await tokenctl(["--db", path, "purge", "--all", "--yes", "--include-failures"], scratch)
+        #expect(failures.stdout.contains("purged 2 entries"))
         #expect(try sqlite3(path, "SELECT count(*) FROM tokens") == "0")
     }
 

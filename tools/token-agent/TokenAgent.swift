@@ -73,6 +73,17 @@ struct TokenAgent: AsyncParsableCommand {
     @Option(name: .customLong("demo-lifetime"), help: ArgumentHelp("Token lifetime of the demo issuer, in seconds.", visibility: .hidden))
     var demoLifetime: Int = 120
 
+    @Option(help: "Delete rows of subjects nobody here tracks or uses once expired this long: 90s, 30m, 24h, 7d; 0 keeps everything.")
+    var retention: DurationArgument = DurationArgument(seconds: 86_400)
+
+    @Flag(name: .customLong("allow-opaque-tokens"),
+          help: "Accept tokens that are not JWTs (with a stated expiry), and JWTs without iat or the authorization claim.")
+    var allowOpaqueTokens = false
+
+    @Option(name: .customLong("lease-duration"),
+            help: ArgumentHelp("Seconds a cross-process refresh lease lasts between renewals.", visibility: .hidden))
+    var leaseDuration: Double = 30
+
     func validate() throws {
         // Header arguments hold credentials: errors name the flag (and a valid header name),
         // never the argument.
@@ -96,6 +107,7 @@ struct TokenAgent: AsyncParsableCommand {
             throw ValidationError("\(flag) must be between 0.001 and 3600 seconds")
         }
         guard (10...3600).contains(demoLifetime) else { throw ValidationError("--demo-lifetime must be between 10 and 3600") }
+        guard (0.1...3600).contains(leaseDuration) else { throw ValidationError("--lease-duration must be between 0.1 and 3600 seconds") }
         if providerURL == nil && !headers.isEmpty || providerURL == nil && !headerFiles.isEmpty {
             throw ValidationError("--header and --header-file need --provider-url")
         }
@@ -169,7 +181,11 @@ struct TokenAgent: AsyncParsableCommand {
         if let moved = store.openReport.quarantinedTo {
             FileHandle.standardError.write(Data("token-agent: the token store was corrupt; moved it to \(moved) and started a fresh one\n".utf8))
         }
-        let engine = TokenSyncEngine(repository: store, fetcher: fetcher, logger: logger)
+        var policy = RefreshPolicy()
+        policy.retention = retention.seconds
+        policy.allowOpaqueTokens = allowOpaqueTokens
+        policy.leaseDuration = leaseDuration
+        let engine = TokenSyncEngine(repository: store, fetcher: fetcher, policy: policy, logger: logger)
         let output = AgentOutput(json: json)
 
         var failed = false

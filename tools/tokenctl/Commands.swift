@@ -93,8 +93,12 @@ struct Show: AsyncParsableCommand {
 
 struct Purge: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Delete entries in one transaction; a running agent refetches tracked subjects.",
-        discussion: "Exactly one selector is required. --all also needs --yes.")
+        abstract: "Delete tokens in one transaction; a running agent refetches tracked subjects.",
+        discussion: """
+            Exactly one selector is required. --all also needs --yes. A failing subject keeps its \
+            failure state (its backoff), so a purge during a provider outage does not make every \
+            failing subject retry at once; --include-failures removes that too.
+            """)
 
     @OptionGroup var store: StoreOptions
     @Option(help: "Purge this vehicle.") var vehicle: String?
@@ -104,6 +108,7 @@ struct Purge: AsyncParsableCommand {
     @Flag(help: "Purge everything (needs --yes).") var all = false
     @Flag(help: "Count what would be purged; delete nothing.") var dryRun = false
     @Flag(help: "Confirm --all.") var yes = false
+    @Flag(help: "Also remove failure state (backoff), so failing subjects retry at once.") var includeFailures = false
     @Flag(help: "Print {\"matched\": N, \"purged\": N}.") var json = false
 
     func validate() throws {
@@ -130,13 +135,14 @@ struct Purge: AsyncParsableCommand {
             }
             let repository = try store.open(dryRun ? .readOnly : .adminReadWrite)
             defer { repository.close() }
+            let scope: PurgeScope = includeFailures ? .tokensAndFailureState : .tokens
             let matched: Int
             let purged: Int
             if dryRun {
-                matched = try await repository.count(filter)
+                matched = try await repository.count(filter, scope: scope)
                 purged = 0
             } else {
-                purged = try await withProgress("purging") { try await repository.purge(filter) }
+                purged = try await withProgress("purging") { try await repository.purge(filter, scope: scope) }
                 matched = purged
             }
             if json {

@@ -39,6 +39,8 @@ actor RefreshCoordinator {
     static let retentionBatch = 500
     /// Time between retention sweeps (or the retention itself, when shorter).
     static let retentionSweepInterval: TimeInterval = 3600
+    /// The first sweep runs this soon after start, off start-up's own work: agents restart.
+    static let firstRetentionSweepDelay: TimeInterval = 5
 
     nonisolated let events = EventBroadcaster()
     private let repository: any TokenRepository
@@ -757,15 +759,16 @@ actor RefreshCoordinator {
 
     // MARK: - Retention
 
-    /// Deletes, every ``retentionSweepInterval`` (or ``RefreshPolicy/retention`` when shorter),
-    /// the rows of keys nobody here tracks or holds that have been dead for the retention
-    /// period, in batches of ``retentionBatch``.
+    /// Deletes, shortly after start and then every ``retentionSweepInterval`` (or
+    /// ``RefreshPolicy/retention`` when shorter), the rows of keys nobody here tracks or holds
+    /// that have been dead for the retention period, in batches of ``retentionBatch``.
     private func sweepRetiredRowsPeriodically() async {
         guard policy.retention > 0 else { return }
-        let interval = Duration.milliseconds(Int64(min(Self.retentionSweepInterval, policy.retention) * 1000))
+        var delay = min(Self.firstRetentionSweepDelay, policy.retention)
         while !Task.isCancelled && !shuttingDown {
-            do { try await clock.sleep(for: interval) } catch { return }
+            do { try await clock.sleep(for: .milliseconds(Int64(delay * 1000))) } catch { return }
             await sweepRetiredRows()
+            delay = min(Self.retentionSweepInterval, policy.retention)
         }
     }
 

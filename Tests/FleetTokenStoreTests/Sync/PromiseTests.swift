@@ -248,4 +248,21 @@ struct PromiseTests {
         #expect(try await h.store.entry(for: tracked)?.token != nil)
         #expect(try await h.store.entry(for: down) != nil)
     }
+
+    @Test("retention 0 keeps every row")
+    func retentionZeroKeepsRows() async throws {
+        var policy = RefreshPolicy()
+        policy.retention = 0
+        let h = try EngineHarness(policy: policy)
+        let trips = try (0..<20).map { try TokenKey.trip("trip-\($0)") }
+        try await h.store.upsert(trips.map { token($0, expiresIn: 600) }, clearFailure: true)
+        let running = h.start()
+        defer { running.cancel() }
+        for _ in 0..<30 {
+            await h.time.advance(by: 3600)
+            await Task.yield()
+        }
+        try await Task.sleep(for: .milliseconds(300))
+        #expect(try await h.store.count(TokenFilter(kind: .trip)) == 20)
+    }
 }
