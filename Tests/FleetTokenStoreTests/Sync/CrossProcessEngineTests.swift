@@ -18,11 +18,13 @@ struct CrossProcessEngineTests {
         let probe = productsDirectory.appendingPathComponent("token-engine-probe").path
         #expect(FileManager.default.isExecutableFile(atPath: probe))
 
-        async let first = Task.detached { try run(probe, [store, "vehicle", "shared-1", fetchLog, "3000"]) }.value
-        // The first holds its fetch for 3 s, so the second (started 0.3 s later) meets its
-        // lease even when starting a process takes seconds on a loaded machine.
-        try await Task.sleep(for: .milliseconds(300))
-        async let second = Task.detached { try run(probe, [store, "vehicle", "shared-1", fetchLog, "3000"]) }.value
+        async let first = Task.detached { try run(probe, [store, "vehicle", "shared-1", fetchLog, "5000"]) }.value
+        // The second starts once the first's fetch has begun; the first holds it for 5 s, so the
+        // second meets its lease even when starting a process takes seconds on a loaded machine.
+        #expect(await eventually(within: 20) {
+            ((try? String(contentsOfFile: fetchLog, encoding: .utf8)) ?? "").contains("shared-1")
+        })
+        async let second = Task.detached { try run(probe, [store, "vehicle", "shared-1", fetchLog, "5000"]) }.value
         let (a, b) = try await (first, second)
         #expect(a.status == 0, "\(a.stderr)")
         #expect(b.status == 0, "\(b.stderr)")
