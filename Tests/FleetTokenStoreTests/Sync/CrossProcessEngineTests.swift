@@ -35,4 +35,25 @@ struct CrossProcessEngineTests {
         #expect(fingerprints[0] != nil && fingerprints[0] == fingerprints[1])
         #expect(b.stdout.contains("other_process"))
     }
+
+    @Test("six processes opening a store that does not exist yet, at once, all open it (20 rounds)")
+    func concurrentFirstOpens() async throws {
+        let probe = productsDirectory.appendingPathComponent("token-engine-probe").path
+        for round in 0..<20 {
+            let dir = TemporaryDirectory()
+            let store = dir.file("tokens.sqlite")
+            let fetchLog = dir.file("fetches.log")
+            FileManager.default.createFile(atPath: fetchLog, contents: nil)
+            let results = try await withThrowingTaskGroup(of: (status: Int32, stdout: String, stderr: String).self) { group in
+                for index in 0..<6 {
+                    group.addTask { try await Task.detached { try run(probe, [store, "vehicle", "v\(index)", fetchLog, "10"]) }.value }
+                }
+                return try await group.reduce(into: []) { $0.append($1) }
+            }
+            for result in results {
+                #expect(result.status == 0, "round \(round): \(result.stderr)")
+            }
+            #expect(try sqlite3(store, "SELECT count(*) FROM tokens") == "6", "round \(round)")
+        }
+    }
 }
