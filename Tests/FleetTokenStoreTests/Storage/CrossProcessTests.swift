@@ -89,6 +89,25 @@ struct CrossProcessTests {
         #expect(try await store.entry(for: try .trip("b"))?.token?.value == "replaced.by.shell")
     }
 
+    @Test("close() beside another process reading the store returns at once, without a warning")
+    func closeBesideReader() async throws {
+        let log = RecordingLogger()
+        let store = try openStore(path, logger: log.logger)
+        try await store.upsert(token(try .vehicle("truck-7"), expiresIn: 600))
+        let shell = try SQLiteShell(path: path)
+        defer { shell.quit() }
+        // Another process holds a read transaction on the snapshot before our next write.
+        _ = try shell.execute("BEGIN; SELECT count(*) FROM tokens;")
+        try await store.upsert(token(try .vehicle("truck-8"), expiresIn: 600))
+        let started = ContinuousClock.now
+        store.close()
+        let took = ContinuousClock.now - started
+        #expect(took < .seconds(1), "close() took \(took)")
+        #expect(log.messages(at: .warning).isEmpty, "\(log.messages(at: .warning))")
+        _ = try shell.execute("COMMIT;")
+        #expect(try sqlite3(path, "SELECT count(*) FROM tokens") == "2")
+    }
+
     @Test("a write waits for another process's lock, and fails as busy only past the timeout")
     func busyTimeout() async throws {
         let store = try openStore(path) { $0.busyTimeout = 0.4 }
