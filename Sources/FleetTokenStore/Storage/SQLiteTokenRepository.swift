@@ -103,8 +103,17 @@ public final class SQLiteTokenRepository: TokenRepository {
         do {
             if !pool.configuration.readonly {
                 // GRDB closes the writer before its read-only readers, so SQLite's own
-                // checkpoint-on-close never runs; do it here.
-                try pool.writeWithoutTransaction { try $0.checkpoint(.truncate) }
+                // checkpoint-on-close never runs; do it here, without waiting: when another
+                // process still reads or writes the store, fold what it allows and leave the
+                // rest of the log to it.
+                try pool.writeWithoutTransaction { db in
+                    if let connection = db.sqliteConnection { sqlite3_busy_timeout(connection, 0) }
+                    do {
+                        try db.checkpoint(.truncate)
+                    } catch let error as DatabaseError where error.resultCode == .SQLITE_BUSY || error.resultCode == .SQLITE_LOCKED {
+                        _ = try? db.checkpoint(.passive)
+                    }
+                }
             }
             try pool.close()
         } catch {

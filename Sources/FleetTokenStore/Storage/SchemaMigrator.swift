@@ -23,11 +23,10 @@ struct SchemaMigrator: Sendable {
     }
 
     func state(_ db: Database) throws -> State {
-        let migrator = makeMigrator()
-        let applied = try migrator.appliedIdentifiers(db)
+        let applied = try Self.appliedIdentifiers(db)
         let known = Set(migrations.map(\.identifier))
-        // GRDB's own test for a newer store; the unknown identifiers name it for the message.
-        let unknown = try migrator.hasBeenSuperseded(db) ? applied.subtracting(known).sorted() : []
+        // A store is newer when it records migrations this build does not know (GRDB's test).
+        let unknown = applied.subtracting(known).sorted()
         let storeVersion = applied.compactMap { EmbeddedMigration(identifier: $0, sql: "")?.version }.max() ?? 0
         let pending = migrations.map(\.identifier).filter { !applied.contains($0) }
         return State(storeVersion: storeVersion, unknownIdentifiers: unknown, pending: pending)
@@ -55,15 +54,16 @@ struct SchemaMigrator: Sendable {
         }
     }
 
-    private func makeMigrator() -> DatabaseMigrator {
-        var migrator = DatabaseMigrator()
-        for migration in migrations {
-            let sql = migration.sql
-            migrator.registerMigration(migration.identifier) { db in
-                try db.execute(sql: sql)
-            }
-        }
-        return migrator
+    /// The identifiers recorded in `grdb_migrations`; none when the table does not exist yet.
+    ///
+    /// Asked of `sqlite_master` first, so both reads see one snapshot. GRDB's
+    /// `appliedIdentifiers` tries the table first and, on "no such table", looks it up: when
+    /// another process created it in between (several agents opening a new store at once), the
+    /// lookup finds it and the first error was thrown.
+    static func appliedIdentifiers(_ db: Database) throws -> Set<String> {
+        let exists = try Bool.fetchOne(db, sql: "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'grdb_migrations'") ?? false
+        guard exists else { return [] }
+        return try String.fetchSet(db, sql: "SELECT identifier FROM grdb_migrations")
     }
 }
 
