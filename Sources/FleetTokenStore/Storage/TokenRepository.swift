@@ -83,6 +83,12 @@ public protocol TokenRepository: Sendable {
 }
 
 extension TokenRepository {
+    /// No candidates: a repository without this has no retention sweep.
+    public func retiredKeys(before cutoff: Date, after: TokenKey?, limit: Int) async throws(TokenStoreError) -> [TokenKey] { [] }
+
+    /// Deletes nothing: a repository without this has no retention sweep.
+    public func deleteRetired(_ keys: [TokenKey], before cutoff: Date) async throws(TokenStoreError) -> Int { 0 }
+
     /// Removes the tokens of every entry matching `filter`, keeping failure state (see
     /// ``PurgeScope/tokens``); returns how many entries lost a token.
     /// - Throws: ``TokenStoreError``; on failure nothing was deleted.

@@ -29,11 +29,13 @@ enum TokenRow {
     }
 
     /// Entries dead since before `cutoff`: no token, or one that expired before it, and no
-    /// failure after it (a key still being retried is someone's).
+    /// failure or planned retry after it (a key still being retried is someone's, and its
+    /// backoff must survive).
     static func retiredCondition(before cutoff: Date) -> Condition {
         var condition = Condition()
         condition.append("coalesce(expires_at, 0) < ?", [cutoff.timeIntervalSince1970])
-        condition.append("(failure_count = 0 OR coalesce(last_failure_at, 0) < ?)", [cutoff.timeIntervalSince1970])
+        condition.append("(failure_count = 0 OR (coalesce(last_failure_at, 0) < ? AND coalesce(next_attempt_at, 0) < ?))",
+                         [cutoff.timeIntervalSince1970, cutoff.timeIntervalSince1970])
         return condition
     }
 

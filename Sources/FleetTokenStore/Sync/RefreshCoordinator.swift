@@ -41,6 +41,8 @@ actor RefreshCoordinator {
     static let retentionSweepInterval: TimeInterval = 3600
     /// The first sweep runs this soon after start, off start-up's own work: agents restart.
     static let firstRetentionSweepDelay: TimeInterval = 5
+    /// Sweeps scan the table: never more often than this, however short the retention.
+    static let minimumRetentionSweepInterval: TimeInterval = 60
 
     nonisolated let events = EventBroadcaster()
     private let repository: any TokenRepository
@@ -73,6 +75,8 @@ actor RefreshCoordinator {
     private var storeDegraded = false
     private var shuttingDown = false
     private var clockOffset: ProviderClockOffset
+    /// Wall-clock and elapsed time when steps were last measured from (see ``WallClockSteps``).
+    private var clockSteps: WallClockSteps
 
     init(repository: any TokenRepository, fetcher: any TokenFetcher, policy: RefreshPolicy, logger: Logger,
          clock: any Clock<Duration>, now: @escaping @Sendable () -> Date, random: @escaping @Sendable () -> Double,
@@ -86,6 +90,7 @@ actor RefreshCoordinator {
         self.elapsed = Self.elapsedReader(clock)
         self.now = now
         self.clockOffset = ProviderClockOffset(threshold: policy.clockSkewThreshold)
+        self.clockSteps = WallClockSteps(wall: now(), elapsed: self.elapsed(), tolerance: RefreshFailureState.clockStepTolerance)
         self.random = random
         self.metrics = metrics
         self.memory = memory
@@ -131,8 +136,8 @@ actor RefreshCoordinator {
         memory.installEmpty(key, failure: memory.entry(key)?.failure)
         queue.cancel(key)
         // A rejected token still waiting for its group commit must not reach the store after
-        // the removal below.
-        pendingWrites[key] = nil
+        // the removal below; the commit would have released the key's lease, so release it here.
+        if pendingWrites.removeValue(forKey: key) != nil && inFlight[key] == nil { await releaseLease(key) }
         await flushTask?.value
         do {
             try await repository.removeToken(for: key)
@@ -195,7 +200,11 @@ actor RefreshCoordinator {
             if shuttingDown || Task.isCancelled { return .failed(.shuttingDown, nextAttemptAt: nil) }
             if let token = fresherHeld(key, than: startedFrom) { return .token(token) }
             // The fetch slot before the lease: a lease must not age while its key queues.
-            guard await acquireFetchSlot(for: key) else { continue } // a fresher token came meanwhile
+            guard await acquireFetchSlot(for: key) else { continue } // a fresher token came meanwhile, or shutdown
+            if shuttingDown || Task.isCancelled {
+                releaseFetchSlot()
+                return .failed(.shuttingDown, nextAttemptAt: nil)
+            }
             switch await takeLease(key, startedFrom: startedFrom) {
             case .adopted(let token):
                 releaseFetchSlot()
@@ -339,7 +348,9 @@ actor RefreshCoordinator {
             guard limit > 0 else { return nil }
             // A stream per round: cancelling its reader below ends it.
             let changes = repository.changes()
-            let changed = await withTaskGroup(of: Bool.self) { group in
+            // true: the feed mentioned the key; false: the check interval passed; nil: the feed
+            // ended (a closing or feedless repository), which is no signal: the timer decides.
+            let changed = await withTaskGroup(of: Bool?.self) { group in
                 group.addTask {
                     for await change in changes {
                         switch change {
@@ -347,15 +358,16 @@ actor RefreshCoordinator {
                         case .unknown: return true
                         }
                     }
-                    return false
+                    return nil
                 }
                 group.addTask {
                     try? await clock.sleep(for: .milliseconds(Int64((limit * 1000).rounded(.up))))
                     return false
                 }
-                let first = await group.next() ?? false
+                var first = await group.next() ?? false
+                if first == nil { first = await group.next() ?? false }
                 group.cancelAll()
-                return first
+                return first ?? false
             }
             if let token = fresherHeld(key, than: startedFrom) { return .adopted(token) }
             guard changed else { return nil }
@@ -605,22 +617,20 @@ actor RefreshCoordinator {
     /// deadline (at most ``maximumSleep``, so wall-clock jumps are noticed) or until woken by
     /// an earlier deadline or a finished refresh. Also follows other processes' store changes.
     func runUntilCancelled() async {
-        let watcher = Task { await self.followStoreChanges() }
-        let sweeper = Task { await self.sweepRetiredRowsPeriodically() }
-        defer {
-            watcher.cancel()
-            sweeper.cancel()
+        // Child tasks: following other processes' changes and the retention sweep end with the
+        // scheduler, and are awaited before shutdown goes on.
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask { await self.followStoreChanges() }
+            group.addTask { await self.sweepRetiredRowsPeriodically() }
+            await scheduleUntilCancelled()
+            group.cancelAll()
         }
-        var lastWall = now()
-        var lastElapsed = elapsed()
+    }
+
+    private func scheduleUntilCancelled() async {
         while !Task.isCancelled && !shuttingDown {
-            let wall = now()
-            let sinceLast = elapsed()
             // The wall clock moved more or less than time passed: it was stepped (NTP, an operator).
-            let step = wall.timeIntervalSince(lastWall) - Self.seconds(sinceLast - lastElapsed)
-            if abs(step) > RefreshFailureState.clockStepTolerance { wallClockStepped(by: step) }
-            lastWall = wall
-            lastElapsed = sinceLast
+            if let step = clockSteps.observe(wall: now(), elapsed: elapsed()) { wallClockStepped(by: step) }
             let nowC = correctedNow
             let slots = max(0, policy.maxConcurrentFetches - backgroundFlights)
             for key in queue.popDue(at: nowC, limit: slots) {
@@ -638,17 +648,15 @@ actor RefreshCoordinator {
                 wakeRequested = false
                 continue
             }
-            var delay = Self.maximumSleep
+            // While a provider offset applies, a wall-clock step must be noticed within a second:
+            // until then tokens are judged on the old offset.
+            var delay = clockOffset.applied == 0 ? Self.maximumSleep : 1
             if slots > 0 || backgroundFlights < policy.maxConcurrentFetches, let earliest = queue.earliest {
                 delay = min(delay, max(0, earliest.timeIntervalSince(nowC)))
             }
             if delay <= 0 { continue }
             await sleep(seconds: delay)
         }
-    }
-
-    private static func seconds(_ duration: Duration) -> TimeInterval {
-        Double(duration.components.seconds) + Double(duration.components.attoseconds) / 1e18
     }
 
     private func sleep(seconds: TimeInterval) async {
@@ -721,7 +729,10 @@ actor RefreshCoordinator {
     private func learnClockOffset(from fetched: FetchedToken) {
         let issuedAt = fetched.providerDate == nil ? (try? JWTClaims.decode(fetched.value))?.issuedAt : nil
         let previous = clockOffset.applied
-        clockOffset.learn(providerDate: fetched.providerDate, issuedAt: issuedAt, localNow: now())
+        let local = now()
+        clockOffset.learn(providerDate: fetched.providerDate, issuedAt: issuedAt, localNow: local)
+        // The answer already reflects any step so far: later steps are measured from here.
+        clockSteps.rebase(wall: local, elapsed: elapsed())
         applyClockOffset(previous: previous)
     }
 
@@ -768,7 +779,7 @@ actor RefreshCoordinator {
         while !Task.isCancelled && !shuttingDown {
             do { try await clock.sleep(for: .milliseconds(Int64(delay * 1000))) } catch { return }
             await sweepRetiredRows()
-            delay = min(Self.retentionSweepInterval, policy.retention)
+            delay = max(Self.minimumRetentionSweepInterval, min(Self.retentionSweepInterval, policy.retention))
         }
     }
 
@@ -803,6 +814,9 @@ actor RefreshCoordinator {
     func shutDown() async {
         shuttingDown = true
         wake()
+        // Flights queued for a fetch slot end without one (they see the shutdown and return).
+        for waiter in fetchWaiters { waiter.continuation.resume(returning: false) }
+        fetchWaiters.removeAll()
         for task in inFlight.values { task.cancel() }
         for task in Array(inFlight.values) { _ = await task.value }
         if !pendingWrites.isEmpty && flushTask == nil {

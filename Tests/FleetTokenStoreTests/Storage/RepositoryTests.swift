@@ -130,16 +130,20 @@ struct RepositoryTests {
         let old = try (0..<5).map { try TokenKey.trip("old-\($0)") }
         try await store.upsert(old.map { token($0, expiresIn: -3600) })
         let fresh = try TokenKey.trip("fresh"), failing = try TokenKey.trip("failing-recently")
-        try await store.upsert([token(fresh, expiresIn: 60), token(failing, expiresIn: -3600)])
+        let backingOff = try TokenKey.trip("backing-off")
+        try await store.upsert([token(fresh, expiresIn: 60), token(failing, expiresIn: -3600), token(backingOff, expiresIn: -7200)])
         try await store.recordFailure(RefreshFailureState(consecutiveFailures: 1, nextAttemptAt: cutoff + 30,
                                                           lastErrorKind: "timeout", lastFailureAt: cutoff + 1), for: failing)
+        // Failed long ago, but its Retry-After runs past the cutoff: its backoff must survive.
+        try await store.recordFailure(RefreshFailureState(consecutiveFailures: 4, nextAttemptAt: cutoff + 600,
+                                                          lastErrorKind: "httpStatus", lastFailureAt: cutoff - 3000), for: backingOff)
         let firstPage = try await store.retiredKeys(before: cutoff, after: nil, limit: 3)
         #expect(firstPage == Array(old.prefix(3)))
         #expect(try await store.retiredKeys(before: cutoff, after: firstPage.last, limit: 3) == Array(old.suffix(2)))
         // A key refreshed since it was listed is not deleted.
         try await store.upsert(token(old[0], expiresIn: 600))
-        #expect(try await store.deleteRetired(old + [fresh, failing], before: cutoff) == 4)
-        #expect(try await store.list(.all).map(\.key).sorted { $0.subjectID < $1.subjectID } == [failing, fresh, old[0]])
+        #expect(try await store.deleteRetired(old + [fresh, failing, backingOff], before: cutoff) == 4)
+        #expect(try await store.list(.all).map(\.key).sorted { $0.subjectID < $1.subjectID } == [backingOff, failing, fresh, old[0]])
     }
 
     @Test("a batch upsert is one transaction: all of it or none of it")
