@@ -33,9 +33,12 @@ public struct ProviderResponseFormat: Sendable, Equatable {
         }
     }
 
-    /// One token field name for every kind, overriding the per-kind defaults.
+    /// One token field for every kind, overriding the per-kind defaults: a member name of the
+    /// answer's top-level object, or a JSON pointer (RFC 6901, starting with `/`) such as
+    /// `/data/token` for an answer that wraps the token.
     public var tokenKey: String?
-    /// The expiration field name. Default `TOKEN_EXPIRATION`; nil uses the JWT `exp` only.
+    /// The expiration field, a member name or a JSON pointer. Default `TOKEN_EXPIRATION`; nil
+    /// uses the JWT `exp` only.
     public var expirationKey: String?
     /// How to read the expiration field.
     public var expirationFormat: ExpirationFormat
@@ -69,14 +72,37 @@ public struct ProviderResponseFormat: Sendable, Equatable {
         }
         guard let object = document.objectValue else { throw .notJSON(detail: "a JSON value that is not an object") }
         let tokenField = tokenField(for: key.kind)
-        guard let token = object[tokenField]?.stringValue, !token.isEmpty else { throw .missingData(field: tokenField) }
+        guard let token = Self.value(at: tokenField, in: object)?.stringValue, !token.isEmpty else { throw .missingData(field: tokenField) }
 
         var statedExpiry: Date?
-        if let expirationKey, let raw = object[expirationKey], raw != .null {
+        if let expirationKey, let raw = Self.value(at: expirationKey, in: object), raw != .null {
             guard let value = Self.number(raw) else { throw .missingData(field: expirationKey) }
             statedExpiry = expirationFormat.interpret(value, now: now)
         }
         return FetchedToken(value: token, statedExpiry: statedExpiry, providerDate: providerDate)
+    }
+
+    /// The value a field names: a JSON pointer (RFC 6901: `/`-separated reference tokens, `~1`
+    /// for `/` and `~0` for `~`, array elements by index) when it starts with `/`, else the
+    /// top-level member of that name.
+    static func value(at field: String, in object: [String: JSONValue]) -> JSONValue? {
+        guard field.hasPrefix("/") else { return object[field] }
+        var current = JSONValue.object(object)
+        for token in field.dropFirst().split(separator: "/", omittingEmptySubsequences: false) {
+            let name = token.replacingOccurrences(of: "~1", with: "/").replacingOccurrences(of: "~0", with: "~")
+            switch current {
+            case .object(let members):
+                guard let next = members[name] else { return nil }
+                current = next
+            case .array(let elements):
+                // Digits only, no leading zero (RFC 6901 section 4).
+                guard let index = Int(name), String(index) == name, elements.indices.contains(index) else { return nil }
+                current = elements[index]
+            default:
+                return nil
+            }
+        }
+        return current
     }
 
     /// A number, or a string holding one (some providers quote it).
