@@ -5,6 +5,7 @@ public import Logging
 import NIOCore
 import NIOFoundationCompat
 import NIOHTTP1
+import NIOSSL
 import Synchronization
 #if canImport(Glibc)
 import Glibc
@@ -30,6 +31,7 @@ public final class HTTPTokenFetcher: TokenFetcher, Sendable {
     private let client: HTTPClient
     private let logger: Logger
     private let headerFiles: [HeaderFile]
+    private let tls: ProviderTLS?
     private let skewWarned = OnceFlag()
 
     /// Creates a fetcher with its own HTTP client (shut it down with ``shutdown()``).
@@ -39,6 +41,7 @@ public final class HTTPTokenFetcher: TokenFetcher, Sendable {
         self.configuration = configuration
         self.logger = logger
         self.headerFiles = configuration.headerFiles.map { HeaderFile(name: $0.name, path: $0.path) }
+        self.tls = configuration.tls.isDefault ? nil : try ProviderTLS(files: configuration.tls, logger: logger)
         var clientConfiguration = HTTPClient.Configuration()
         clientConfiguration.timeout = .init(connect: .milliseconds(Int64(configuration.connectTimeout * 1000)))
         clientConfiguration.redirectConfiguration = .disallow
@@ -64,6 +67,9 @@ public final class HTTPTokenFetcher: TokenFetcher, Sendable {
     public func fetchToken(for key: TokenKey) async throws(TokenProviderError) -> FetchedToken {
         var request = HTTPClientRequest(url: url(for: key))
         request.method = .GET
+        // Per request: a rotated client certificate takes effect on the next fetch, while
+        // requests in flight keep their connections (the pool keys connections by it).
+        request.tlsConfiguration = tls?.current()
         request.headers.add(name: "Accept", value: "application/json")
         for header in configuration.headers { request.headers.add(name: header.name, value: header.value) }
         for file in headerFiles { request.headers.add(name: file.name, value: try file.value()) }
@@ -144,6 +150,14 @@ public final class HTTPTokenFetcher: TokenFetcher, Sendable {
             }
         }
         if error is NIOTooManyBytesError { return .bodyTooLarge(limitBytes: configuration.maximumBodyBytes) }
+        if error is NIOSSLError || error is NIOSSLExtraError || error is BoringSSLError {
+            let text = Self.safeText(String(describing: error))
+            // Certificate verification, hostname and the server's certificate-related alerts
+            // (a missing or refused client certificate) are configuration problems, said so.
+            let markers = ["CERTIFICATE", "certificate", "hostname", "HANDSHAKE_FAILURE", "UNKNOWN_CA", "BAD_CERTIFICATE"]
+            if markers.contains(where: text.contains) { return .tlsCertificate(detail: text) }
+            return .unreachable(detail: "TLS: " + text)
+        }
         if error is CancellationError { return .other(detail: "cancelled") }
         return .unreachable(detail: String(describing: type(of: error)) + ": " + Self.safeText(String(describing: error)))
     }
@@ -180,6 +194,9 @@ public final class HTTPTokenFetcher: TokenFetcher, Sendable {
         }
         let loopback = isLoopback(host)
         if scheme == "http" && !loopback && !configuration.allowInsecureHTTP { throw .insecureHTTP(host: host) }
+        if scheme == "http" && !configuration.tls.isDefault {
+            throw .tls("CA files and client certificates apply to https:// provider URLs, not \(template)")
+        }
         for header in configuration.headers {
             try checkHeader(name: header.name, value: header.value)
         }
@@ -237,12 +254,7 @@ final class HeaderFile: Sendable {
     }
 
     func value() throws(TokenProviderError) -> String {
-        // stat follows symlinks: rotated secrets often swap a link (Kubernetes `..data`), which
-        // leaves the link's own times unchanged. The inode catches a same-size, same-second swap.
-        var info = stat()
-        let stamp = stat(path, &info) == 0
-            ? "\(info.st_ino)/\(info.st_size)/\(info.st_mtim.tv_sec).\(info.st_mtim.tv_nsec)"
-            : "missing"
+        let stamp = FileStamp.of(path)
         if let cached = cache.withLock({ $0 }), cached.stamp == stamp { return cached.value }
         guard let data = FileManager.default.contents(atPath: path) else {
             throw .other(detail: "cannot read the \(name) header file \(path): check that it exists and is readable")

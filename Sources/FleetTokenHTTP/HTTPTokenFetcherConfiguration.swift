@@ -27,6 +27,8 @@ public struct HTTPTokenFetcherConfiguration: Sendable {
     public var totalTimeout: TimeInterval = 15
     /// Allow plain `http://` to hosts other than loopback.
     public var allowInsecureHTTP = false
+    /// Trusted CAs and the client certificate (mutual TLS), re-read when the files change.
+    public var tls = ProviderTLSFiles()
 
     /// A configuration for `urlTemplate` with the samples' field names.
     public init(urlTemplate: String) {
@@ -54,6 +56,8 @@ public enum HTTPFetcherConfigurationError: Error, Sendable, Equatable, CustomStr
     case insecureHTTP(host: String)
     /// A header name or value is unusable.
     case invalidHeader(String)
+    /// A CA bundle, client certificate or key is unusable (named, with the problem).
+    case tls(String)
 
     /// What is wrong and what to do.
     public var description: String {
@@ -62,6 +66,7 @@ public enum HTTPFetcherConfigurationError: Error, Sendable, Equatable, CustomStr
         case .missingIDPlaceholder(let template): "provider URL \"\(template)\" has no {id} placeholder: every subject would get the same token"
         case .insecureHTTP(let host): "plain http:// to \(host) would send tokens unencrypted: use https://, or pass --allow-insecure-http for a trusted network"
         case .invalidHeader(let detail): "bad header: \(detail)"
+        case .tls(let detail): "TLS set-up: \(detail)"
         }
     }
 }

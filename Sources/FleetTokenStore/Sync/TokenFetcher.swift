@@ -61,6 +61,9 @@ public enum TokenProviderError: Error, Sendable, Equatable, CustomStringConverti
     case invalidToken(TokenValidationError)
     /// A provider-specific failure.
     case other(detail: String)
+    /// The TLS handshake failed on a certificate: the provider's is not trusted (or names
+    /// another host), or the provider refused ours.
+    case tlsCertificate(detail: String)
 
     /// A short, stable name for logs, metrics labels and the store's `last_error_kind`.
     public var kind: String {
@@ -73,6 +76,7 @@ public enum TokenProviderError: Error, Sendable, Equatable, CustomStringConverti
         case .bodyTooLarge: "bodyTooLarge"
         case .invalidToken(let reason): reason.kind
         case .other: "other"
+        case .tlsCertificate: "tlsCertificate"
         }
     }
 
@@ -82,7 +86,7 @@ public enum TokenProviderError: Error, Sendable, Equatable, CustomStringConverti
         switch self {
         case .httpStatus(let code, _): !(400..<500).contains(code) || code == 408 || code == 429
         case .invalidToken(.noProgress): true
-        case .invalidToken, .missingData, .notJSON: false
+        case .invalidToken, .missingData, .notJSON, .tlsCertificate: false
         case .unreachable, .timeout, .bodyTooLarge, .other: true
         }
     }
@@ -105,6 +109,8 @@ public enum TokenProviderError: Error, Sendable, Equatable, CustomStringConverti
         case .bodyTooLarge(let limit): "token provider's answer is larger than \(limit) bytes"
         case .invalidToken(let reason): "token provider returned an unusable token: \(reason)"
         case .other(let detail): "token provider failed: \(detail)"
+        case .tlsCertificate(let detail):
+            "TLS certificate problem with the token provider (\(detail)): trust the CA that signed its certificate (token-agent --ca-file or --extra-ca-file), or check the client certificate (--client-cert, --client-key)"
         }
     }
 }
