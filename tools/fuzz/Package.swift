@@ -41,6 +41,22 @@ let package = Package(
             ],
             swiftSettings: strictSettings
         ),
+        .executableTarget(
+            name: "fuzz-proxy-settings",
+            dependencies: [
+                "FuzzSupport",
+                .product(name: "FleetTokenStore", package: "FleetTokenStore"),
+            ],
+            swiftSettings: strictSettings
+        ),
+        .executableTarget(
+            name: "fuzz-body-template",
+            dependencies: [
+                "FuzzSupport",
+                .product(name: "FleetTokenStore", package: "FleetTokenStore"),
+            ],
+            swiftSettings: strictSettings
+        ),
     ],
     swiftLanguageModes: [.v6]
 )
