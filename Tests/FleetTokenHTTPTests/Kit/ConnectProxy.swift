@@ -16,7 +16,7 @@ import Synchronization
 ///
 /// Runs on `MultiThreadedEventLoopGroup.singleton`; every connection is a child task of the
 /// proxy's task, so ``stop()`` closes the listener, every tunnel and every upstream connection.
-final class ConnectProxy: Sendable {
+final class ConnectProxy: LoopbackService {
     /// One request as the proxy read it, recorded once it decided what to do with it.
     struct RecordedRequest: Sendable {
         /// `CONNECT`, `GET`, `POST`…
@@ -96,21 +96,6 @@ final class ConnectProxy: Sendable {
         state.withLock {
             $0.port = port
             $0.task = task
-        }
-    }
-
-    /// Starts, runs `body`, and stops, also when `body` throws.
-    /// - Throws: what ``start()`` or `body` throws.
-    @discardableResult
-    func whileRunning<T>(_ body: () async throws -> T) async throws -> T {
-        try await start()
-        do {
-            let result = try await body()
-            await stop()
-            return result
-        } catch {
-            await stop()
-            throw error
         }
     }
 

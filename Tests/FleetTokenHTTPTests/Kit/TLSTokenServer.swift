@@ -17,7 +17,7 @@ import X509
 /// Runs on `MultiThreadedEventLoopGroup.singleton`; each connection is a child task of the
 /// server's task, so ``stop()`` (cancellation) closes the listener and every connection.
 /// Answer closures must return promptly when cancelled.
-final class TLSTokenServer: Sendable {
+final class TLSTokenServer: LoopbackService {
     /// One request as the server read it.
     struct RecordedRequest: Sendable {
         let method: HTTPMethod
@@ -161,21 +161,6 @@ final class TLSTokenServer: Sendable {
         state.withLock {
             $0.port = port
             $0.task = task
-        }
-    }
-
-    /// Starts, runs `body`, and stops, also when `body` throws.
-    /// - Throws: what ``start()`` or `body` throws.
-    @discardableResult
-    func whileRunning<T>(_ body: () async throws -> T) async throws -> T {
-        try await start()
-        do {
-            let result = try await body()
-            await stop()
-            return result
-        } catch {
-            await stop()
-            throw error
         }
     }
 
