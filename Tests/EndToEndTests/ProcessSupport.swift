@@ -1,4 +1,5 @@
 import Foundation
+import TestSupportKit
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -48,7 +49,7 @@ final class RunningProcess: @unchecked Sendable {
         process.standardOutput = FileHandle(forWritingAtPath: stdoutPath)
         process.standardError = FileHandle(forWritingAtPath: stderrPath)
         process.standardInput = FileHandle.nullDevice
-        try process.run()
+        try ProcessLaunch.run(process)
     }
 
     var pid: Int32 { process.processIdentifier }
@@ -133,7 +134,7 @@ func sqlite3(_ path: String, _ sql: String, readOnly: Bool = false) throws -> St
     process.arguments = (readOnly ? ["-readonly", "-cmd", ".timeout 5000"] : []) + [path, sql]
     let out = Pipe()
     process.standardOutput = out
-    try process.run()
+    try ProcessLaunch.run(process)
     let data = out.fileHandleForReading.readDataToEndOfFile()
     process.waitUntilExit()
     return String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)

@@ -4,6 +4,7 @@
 
 import FleetTokenStore
 import Foundation
+import TestSupportKit
 import Synchronization
 import Testing
 #if canImport(Glibc)
@@ -185,7 +186,7 @@ func runCapturing(_ command: [String], timeout: TimeInterval = 30) throws -> (st
     process.standardOutput = out
     process.standardError = err
     process.standardInput = FileHandle.nullDevice
-    try process.run()
+    try ProcessLaunch.run(process)
     // Read both pipes to the end on other threads so neither can fill up and stall the child.
     let collected = Mutex<(Data, Data)>((Data(), Data()))
     let group = DispatchGroup()

@@ -1,6 +1,7 @@
 import Crypto
 import Synchronization
 import Foundation
+import TestSupportKit
 import InMemoryLogging
 import Logging
 @testable import FleetTokenStore
@@ -46,7 +47,7 @@ func run(_ executable: String, _ arguments: [String], stdin: String? = nil) thro
     process.standardOutput = out
     process.standardError = err
     process.standardInput = input
-    try process.run()
+    try ProcessLaunch.run(process)
     if let stdin { input.fileHandleForWriting.write(Data(stdin.utf8)) }
     try input.fileHandleForWriting.close()
     let stdout = out.fileHandleForReading.readDataToEndOfFile()
