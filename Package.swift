@@ -173,6 +173,8 @@ let package = Package(
                 "FleetTokenHTTP",
                 "FleetTokenStore",
                 "DevTokenIssuer",
+                "token-agent",
+                "tokenctl",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "Clocks", package: "swift-clocks"),

@@ -1,5 +1,6 @@
 import FleetTokenStore
 import Foundation
+import TestSupportKit
 import Logging
 import Testing
 

@@ -1,4 +1,5 @@
 import Foundation
+import TestSupportKit
 import Testing
 
 /// Issue 12 item 13: the README promised Swift 6.1+, but dependencies at the resolved versions

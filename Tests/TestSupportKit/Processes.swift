@@ -1,5 +1,4 @@
 import Foundation
-import TestSupportKit
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -9,30 +8,30 @@ import Glibc
 #endif
 
 /// Where SwiftPM put this package's executables: beside the test bundle.
-let productsDirectory = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().deletingLastPathComponent()
+public let productsDirectory = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().deletingLastPathComponent()
 
 /// A fresh directory, removed when released.
-final class Scratch: Sendable {
-    let path: String
-    init() {
+public final class Scratch: Sendable {
+    public let path: String
+    public init() {
         path = FileManager.default.temporaryDirectory.appendingPathComponent("fts-e2e-\(UUID().uuidString.prefix(8))").path
         try! FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
     }
     deinit { try? FileManager.default.removeItem(atPath: path) }
-    func file(_ name: String) -> String { "\(path)/\(name)" }
+    public func file(_ name: String) -> String { "\(path)/\(name)" }
 }
 
 /// One of this package's executables run as a real process, its output captured in files (no
 /// pipe can fill up and stall it). Killed at the end of the test if still running.
-final class RunningProcess: @unchecked Sendable {
+public final class RunningProcess: @unchecked Sendable {
     // @unchecked: `process` is only started, signalled and waited on; Foundation's Process is
     // safe for that from any thread, and the output files are read after it exits or by polling.
-    let process = Process()
-    let stdoutPath: String
-    let stderrPath: String
+    public let process = Process()
+    public let stdoutPath: String
+    public let stderrPath: String
 
     /// `executable` is one of this package's products, or an absolute path (sqlite3, setpriv, unshare).
-    init(_ executable: String, _ arguments: [String], environment: [String: String] = [:], in scratch: Scratch) throws {
+    public init(_ executable: String, _ arguments: [String], environment: [String: String] = [:], in scratch: Scratch) throws {
         let id = UUID().uuidString.prefix(8)
         let name = (executable as NSString).lastPathComponent
         stdoutPath = scratch.file("\(name)-\(id).out")
@@ -52,22 +51,22 @@ final class RunningProcess: @unchecked Sendable {
         try ProcessLaunch.run(process)
     }
 
-    var pid: Int32 { process.processIdentifier }
-    var stdout: String { (try? String(contentsOfFile: stdoutPath, encoding: .utf8)) ?? "" }
-    var stderr: String { (try? String(contentsOfFile: stderrPath, encoding: .utf8)) ?? "" }
-    var isRunning: Bool { process.isRunning }
+    public var pid: Int32 { process.processIdentifier }
+    public var stdout: String { (try? String(contentsOfFile: stdoutPath, encoding: .utf8)) ?? "" }
+    public var stderr: String { (try? String(contentsOfFile: stderrPath, encoding: .utf8)) ?? "" }
+    public var isRunning: Bool { process.isRunning }
 
-    func signal(_ signal: Int32) { kill(pid, signal) }
+    public func signal(_ signal: Int32) { kill(pid, signal) }
 
     /// Waits up to `seconds` for the exit; returns the status, or nil if still running.
-    func wait(upTo seconds: Double) async -> Int32? {
+    public func wait(upTo seconds: Double) async -> Int32? {
         let deadline = Date().addingTimeInterval(seconds)
         while process.isRunning && Date() < deadline { try? await Task.sleep(for: .milliseconds(20)) }
         return process.isRunning ? nil : process.terminationStatus
     }
 
     /// Waits (polling, bounded) until stdout or stderr contains `text`.
-    func waitForOutput(_ text: String, within seconds: Double) async -> Bool {
+    public func waitForOutput(_ text: String, within seconds: Double) async -> Bool {
         let deadline = Date().addingTimeInterval(seconds)
         while Date() < deadline {
             if stdout.contains(text) || stderr.contains(text) { return true }
@@ -86,7 +85,7 @@ final class RunningProcess: @unchecked Sendable {
 }
 
 /// Runs an executable to completion (bounded) and returns status and output.
-func runToEnd(_ executable: String, _ arguments: [String], environment: [String: String] = [:],
+public func runToEnd(_ executable: String, _ arguments: [String], environment: [String: String] = [:],
               in scratch: Scratch, timeout: Double = 60) async throws -> (status: Int32, stdout: String, stderr: String) {
     let process = try RunningProcess(executable, arguments, environment: environment, in: scratch)
     guard let status = await process.wait(upTo: timeout) else {
@@ -96,18 +95,19 @@ func runToEnd(_ executable: String, _ arguments: [String], environment: [String:
     return (status, process.stdout, process.stderr)
 }
 
-struct ProcessFailure: Error, CustomStringConvertible {
-    let message: String
-    var description: String { message }
+public struct ProcessFailure: Error, CustomStringConvertible {
+    public let message: String
+    public init(message: String) { self.message = message }
+    public var description: String { message }
 }
 
 /// A dev-token-server process on a free port.
-final class IssuerProcess: Sendable {
-    let process: RunningProcess
-    let template: String
-    let base: String
+public final class IssuerProcess: Sendable {
+    public let process: RunningProcess
+    public let template: String
+    public let base: String
 
-    init(scratch: Scratch, lifetime: Int = 3600) async throws {
+    public init(scratch: Scratch, lifetime: Int = 3600) async throws {
         process = try RunningProcess("dev-token-server", ["--port", "0", "--lifetime", "\(lifetime)", "--log-level", "warning"], in: scratch)
         guard await process.waitForOutput("listening on ", within: 30),
               let line = process.stdout.split(separator: "\n").first(where: { $0.contains("listening on ") }),
@@ -119,7 +119,7 @@ final class IssuerProcess: Sendable {
     }
 
     /// The issuer's counters from GET /stats.
-    func stats() async throws -> (issued: Int, requests: Int) {
+    public func stats() async throws -> (issued: Int, requests: Int) {
         let (data, _) = try await URLSession.shared.data(from: URL(string: base + "/stats")!)
         let object = try JSONSerialization.jsonObject(with: data) as? [String: Int] ?? [:]
         return (object["issued"] ?? -1, object["requests"] ?? -1)
@@ -128,7 +128,7 @@ final class IssuerProcess: Sendable {
 
 /// Runs stock sqlite3 on `path`. `readOnly` opens with `-readonly`, which leaves a crashed
 /// process's `-wal` as it was (a read-write shell checkpoints and deletes it on close).
-func sqlite3(_ path: String, _ sql: String, readOnly: Bool = false) throws -> String {
+public func sqlite3(_ path: String, _ sql: String, readOnly: Bool = false) throws -> String {
     let process = Process()
     process.executableURL = URL(fileURLWithPath: "/usr/bin/sqlite3")
     process.arguments = (readOnly ? ["-readonly", "-cmd", ".timeout 5000"] : []) + [path, sql]
@@ -141,7 +141,7 @@ func sqlite3(_ path: String, _ sql: String, readOnly: Bool = false) throws -> St
 }
 
 /// Parses `token-agent --once --json` output.
-func onceResults(_ stdout: String) throws -> [[String: String]] {
+public func onceResults(_ stdout: String) throws -> [[String: String]] {
     guard let line = stdout.split(separator: "\n").last(where: { $0.hasPrefix("[") }),
           let array = try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [[String: String]] else {
         throw ProcessFailure(message: "no JSON array in: \(stdout)")
