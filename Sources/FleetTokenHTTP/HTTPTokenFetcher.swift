@@ -12,7 +12,9 @@ import Glibc
 #endif
 
 /// Fetches tokens from the customer's HTTP(S) provider, the way the Fleet Engine samples do:
-/// `GET` on a URL naming the subject, a JSON object with the token and its expiration.
+/// `GET` on a URL naming the subject, a JSON object with the token and its expiration; or a
+/// `POST` with a body naming it, through a private CA, with a client certificate, through a
+/// forward proxy (see ``HTTPTokenFetcherConfiguration``).
 ///
 /// ```swift
 /// var configuration = HTTPTokenFetcherConfiguration(urlTemplate: "https://auth.example.com/fleet/{kind}/{id}")
@@ -32,6 +34,8 @@ public final class HTTPTokenFetcher: TokenFetcher, Sendable {
     private let logger: Logger
     private let headerFiles: [HeaderFile]
     private let tls: ProviderTLS?
+    /// The proxy chosen for the template's host (fixed: only `{kind}` and `{id}` vary).
+    private let proxy: ProxySettings.Proxy?
     private let skewWarned = OnceFlag()
 
     /// Creates a fetcher with its own HTTP client (shut it down with ``shutdown()``).
@@ -42,7 +46,16 @@ public final class HTTPTokenFetcher: TokenFetcher, Sendable {
         self.logger = logger
         self.headerFiles = configuration.headerFiles.map { HeaderFile(name: $0.name, path: $0.path) }
         self.tls = configuration.tls.isDefault ? nil : try ProviderTLS(files: configuration.tls, logger: logger)
+        self.proxy = URL(string: Self.probeURL(configuration.urlTemplate)).flatMap(configuration.proxy.proxy(for:))
         var clientConfiguration = HTTPClient.Configuration()
+        if let proxy {
+            // AsyncHTTPClient opens a CONNECT tunnel through it for https and http alike, so TLS
+            // to the provider is end to end: the proxy sees only the host and port.
+            clientConfiguration.proxy = .server(
+                host: proxy.host, port: proxy.port,
+                authorization: proxy.credentials.map { .basic(username: $0.username, password: $0.password) })
+            logger.debug("token provider requests go through a proxy", metadata: ["proxy": "\(proxy)"])
+        }
         clientConfiguration.timeout = .init(connect: .milliseconds(Int64(configuration.connectTimeout * 1000)))
         clientConfiguration.redirectConfiguration = .disallow
         clientConfiguration.decompression = .disabled
@@ -66,7 +79,14 @@ public final class HTTPTokenFetcher: TokenFetcher, Sendable {
     /// - Throws: ``TokenProviderError``.
     public func fetchToken(for key: TokenKey) async throws(TokenProviderError) -> FetchedToken {
         var request = HTTPClientRequest(url: url(for: key))
-        request.method = .GET
+        request.method = configuration.method == .post ? .POST : .GET
+        if let body = configuration.body {
+            let bytes = ByteBuffer(string: body.render(for: key))
+            request.headers.add(name: "Content-Type", value: body.contentType)
+            request.body = .bytes(bytes)
+        } else if configuration.method == .post {
+            request.body = .bytes(ByteBuffer())
+        }
         // Per request: a rotated client certificate takes effect on the next fetch, while
         // requests in flight keep their connections (the pool keys connections by it).
         request.tlsConfiguration = tls?.current()
@@ -142,11 +162,18 @@ public final class HTTPTokenFetcher: TokenFetcher, Sendable {
 
     private func mapTransportError(_ error: any Error) -> TokenProviderError {
         if let error = error as? HTTPClientError {
+            let via = proxy.map { " through the proxy \($0.host):\($0.port)" } ?? ""
             switch error {
+            case .proxyAuthenticationRequired:
+                return .unreachable(detail: "the proxy \(proxy.map { "\($0.host):\($0.port)" } ?? "") asked for credentials (HTTP 407): check the user and password in HTTPS_PROXY, HTTP_PROXY or --proxy")
+            case .invalidProxyResponse:
+                return .unreachable(detail: "the proxy \(proxy.map { "\($0.host):\($0.port)" } ?? "") refused to open a tunnel to the provider: check that it allows CONNECT to the provider's host and port, or list the host in NO_PROXY")
+            case .httpProxyHandshakeTimeout:
+                return .timeout(seconds: configuration.connectTimeout)
             case .connectTimeout: return .timeout(seconds: configuration.connectTimeout)
             case .deadlineExceeded, .readTimeout, .writeTimeout: return .timeout(seconds: configuration.totalTimeout)
             // shortDescription: the full description can quote header values (our credential).
-            default: return .unreachable(detail: error.shortDescription)
+            default: return .unreachable(detail: error.shortDescription + via)
             }
         }
         if error is NIOTooManyBytesError { return .bodyTooLarge(limitBytes: configuration.maximumBodyBytes) }
@@ -186,8 +213,13 @@ public final class HTTPTokenFetcher: TokenFetcher, Sendable {
 
     private static func check(_ configuration: HTTPTokenFetcherConfiguration) throws(HTTPFetcherConfigurationError) {
         let template = configuration.urlTemplate
-        guard template.contains("{id}") else { throw .missingIDPlaceholder(template) }
-        let probe = template.replacingOccurrences(of: "{kind}", with: "vehicle").replacingOccurrences(of: "{id}", with: "x")
+        guard template.contains("{id}") || configuration.body?.template.contains("{id}") == true else {
+            throw .missingIDPlaceholder(template)
+        }
+        if configuration.body != nil && configuration.method == .get {
+            throw .request("a body template needs the POST method (--method POST)")
+        }
+        let probe = probeURL(template)
         guard let url = URL(string: probe), let scheme = url.scheme?.lowercased(), ["http", "https"].contains(scheme),
               let host = url.host, !host.isEmpty else {
             throw .invalidURL(template)
@@ -203,6 +235,11 @@ public final class HTTPTokenFetcher: TokenFetcher, Sendable {
         for file in configuration.headerFiles {
             try checkHeader(name: file.name, value: "")
         }
+    }
+
+    /// The template with sample values, to check it and choose its proxy.
+    static func probeURL(_ template: String) -> String {
+        template.replacingOccurrences(of: "{kind}", with: "vehicle").replacingOccurrences(of: "{id}", with: "x")
     }
 
     /// Checks one header as the fetcher would send it (for a header file, pass an empty value:

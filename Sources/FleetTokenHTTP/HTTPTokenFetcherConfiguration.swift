@@ -6,7 +6,8 @@ public struct HTTPTokenFetcherConfiguration: Sendable {
     /// How `TOKEN_EXPIRATION` is written (see ``ProviderResponseFormat/ExpirationFormat``).
     public typealias ExpirationFormat = ProviderResponseFormat.ExpirationFormat
 
-    /// The provider URL with `{kind}` and `{id}` placeholders; `{id}` is percent-encoded.
+    /// The provider URL with `{kind}` and `{id}` placeholders; `{id}` is percent-encoded. It may
+    /// go without `{id}` when the ``body`` names the subject.
     public var urlTemplate: String
     /// Headers sent with every request.
     public var headers: [(name: String, value: String)] = []
@@ -29,6 +30,15 @@ public struct HTTPTokenFetcherConfiguration: Sendable {
     public var allowInsecureHTTP = false
     /// Trusted CAs and the client certificate (mutual TLS), re-read when the files change.
     public var tls = ProviderTLSFiles()
+    /// The request method. Default `GET`.
+    public var method: ProviderRequestMethod = .get
+    /// The request body with `{kind}` and `{id}` filled in per subject, and its content type;
+    /// `POST` only. Nil sends no body.
+    public var body: RequestBodyTemplate?
+    /// The forward proxy, if any. Default ``ProxySettings/direct``: the library does not read the
+    /// environment by itself; pass `try ProxySettings.fromEnvironment(ProcessInfo.processInfo.environment)`
+    /// to honour `HTTPS_PROXY`, `HTTP_PROXY` and `NO_PROXY` as token-agent does.
+    public var proxy: ProxySettings = .direct
 
     /// A configuration for `urlTemplate` with the samples' field names.
     public init(urlTemplate: String) {
@@ -50,7 +60,7 @@ public struct HTTPTokenFetcherConfiguration: Sendable {
 public enum HTTPFetcherConfigurationError: Error, Sendable, Equatable, CustomStringConvertible {
     /// The template is not an http(s) URL.
     case invalidURL(String)
-    /// The template lacks `{id}`, so every subject would get the same token.
+    /// Neither the template nor the body has `{id}`, so every subject would get the same token.
     case missingIDPlaceholder(String)
     /// Plain HTTP to a non-loopback host without `allowInsecureHTTP`.
     case insecureHTTP(host: String)
@@ -58,15 +68,29 @@ public enum HTTPFetcherConfigurationError: Error, Sendable, Equatable, CustomStr
     case invalidHeader(String)
     /// A CA bundle, client certificate or key is unusable (named, with the problem).
     case tls(String)
+    /// The method and body do not fit together (a body on a `GET`).
+    case request(String)
 
     /// What is wrong and what to do.
     public var description: String {
         switch self {
         case .invalidURL(let template): "provider URL \"\(template)\" is not an http:// or https:// URL"
-        case .missingIDPlaceholder(let template): "provider URL \"\(template)\" has no {id} placeholder: every subject would get the same token"
+        case .missingIDPlaceholder(let template): "provider URL \"\(template)\" has no {id} placeholder, nor has a body template: every subject would get the same token"
         case .insecureHTTP(let host): "plain http:// to \(host) would send tokens unencrypted: use https://, or pass --allow-insecure-http for a trusted network"
         case .invalidHeader(let detail): "bad header: \(detail)"
         case .tls(let detail): "TLS set-up: \(detail)"
+        case .request(let detail): "request: \(detail)"
         }
     }
+}
+
+/// The HTTP method of requests to the token provider.
+public enum ProviderRequestMethod: String, Sendable, CaseIterable, CustomStringConvertible {
+    /// `GET`: the URL names the subject (the Fleet Engine samples' way).
+    case get = "GET"
+    /// `POST`: the URL, the body (``HTTPTokenFetcherConfiguration/body``) or both name it.
+    case post = "POST"
+
+    /// `GET` or `POST`.
+    public var description: String { rawValue }
 }

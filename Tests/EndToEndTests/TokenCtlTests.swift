@@ -229,6 +229,39 @@ struct TokenCtlTests {
         #expect(try sqlite3(path, "SELECT count(*) FROM tokens") == "0")
     }
 
+    @Test("Deliveries kinds: list --kind and purge --delivery-vehicle/--task touch only their own kind")
+    func deliveryKinds() async throws {
+        let scratch = Scratch()
+        let path = scratch.file("tokens.sqlite")
+        let now = Date()
+        do {
+            // One id under all four kinds: a selector that ignored the kind would take the others.
+            let store = try SQLiteTokenRepository(path: path, logger: Logger(label: "seed"))
+            defer { store.close() }
+            try await store.upsert(try [TokenKey.vehicle("d-1"), .trip("d-1"), .deliveryVehicle("d-1"), .task("d-1"), .task("t-2")].map { key in
+                StoredToken(key: key, value: makeJWT(key, issuedAt: now - 60), expiresAt: now + 3600, issuedAt: now - 60, fetchedAt: now - 60)
+            })
+        }
+        let listed = try await tokenctl(["--db", path, "list", "--kind", "deliveryVehicle", "--json"], scratch)
+        #expect(listed.status == 0, "\(listed.stderr)")
+        let rows = try #require(try JSONSerialization.jsonObject(with: Data(listed.stdout.utf8)) as? [[String: Any]])
+        #expect(rows.map { "\($0["kind"] ?? "")/\($0["id"] ?? "")" } == ["deliveryVehicle/d-1"])
+
+        let delivery = try await tokenctl(["--db", path, "purge", "--delivery-vehicle", "d-1", "--json"], scratch)
+        #expect(try JSONSerialization.jsonObject(with: Data(delivery.stdout.utf8)) as? [String: Int] == ["matched": 1, "purged": 1])
+        let task = try await tokenctl(["--db", path, "purge", "--task", "d-1"], scratch)
+        #expect(task.stdout.contains("purged 1 entry"), "\(task.stderr)")
+        #expect(try sqlite3(path, "SELECT kind || '/' || subject_id FROM tokens WHERE token IS NOT NULL ORDER BY kind, subject_id")
+                == "task/t-2\ntrip/d-1\nvehicle/d-1")
+
+        let both = try await tokenctl(["--db", path, "purge", "--task", "t-2", "--delivery-vehicle", "x"], scratch)
+        #expect(both.status == 64)
+        #expect(both.stderr.contains("exactly one"))
+        let bad = try await tokenctl(["--db", path, "purge", "--delivery-vehicle", ".."], scratch)
+        #expect(bad.status == 64)
+        #expect(bad.stderr.contains("--delivery-vehicle"), "\(bad.stderr)")
+    }
+
     @Test("stats and check report on a healthy store; check fails on loose modes and newer stores; migrate creates")
     func statsCheckMigrate() async throws {
         let scratch = Scratch()

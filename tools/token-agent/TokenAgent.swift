@@ -13,7 +13,7 @@ import ServiceLifecycle
 struct TokenAgent: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "token-agent",
-        abstract: "Keep Fleet Engine tokens for vehicles and trips fresh in a local store.",
+        abstract: "Keep Fleet Engine tokens for vehicles, trips, delivery vehicles and tasks fresh in a local store.",
         discussion: """
             Without --provider-url the agent runs in DEMO MODE on an embedded development issuer \
             (not for production) and tracks a few demo subjects.
@@ -35,6 +35,12 @@ struct TokenAgent: AsyncParsableCommand {
     @Option(name: .customLong("trip"), help: "A trip ID to keep a token for (repeatable).")
     var trips: [String] = []
 
+    @Option(name: .customLong("delivery-vehicle"), help: "A delivery vehicle ID (Fleet Engine Deliveries) to keep a token for (repeatable).")
+    var deliveryVehicles: [String] = []
+
+    @Option(name: .customLong("task"), help: "A task ID (Fleet Engine Deliveries) to keep a token for (repeatable).")
+    var tasks: [String] = []
+
     @Option(name: .customLong("header"), help: "A header sent to the provider, 'Name: value' (repeatable).")
     var headers: [String] = []
 
@@ -42,10 +48,41 @@ struct TokenAgent: AsyncParsableCommand {
             help: "A header whose value is read from a file and re-read when it changes, 'Name:PATH' (repeatable).")
     var headerFiles: [String] = []
 
-    @Option(name: .customLong("token-key"), help: "JSON field of the token for every kind (default VEHICLE_TOKEN_KEY / TRIP_TOKEN_KEY).")
+    @Option(name: .customLong("method"), help: "HTTP method of requests to the provider: GET or POST.")
+    var method: ProviderRequestMethod = .get
+
+    @Option(name: .customLong("body-template"),
+            help: "POST body with {id} and {kind} placeholders, e.g. '{\"vehicleId\":\"{id}\"}' (needs --method POST).")
+    var bodyTemplate: String?
+
+    @Option(name: .customLong("content-type"),
+            help: "Content type of the body: application/json (default), application/x-www-form-urlencoded or text/plain.")
+    var contentType: String?
+
+    @Option(name: .customLong("ca-file"), help: "PEM bundle of the CAs to trust for the provider, instead of the system's (repeatable).")
+    var caFiles: [String] = []
+
+    @Option(name: .customLong("extra-ca-file"), help: "PEM bundle of CAs to trust besides the system's (repeatable).")
+    var extraCAFiles: [String] = []
+
+    @Option(name: .customLong("client-cert"), help: "PEM client certificate (chain allowed) for mutual TLS; re-read when it changes.")
+    var clientCertificate: String?
+
+    @Option(name: .customLong("client-key"), help: "PEM private key of --client-cert; re-read when it changes.")
+    var clientKey: String?
+
+    @Option(name: .customLong("proxy"),
+            help: "Forward proxy for provider requests, http://[USER:PASSWORD@]HOST:PORT, instead of HTTPS_PROXY/HTTP_PROXY.")
+    var proxy: String?
+
+    @Flag(name: .customLong("no-proxy"), help: "Reach the provider directly, whatever HTTPS_PROXY/HTTP_PROXY say.")
+    var noProxy = false
+
+    @Option(name: .customLong("token-key"),
+            help: "JSON field (or JSON pointer such as /data/token) of the token for every kind (default VEHICLE_TOKEN_KEY, TRIP_TOKEN_KEY, DELIVERY_VEHICLE_TOKEN_KEY, TASK_TOKEN_KEY).")
     var tokenKey: String?
 
-    @Option(name: .customLong("expiration-key"), help: "JSON field of the expiration (default TOKEN_EXPIRATION).")
+    @Option(name: .customLong("expiration-key"), help: "JSON field (or JSON pointer) of the expiration (default TOKEN_EXPIRATION).")
     var expirationKey: String = "TOKEN_EXPIRATION"
 
     @Option(name: .customLong("expiration-format"),
@@ -101,8 +138,7 @@ struct TokenAgent: AsyncParsableCommand {
             }
             try HeaderArgument.check(flag, name: name, value: "")
         }
-        for id in vehicles { _ = try key(.vehicle, id) }
-        for id in trips { _ = try key(.trip, id) }
+        _ = try subjectKeys()
         for (flag, value) in [("--connect-timeout", connectTimeout), ("--request-timeout", requestTimeout)] where !(0.001...3600).contains(value) {
             throw ValidationError("\(flag) must be between 0.001 and 3600 seconds")
         }
@@ -111,13 +147,69 @@ struct TokenAgent: AsyncParsableCommand {
         if providerURL == nil && !headers.isEmpty || providerURL == nil && !headerFiles.isEmpty {
             throw ValidationError("--header and --header-file need --provider-url")
         }
+        try validateTransport()
+    }
+
+    /// The request-shape, TLS and proxy flags (the files themselves are checked when the fetcher is made).
+    private func validateTransport() throws {
+        let transportFlags = [(!caFiles.isEmpty, "--ca-file"), (!extraCAFiles.isEmpty, "--extra-ca-file"),
+                              (clientCertificate != nil, "--client-cert"), (clientKey != nil, "--client-key"),
+                              (proxy != nil, "--proxy"), (method != .get, "--method"), (bodyTemplate != nil, "--body-template")]
+        if providerURL == nil, let (_, flag) = transportFlags.first(where: \.0) {
+            throw ValidationError("\(flag) needs --provider-url (the demo issuer is plain HTTP on loopback)")
+        }
+        if (clientCertificate == nil) != (clientKey == nil) {
+            throw ValidationError("--client-cert and --client-key go together: give both PEM files, or neither")
+        }
+        if proxy != nil && noProxy { throw ValidationError("--proxy and --no-proxy exclude each other") }
+        if contentType != nil && bodyTemplate == nil { throw ValidationError("--content-type needs --body-template") }
+        if bodyTemplate != nil && method != .post { throw ValidationError("--body-template needs --method POST") }
+        _ = try requestBody()
+        _ = try proxySettings()
+    }
+
+    /// The POST body, or a usage error naming the flag.
+    private func requestBody() throws -> RequestBodyTemplate? {
+        guard let bodyTemplate else { return nil }
+        do {
+            return try RequestBodyTemplate(bodyTemplate, contentType: contentType ?? "application/json")
+        } catch {
+            throw ValidationError("--body-template: \(error)")
+        }
+    }
+
+    /// `--proxy` / `--no-proxy` over the environment's proxy variables; a bad proxy URL is a
+    /// usage error naming its variable or flag, with any password as `***`.
+    private func proxySettings() throws -> ProxySettings {
+        let override: ProxySettings.Override? = noProxy ? .direct : proxy.map { .proxy($0) }
+        do {
+            return try ProxySettings.fromEnvironment(ProcessInfo.processInfo.environment, override: override)
+        } catch {
+            throw ValidationError(error.description)
+        }
+    }
+
+    /// Every subject given on the command line, in flag order.
+    private func subjectKeys() throws -> [TokenKey] {
+        try vehicles.map { try key(.vehicle, $0) } + trips.map { try key(.trip, $0) }
+            + deliveryVehicles.map { try key(.deliveryVehicle, $0) } + tasks.map { try key(.task, $0) }
     }
 
     private func key(_ kind: TokenKind, _ id: String) throws -> TokenKey {
         do {
             return try TokenKey(kind: kind, subjectID: id)
         } catch {
-            throw ValidationError("--\(kind) '\(id)': \(error)")
+            throw ValidationError("--\(Self.flagName(kind)) '\(id)': \(error)")
+        }
+    }
+
+    /// The flag that names a subject of `kind`.
+    static func flagName(_ kind: TokenKind) -> String {
+        switch kind {
+        case .vehicle: "vehicle"
+        case .trip: "trip"
+        case .deliveryVehicle: "delivery-vehicle"
+        case .task: "task"
         }
     }
 
@@ -133,7 +225,7 @@ struct TokenAgent: AsyncParsableCommand {
 
         var issuer: DevTokenIssuer?
         var template = providerURL
-        var keys = try vehicles.map { try key(.vehicle, $0) } + trips.map { try key(.trip, $0) }
+        var keys = try subjectKeys()
         if template == nil {
             var configuration = DevTokenIssuer.Configuration()
             configuration.lifetime = TimeInterval(demoLifetime)
@@ -149,7 +241,7 @@ struct TokenAgent: AsyncParsableCommand {
             DemoBanner.print(url: started.urlTemplate, lifetime: demoLifetime)
         }
         guard !keys.isEmpty else {
-            throw ValidationError("give at least one --vehicle or --trip to keep tokens for")
+            throw ValidationError("give at least one --vehicle, --trip, --delivery-vehicle or --task to keep tokens for")
         }
 
         var fetcherConfiguration = HTTPTokenFetcherConfiguration(urlTemplate: template!)
@@ -161,6 +253,18 @@ struct TokenAgent: AsyncParsableCommand {
         fetcherConfiguration.allowInsecureHTTP = allowInsecureHTTP
         fetcherConfiguration.connectTimeout = connectTimeout
         fetcherConfiguration.totalTimeout = requestTimeout
+        fetcherConfiguration.method = method
+        fetcherConfiguration.body = try requestBody()
+        fetcherConfiguration.tls.caFiles = caFiles
+        fetcherConfiguration.tls.extraCAFiles = extraCAFiles
+        fetcherConfiguration.tls.clientCertificateFile = clientCertificate
+        fetcherConfiguration.tls.clientKeyFile = clientKey
+        // The demo issuer is on loopback: no proxy, whatever the environment says.
+        fetcherConfiguration.proxy = issuer == nil ? try proxySettings() : .direct
+        if let chosen = URL(string: template!.replacingOccurrences(of: "{kind}", with: "vehicle").replacingOccurrences(of: "{id}", with: "x"))
+            .flatMap(fetcherConfiguration.proxy.proxy(for:)) {
+            logger.info("token provider requests go through a proxy", metadata: ["proxy": "\(chosen)"])
+        }
 
         let fetcher: HTTPTokenFetcher
         let store: SQLiteTokenRepository
@@ -251,3 +355,10 @@ enum DemoBanner {
 
 extension Logger.Level: @retroactive ExpressibleByArgument {}
 extension HTTPTokenFetcherConfiguration.ExpirationFormat: ExpressibleByArgument {}
+
+extension ProviderRequestMethod: ExpressibleByArgument {
+    /// `GET` or `POST`, in any case.
+    public init?(argument: String) {
+        self.init(rawValue: argument.uppercased())
+    }
+}

@@ -103,6 +103,8 @@ struct Purge: AsyncParsableCommand {
     @OptionGroup var store: StoreOptions
     @Option(help: "Purge this vehicle.") var vehicle: String?
     @Option(help: "Purge this trip.") var trip: String?
+    @Option(name: .customLong("delivery-vehicle"), help: "Purge this delivery vehicle.") var deliveryVehicle: String?
+    @Option(help: "Purge this task.") var task: String?
     @Option(help: "Purge every entry of this kind.") var kind: TokenKind?
     @Flag(help: "Purge every expired token.") var expired = false
     @Flag(help: "Purge everything (needs --yes).") var all = false
@@ -112,17 +114,24 @@ struct Purge: AsyncParsableCommand {
     @Flag(help: "Print {\"matched\": N, \"purged\": N}.") var json = false
 
     func validate() throws {
-        let selectors = [vehicle != nil, trip != nil, kind != nil, expired, all].filter { $0 }.count
-        if selectors == 0 { throw ValidationError("choose what to purge: --vehicle ID, --trip ID, --kind KIND, --expired or --all") }
-        if selectors > 1 { throw ValidationError("give exactly one of --vehicle, --trip, --kind, --expired, --all") }
+        let selectors = subjects.count + [kind != nil, expired, all].filter { $0 }.count
+        if selectors == 0 {
+            throw ValidationError("choose what to purge: --vehicle ID, --trip ID, --delivery-vehicle ID, --task ID, --kind KIND, --expired or --all")
+        }
+        if selectors > 1 { throw ValidationError("give exactly one of --vehicle, --trip, --delivery-vehicle, --task, --kind, --expired, --all") }
         // The ids `show` and the library accept, no others.
-        if let vehicle { _ = try validatedKey(.vehicle, vehicle, flag: "--vehicle") }
-        if let trip { _ = try validatedKey(.trip, trip, flag: "--trip") }
+        for (kind, id, flag) in subjects { _ = try validatedKey(kind, id, flag: flag) }
+    }
+
+    /// The one-subject selectors given: kind, id and the flag that named it.
+    private var subjects: [(TokenKind, String, String)] {
+        [(TokenKind.vehicle, vehicle, "--vehicle"), (.trip, trip, "--trip"),
+         (.deliveryVehicle, deliveryVehicle, "--delivery-vehicle"), (.task, task, "--task")]
+            .compactMap { kind, id, flag in id.map { (kind, $0, flag) } }
     }
 
     var filter: TokenFilter {
-        if let vehicle { return TokenFilter(kind: .vehicle, subjectID: vehicle) }
-        if let trip { return TokenFilter(kind: .trip, subjectID: trip) }
+        if let (kind, id, _) = subjects.first { return TokenFilter(kind: kind, subjectID: id) }
         if let kind { return TokenFilter(kind: kind) }
         if expired { return TokenFilter(validity: .expired(asOf: Date())) }
         return .all

@@ -66,6 +66,16 @@ public struct TokenKey: Hashable, Sendable, Comparable, CustomStringConvertible 
         try TokenKey(kind: .trip, subjectID: id)
     }
 
+    /// A delivery vehicle's key (Fleet Engine Deliveries). - Throws: ``InvalidTokenKey`` for a bad id.
+    public static func deliveryVehicle(_ id: String) throws(InvalidTokenKey) -> TokenKey {
+        try TokenKey(kind: .deliveryVehicle, subjectID: id)
+    }
+
+    /// A scheduled task's key (Fleet Engine Deliveries). - Throws: ``InvalidTokenKey`` for a bad id.
+    public static func task(_ id: String) throws(InvalidTokenKey) -> TokenKey {
+        try TokenKey(kind: .task, subjectID: id)
+    }
+
     /// `kind/subjectID`, e.g. `vehicle/truck-7`.
     public var description: String { "\(kind.rawValue)/\(subjectID)" }
 
