@@ -43,6 +43,33 @@ struct ProviderTLSTests {
         }
     }
 
+    // AsyncHTTPClient retried a failed connection until the connect timeout, so a certificate
+    // the agent does not trust, a refused port or a proxy's 407 was reported only after it (5 s by
+    // default, as a timeout when nothing else was remembered). Not a speed goal: whether the
+    // error is the real one and comes before the timeout.
+    @Test("an untrusted certificate or a refused connection fails the fetch at once with its own error, not after the connect timeout")
+    func connectionFailuresAreNotRetried() async throws {
+        let pki = try TestPKI()
+        defer { pki.removeFiles() }
+        let server = try TLSTokenServer(pki: pki)
+        let closedPort: Int = try await server.whileRunning { server.port }
+        let untrustedServer = try TLSTokenServer(pki: pki)
+        try await untrustedServer.whileRunning {
+            for (url, kind) in [("\(untrustedServer.baseURL)/token/{kind}/{id}", "tlsCertificate"),
+                                ("https://127.0.0.1:\(closedPort)/token/{kind}/{id}", "unreachable")] {
+                var configuration = HTTPTokenFetcherConfiguration(urlTemplate: url)
+                configuration.connectTimeout = 30
+                configuration.totalTimeout = 60
+                let fetcher = try HTTPTokenFetcher(configuration: configuration, logger: Logger(label: "tls-test"))
+                let started = ContinuousClock.now
+                let error = await #expect(throws: TokenProviderError.self) { try await fetcher.fetchToken(for: key) }
+                #expect(error?.kind == kind, "\(String(describing: error))")
+                #expect(ContinuousClock.now - started < .seconds(15), "\(url): reported after \(ContinuousClock.now - started)")
+                await fetcher.shutdown()
+            }
+        }
+    }
+
     @Test("mutual TLS: refused without a client certificate, accepted with one; a rotated certificate is used by the next fetch")
     func mutualTLSAndRotation() async throws {
         let pki = try TestPKI()
