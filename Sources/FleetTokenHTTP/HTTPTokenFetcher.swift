@@ -58,6 +58,10 @@ public final class HTTPTokenFetcher: TokenFetcher, Sendable {
         }
         clientConfiguration.timeout = .init(connect: .milliseconds(Int64(configuration.connectTimeout * 1000)))
         clientConfiguration.redirectConfiguration = .disallow
+        // A failed connection (refused, untrusted certificate, proxy 407) fails the fetch at once
+        // with its own error; AsyncHTTPClient would otherwise retry it until the connect timeout
+        // and hide a configuration error behind 5 s. The engine's backoff does the retrying.
+        clientConfiguration.connectionPool.retryConnectionEstablishment = false
         clientConfiguration.decompression = .disabled
         self.client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: clientConfiguration)
     }

@@ -230,13 +230,15 @@ final class CannedServer: Sendable {
 // MARK: - Small helpers
 
 /// A JWT-shaped token (unsigned: random signature bytes) for canned answers.
-func cannedJWT(subject: String, issuedAt: Date, lifetime: TimeInterval = 3600) -> String {
+func cannedJWT(subject: String, issuedAt: Date, lifetime: TimeInterval = 3600, claim: String = "vehicleid") -> String {
     func base64URL(_ data: Data) -> String {
         data.base64EncodedString().replacingOccurrences(of: "+", with: "-")
             .replacingOccurrences(of: "/", with: "_").replacingOccurrences(of: "=", with: "")
     }
     let iat = Int(issuedAt.timeIntervalSince1970)
-    let payload = #"{"iat":\#(iat),"exp":\#(iat + Int(lifetime)),"authorization":{"vehicleid":"\#(subject)"}}"#
+    // The subject as a JSON string: ids may hold quotes and backslashes.
+    let quoted = String(decoding: try! JSONSerialization.data(withJSONObject: subject, options: .fragmentsAllowed), as: UTF8.self)
+    let payload = #"{"iat":\#(iat),"exp":\#(iat + Int(lifetime)),"authorization":{"\#(claim)":\#(quoted)}}"#
     let signature = Data((0..<256).map { _ in UInt8.random(in: 0...255) })
     return [Data(#"{"alg":"RS256","typ":"JWT"}"#.utf8), Data(payload.utf8), signature].map(base64URL).joined(separator: ".")
 }
