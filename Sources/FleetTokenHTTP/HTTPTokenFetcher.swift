@@ -166,7 +166,7 @@ public final class HTTPTokenFetcher: TokenFetcher, Sendable {
 
     private func mapTransportError(_ error: any Error) -> TokenProviderError {
         if let error = error as? HTTPClientError {
-            let via = proxy.map { " through the proxy \($0.host):\($0.port)" } ?? ""
+            let via = proxy.map { " (through the proxy \($0.host):\($0.port))" } ?? ""
             switch error {
             case .proxyAuthenticationRequired:
                 return .unreachable(detail: "the proxy \(proxy.map { "\($0.host):\($0.port)" } ?? "") asked for credentials (HTTP 407): check the user and password in HTTPS_PROXY, HTTP_PROXY or --proxy")
@@ -190,7 +190,8 @@ public final class HTTPTokenFetcher: TokenFetcher, Sendable {
             return .unreachable(detail: "TLS: " + text)
         }
         if error is CancellationError { return .other(detail: "cancelled") }
-        return .unreachable(detail: String(describing: type(of: error)) + ": " + Self.safeText(String(describing: error)))
+        let via = proxy.map { " (through the proxy \($0.host):\($0.port))" } ?? ""
+        return .unreachable(detail: String(describing: type(of: error)) + ": " + Self.safeText(String(describing: error)) + via)
     }
 
     /// Longest `Retry-After` taken from a provider (the engine caps it further).
