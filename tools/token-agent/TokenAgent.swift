@@ -265,6 +265,10 @@ struct TokenAgent: AsyncParsableCommand {
             .flatMap(fetcherConfiguration.proxy.proxy(for:)) {
             logger.info("token provider requests go through a proxy", metadata: ["proxy": "\(chosen)"])
         }
+        if !fetcherConfiguration.proxy.noProxy.ignoredEntries.isEmpty {
+            logger.warning("NO_PROXY entries that can never match (not a host name, address or CIDR block, or a bad port)",
+                           metadata: ["entries": "\(fetcherConfiguration.proxy.noProxy.ignoredEntries.joined(separator: ","))"])
+        }
 
         let fetcher: HTTPTokenFetcher
         let store: SQLiteTokenRepository
