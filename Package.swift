@@ -18,6 +18,7 @@ let package = Package(
     products: [
         .library(name: "FleetTokenStore", targets: ["FleetTokenStore"]),
         .library(name: "FleetTokenHTTP", targets: ["FleetTokenHTTP"]),
+        .library(name: "FleetTokenService", targets: ["FleetTokenService"]),
         .library(name: "DevTokenIssuer", targets: ["DevTokenIssuer"]),
         .executable(name: "token-agent", targets: ["token-agent"]),
         .executable(name: "dev-token-server", targets: ["dev-token-server"]),
@@ -39,6 +40,8 @@ let package = Package(
         .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.28.0"),
         .package(url: "https://github.com/vapor/jwt-kit", from: "5.8.0"),
         .package(url: "https://github.com/pointfreeco/swift-clocks", from: "1.1.1"),
+        .package(url: "https://github.com/swift-server/swift-prometheus", from: "2.4.0"),
+        .package(url: "https://github.com/apple/swift-http-types", from: "1.0.0"),
     ],
     targets: [
         // The schema: numbered SQL files compiled into the binary, so a deployed agent reads no
@@ -87,6 +90,18 @@ let package = Package(
         ),
         // The development issuer, usable in-process (demo mode, tests) and standalone.
         .target(
+            name: "FleetTokenService",
+            dependencies: [
+                "FleetTokenStore",
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "HTTPTypes", package: "swift-http-types"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            swiftSettings: strictSettings
+        ),
+        .target(
             name: "DevTokenIssuer",
             dependencies: [
                 .product(name: "Hummingbird", package: "hummingbird"),
@@ -113,6 +128,9 @@ let package = Package(
             dependencies: [
                 "FleetTokenStore",
                 "FleetTokenHTTP",
+                "FleetTokenService",
+                .product(name: "Prometheus", package: "swift-prometheus"),
+                .product(name: "Metrics", package: "swift-metrics"),
                 "DevTokenIssuer",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),

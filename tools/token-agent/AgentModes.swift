@@ -1,3 +1,4 @@
+import FleetTokenService
 import FleetTokenStore
 import Foundation
 import Logging
@@ -47,6 +48,8 @@ struct LongLivedRun {
     let keys: [TokenKey]
     let output: AgentOutput
     let logger: Logger
+    /// The local token API, when listening.
+    let api: TokenAPIService?
 
     func run() async throws {
         let events = engine.events()
@@ -60,7 +63,7 @@ struct LongLivedRun {
             }
         }
         let group = ServiceGroup(configuration: .init(
-            services: [.init(service: engine)],
+            services: [.init(service: engine)] + (api.map { [.init(service: $0)] } ?? []),
             gracefulShutdownSignals: [.sigterm, .sigint],
             logger: logger))
         logger.notice("token-agent running; stop with SIGTERM or Ctrl-C", metadata: ["subjects": .stringConvertible(keys.count)])

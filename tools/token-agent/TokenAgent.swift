@@ -4,10 +4,16 @@
 import ArgumentParser
 import DevTokenIssuer
 import FleetTokenHTTP
+import FleetTokenService
 import FleetTokenStore
 import Foundation
 import Logging
+import Metrics
+import Prometheus
 import ServiceLifecycle
+#if canImport(Glibc)
+import Glibc
+#endif
 
 @main
 struct TokenAgent: AsyncParsableCommand {
@@ -117,6 +123,23 @@ struct TokenAgent: AsyncParsableCommand {
           help: "Accept tokens that are not JWTs (with a stated expiry), and JWTs without iat or the authorization claim.")
     var allowOpaqueTokens = false
 
+    @Option(name: .customLong("listen"),
+            help: "Serve the local token API on unix:PATH or 127.0.0.1:PORT (repeatable; demo mode: unix:./token-agent.sock).")
+    var listen: [String] = []
+
+    @Flag(name: .customLong("allow-non-loopback-listen"), help: "Allow --listen on an address other than loopback.")
+    var allowNonLoopbackListen = false
+
+    @Option(name: .customLong("socket-mode"), help: "Mode of the API's Unix socket files, in octal (default 0660).")
+    var socketMode: String = "0660"
+
+    @Option(name: .customLong("allow"),
+            help: "Also hand out subjects matching KIND:GLOB over the API, e.g. 'trip:*' or 'vehicle:truck-*' (repeatable).")
+    var allowPatterns: [String] = []
+
+    @Option(name: .customLong("invalidate-interval"), help: "Shortest time between two forced refetches of one key through the API: 10s, 1m.")
+    var invalidateInterval = DurationArgument(seconds: 10)
+
     @Option(name: .customLong("lease-duration"),
             help: ArgumentHelp("Seconds a cross-process refresh lease lasts between renewals.", visibility: .hidden))
     var leaseDuration: Double = 30
@@ -148,6 +171,32 @@ struct TokenAgent: AsyncParsableCommand {
             throw ValidationError("--header and --header-file need --provider-url")
         }
         try validateTransport()
+        _ = try listenAddresses(demo: false)
+        _ = try allowList(keys: [])
+        if once && !listen.isEmpty { throw ValidationError("--listen serves tokens while the agent runs: it does not go with --once") }
+        guard socketModeValue != nil else { throw ValidationError("--socket-mode \(socketMode): give an octal mode such as 0660 or 0600") }
+    }
+
+    /// The API's listen addresses; demo mode listens on ./token-agent.sock unless told otherwise.
+    private func listenAddresses(demo: Bool) throws -> [ListenAddress] {
+        do {
+            if listen.isEmpty && demo && !once { return [.unix(path: "./token-agent.sock")] }
+            return try listen.map { try ListenAddress(parsing: $0, allowNonLoopback: allowNonLoopbackListen) }
+        } catch {
+            throw ValidationError("\(error)")
+        }
+    }
+
+    private func allowList(keys: [TokenKey]) throws -> SubjectAllowList {
+        do {
+            return SubjectAllowList(subjects: Set(keys), patterns: try allowPatterns.map { try SubjectAllowList.Pattern(parsing: $0) })
+        } catch {
+            throw ValidationError("--allow \(error)")
+        }
+    }
+
+    private var socketModeValue: mode_t? {
+        mode_t(socketMode, radix: 8).flatMap { $0 <= 0o777 ? $0 : nil }
     }
 
     /// The request-shape, TLS and proxy flags (the files themselves are checked when the fetcher is made).
@@ -221,6 +270,9 @@ struct TokenAgent: AsyncParsableCommand {
         }
         var logger = Logger(label: "token-agent")
         logger.logLevel = logLevel
+        // Before the engine and fetcher make their counters: they bind to the factory then.
+        let registry = PrometheusCollectorRegistry()
+        MetricsSystem.bootstrap(PrometheusMetricsFactory(registry: registry))
         let path = db ?? ProcessInfo.processInfo.environment["TOKEN_STORE_DB"] ?? "./tokens.sqlite"
 
         var issuer: DevTokenIssuer?
@@ -238,7 +290,9 @@ struct TokenAgent: AsyncParsableCommand {
                 keys = try ["demo-vehicle-1", "demo-vehicle-2", "demo-vehicle-3"].map { try key(.vehicle, $0) }
                     + ["demo-trip-1", "demo-trip-2"].map { try key(.trip, $0) }
             }
-            DemoBanner.print(url: started.urlTemplate, lifetime: demoLifetime)
+            DemoBanner.print(url: started.urlTemplate, lifetime: demoLifetime,
+                             socket: try listenAddresses(demo: true).compactMap { if case .unix(let path) = $0 { path } else { nil } }.first,
+                             example: keys.first)
         }
         guard !keys.isEmpty else {
             throw ValidationError("give at least one --vehicle, --trip, --delivery-vehicle or --task to keep tokens for")
@@ -301,7 +355,30 @@ struct TokenAgent: AsyncParsableCommand {
             failed = await OnceRun(engine: engine, keys: keys, output: output).run()
             await engine.shutdown()
         } else {
-            try await LongLivedRun(engine: engine, keys: keys, output: output, logger: logger).run()
+            let addresses = try listenAddresses(demo: issuer != nil)
+            var api: TokenAPIService?
+            if !addresses.isEmpty {
+                var apiConfiguration = TokenAPI.Configuration(allowList: try allowList(keys: keys), readinessSubjects: keys)
+                apiConfiguration.invalidateInterval = invalidateInterval.seconds
+                apiConfiguration.metricsText = { registry.emitToString() }
+                let apiLogger = logger
+                let service = TokenAPIService(
+                    api: TokenAPI(engine: engine, configuration: apiConfiguration, logger: logger), engine: engine,
+                    addresses: addresses, socketMode: socketModeValue ?? 0o660, logger: logger,
+                    onListening: { address in apiLogger.notice("token API listening", metadata: ["address": "\(address)"]) })
+                do {
+                    try service.prepare()
+                } catch {
+                    await fetcher.shutdown()
+                    store.close()
+                    await issuer?.stop()
+                    FileHandle.standardError.write(Data("token-agent: \(error)\n".utf8))
+                    throw ExitCode(1)
+                }
+                FileDescriptorLimit.raise()
+                api = service
+            }
+            try await LongLivedRun(engine: engine, keys: keys, output: output, logger: logger, api: api).run()
         }
         await fetcher.shutdown()
         store.close()
@@ -343,16 +420,20 @@ enum HeaderArgument {
 }
 
 enum DemoBanner {
-    static func print(url: String, lifetime: Int) {
-        let lines = [
+    static func print(url: String, lifetime: Int, socket: String?, example: TokenKey?) {
+        var lines = [
             String(repeating: "=", count: 78),
             " token-agent: DEMO MODE - NOT FOR PRODUCTION",
             " Tokens come from an embedded development issuer at",
             " \(url)",
             " that signs a token for anyone who asks (\(lifetime) s lifetime, so refreshes show soon).",
             " Pass --provider-url with your token provider's URL for real use.",
-            String(repeating: "=", count: 78),
         ]
+        if let socket, let example {
+            lines += [" Ask it for a token from another terminal:",
+                      "   curl --unix-socket \(socket) -H 'Fleet-Token-Request: true' http://localhost/v1/token/\(example.kind.rawValue)/\(example.subjectID)"]
+        }
+        lines.append(String(repeating: "=", count: 78))
         FileHandle.standardError.write(Data((lines.joined(separator: "\n") + "\n").utf8))
     }
 }
@@ -364,5 +445,17 @@ extension ProviderRequestMethod: ExpressibleByArgument {
     /// `GET` or `POST`, in any case.
     public init?(argument: String) {
         self.init(rawValue: argument.uppercased())
+    }
+}
+
+
+/// The open-files limit: 1,000 idle API clients must not stop the next one being served.
+enum FileDescriptorLimit {
+    /// Raises the soft limit to the hard limit.
+    static func raise() {
+        var limit = rlimit()
+        guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0, limit.rlim_cur < limit.rlim_max else { return }
+        limit.rlim_cur = limit.rlim_max
+        _ = setrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit)
     }
 }

@@ -127,6 +127,9 @@ actor RefreshCoordinator {
         for key in keys { scheduleNextRefresh(key) }
     }
 
+    /// The keys kept fresh proactively.
+    var trackedKeys: Set<TokenKey> { tracked }
+
     func untrack(_ keys: [TokenKey]) {
         tracked.subtract(keys)
     }

@@ -108,16 +108,9 @@ public final class TokenSyncEngine: Service, Sendable {
     /// Like ``token(for:)``, also saying where the token came from.
     /// - Throws: ``TokenUnavailable``.
     public func tokenWithSource(for key: TokenKey) async throws(TokenUnavailable) -> (token: StoredToken, source: TokenSource) {
-        let local = wallClock()
-        switch memory.lookup(key, localNow: local) {
-        case .fresh(let token): return (token, memory.entry(key)?.source ?? .store)
-        case .stale(let token, let startRefresh, _):
-            if startRefresh { coordinator.refreshInBackground(key) }
-            return (token, memory.entry(key)?.source ?? .store)
-        case .miss:
-            let token = try await waitForToken(key)
-            return (token, memory.entry(key)?.source ?? .provider)
-        }
+        if let token = tokenFromMemory(key) { return (token, memory.entry(key)?.source ?? .store) }
+        let token = try await tokenAfterMiss(key)
+        return (token, memory.entry(key)?.source ?? .provider)
     }
 
     /// A token for `key` that is before its soft point when possible: a stored or held token
@@ -134,6 +127,24 @@ public final class TokenSyncEngine: Service, Sendable {
     public func heldToken(for key: TokenKey) -> (token: StoredToken, source: TokenSource)? {
         guard let token = memory.usableToken(key, localNow: wallClock()) else { return nil }
         return (token, memory.entry(key)?.source ?? .store)
+    }
+
+    /// What memory holds for each subject the engine knows: the tracked ones and those in use,
+    /// sorted by key. No I/O and no token values.
+    public func subjects() async -> [SubjectStatus] {
+        let tracked = await coordinator.trackedKeys
+        let local = wallClock()
+        return Set(memory.keys).union(tracked).sorted().map { key in
+            memory.status(key, tracked: tracked.contains(key), localNow: local)
+                ?? SubjectStatus(key: key, tracked: tracked.contains(key), state: .unavailable, expiresAt: nil,
+                                 fingerprint: nil, source: nil, failure: nil)
+        }
+    }
+
+    /// The status of one subject from memory; `.unavailable` when nothing is held for it.
+    public func status(of key: TokenKey) -> SubjectStatus {
+        memory.status(key, tracked: false, localNow: wallClock())
+            ?? SubjectStatus(key: key, tracked: false, state: .unavailable, expiresAt: nil, fingerprint: nil, source: nil, failure: nil)
     }
 
     private func waitForToken(_ key: TokenKey, fresh: Bool = false) async throws(TokenUnavailable) -> StoredToken {

@@ -1,0 +1,92 @@
+// Token service, policy layer: which subjects a local client may ask for. A pure value.
+
+public import FleetTokenStore
+import Foundation
+
+/// Which subjects the local token API hands out: the configured ones, and those matching an
+/// allow pattern such as `trip:*` or `vehicle:truck-*`.
+///
+/// A pattern is `KIND:GLOB`: the kind as written in URLs (`vehicle`, `trip`, `deliveryVehicle`,
+/// `task`) and a glob over the whole id in which `*` stands for any run of characters (none
+/// included) and every other character for itself. There is no other wildcard, so an id with
+/// `?` or `[` needs no escaping.
+public struct SubjectAllowList: Sendable, Equatable {
+    /// One `KIND:GLOB` pattern.
+    public struct Pattern: Sendable, Equatable, CustomStringConvertible {
+        /// The kind it applies to.
+        public let kind: TokenKind
+        /// The glob over the id, as written.
+        public let glob: String
+        private let pieces: [Substring]
+
+        /// Parses `KIND:GLOB`.
+        /// - Throws: ``SubjectPatternError`` without a colon, with an unknown kind, or with an
+        ///   empty glob.
+        public init(parsing text: String) throws(SubjectPatternError) {
+            guard let colon = text.firstIndex(of: ":") else {
+                throw SubjectPatternError(pattern: text, problem: "write KIND:GLOB, e.g. trip:* or vehicle:truck-*")
+            }
+            let kindText = String(text[..<colon])
+            guard let kind = TokenKind(rawValue: kindText) else {
+                throw SubjectPatternError(pattern: text, problem: "unknown kind \"\(kindText)\": use vehicle, trip, deliveryVehicle or task")
+            }
+            let glob = String(text[text.index(after: colon)...])
+            guard !glob.isEmpty else { throw SubjectPatternError(pattern: text, problem: "the id pattern is empty: use * for every id") }
+            self.kind = kind
+            self.glob = glob
+            self.pieces = glob.split(separator: "*", omittingEmptySubsequences: false)
+        }
+
+        /// True when `key` is of this kind and its id matches the glob.
+        public func matches(_ key: TokenKey) -> Bool {
+            key.kind == kind && Self.match(Substring(key.subjectID), pieces[...])
+        }
+
+        /// `KIND:GLOB`.
+        public var description: String { "\(kind.rawValue):\(glob)" }
+
+        /// Literal pieces separated by `*`: the first anchors the start, the last the end, the
+        /// middle ones are found left to right (greedy-free, so linear in the id's length per piece).
+        private static func match(_ id: Substring, _ pieces: ArraySlice<Substring>) -> Bool {
+            guard let first = pieces.first else { return id.isEmpty }
+            if pieces.count == 1 { return id == first }
+            guard id.hasPrefix(first) else { return false }
+            var rest = id.dropFirst(first.count)
+            let last = pieces.last!
+            for middle in pieces.dropFirst().dropLast() where !middle.isEmpty {
+                guard let range = rest.range(of: middle) else { return false }
+                rest = rest[range.upperBound...]
+            }
+            return rest.count >= last.count && rest.hasSuffix(last)
+        }
+
+        public static func == (lhs: Pattern, rhs: Pattern) -> Bool { lhs.kind == rhs.kind && lhs.glob == rhs.glob }
+    }
+
+    /// Subjects always allowed (the agent's configured subjects).
+    public var subjects: Set<TokenKey>
+    /// Patterns of further allowed subjects.
+    public var patterns: [Pattern]
+
+    /// An allow list of `subjects` and `patterns`.
+    public init(subjects: Set<TokenKey> = [], patterns: [Pattern] = []) {
+        self.subjects = subjects
+        self.patterns = patterns
+    }
+
+    /// True when a client may ask for `key`.
+    public func allows(_ key: TokenKey) -> Bool {
+        subjects.contains(key) || patterns.contains { $0.matches(key) }
+    }
+}
+
+/// An allow pattern that cannot be read.
+public struct SubjectPatternError: Error, Sendable, Equatable, CustomStringConvertible {
+    /// The pattern as given.
+    public let pattern: String
+    /// What is wrong and how to write it.
+    public let problem: String
+
+    /// `allow pattern "…": problem`.
+    public var description: String { "allow pattern \"\(pattern)\": \(problem)" }
+}

@@ -1,0 +1,179 @@
+// Token service, listener layer: where the API listens (Unix sockets, loopback TCP), the
+// socket file's safety rules, and the service that runs the listeners beside the engine.
+
+public import FleetTokenStore
+public import Foundation
+import Hummingbird
+public import Logging
+import NIOCore
+public import ServiceLifecycle
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Where the token API listens: `unix:PATH` or `HOST:PORT` (`[v6]:PORT`).
+public enum ListenAddress: Sendable, Equatable, CustomStringConvertible {
+    /// A Unix domain socket at this path.
+    case unix(path: String)
+    /// A TCP address.
+    case tcp(host: String, port: Int)
+
+    /// Parses `unix:PATH` or `HOST:PORT`.
+    /// - Throws: ``TokenAPIError`` for anything else, or a non-loopback host unless
+    ///   `allowNonLoopback`.
+    public init(parsing text: String, allowNonLoopback: Bool = false) throws(TokenAPIError) {
+        if text.hasPrefix("unix:") {
+            let path = String(text.dropFirst(5))
+            guard !path.isEmpty else { throw TokenAPIError("--listen \(text): give the socket's path, unix:/run/token-agent/api.sock") }
+            self = .unix(path: path)
+            return
+        }
+        guard let colon = text.lastIndex(of: ":"), let port = Int(text[text.index(after: colon)...]), (1...65535).contains(port) else {
+            throw TokenAPIError("--listen \(text): write unix:PATH or HOST:PORT (127.0.0.1:8787)")
+        }
+        let host = String(text[..<colon]).trimmingCharacters(in: CharacterSet(charactersIn: "[]"))
+        let loopback = host == "localhost" || host == "::1" || host.hasPrefix("127.")
+        guard loopback || allowNonLoopback else {
+            throw TokenAPIError("--listen \(text): the token API hands out tokens without authentication, so it listens on loopback only; pass --allow-non-loopback-listen if a firewall guards \(host)")
+        }
+        self = .tcp(host: host, port: port)
+    }
+
+    /// `unix:PATH` or `HOST:PORT`.
+    public var description: String {
+        switch self {
+        case .unix(let path): "unix:\(path)"
+        case .tcp(let host, let port): host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)"
+        }
+    }
+}
+
+/// A token API set-up problem, said for an operator.
+public struct TokenAPIError: Error, Sendable, Equatable, CustomStringConvertible {
+    /// What is wrong and what to do.
+    public let description: String
+    init(_ description: String) { self.description = description }
+}
+
+/// Runs the token API on every listen address, until graceful shutdown; removes its socket
+/// files when it stops. Add it to the `ServiceGroup` beside the engine.
+public struct TokenAPIService: Service {
+    let api: TokenAPI
+    let engine: TokenSyncEngine
+    let addresses: [ListenAddress]
+    let socketMode: mode_t
+    let logger: Logger
+    let onListening: @Sendable (ListenAddress) -> Void
+
+    /// A service for `api` on `addresses`; Unix sockets get `socketMode` (default 0660).
+    /// `onListening` is called once per address when it accepts connections (a port 0 is
+    /// reported with the port bound).
+    public init(api: TokenAPI, engine: TokenSyncEngine, addresses: [ListenAddress], socketMode: mode_t = 0o660,
+                logger: Logger, onListening: @escaping @Sendable (ListenAddress) -> Void = { _ in }) {
+        self.api = api
+        self.engine = engine
+        self.addresses = addresses
+        self.socketMode = socketMode
+        self.logger = logger
+        self.onListening = onListening
+    }
+
+    /// Checks every Unix socket path before anything listens: the directory, and no live agent
+    /// on it. A stale socket file (its agent died) is left for the listener to replace.
+    /// - Throws: ``TokenAPIError``.
+    public func prepare() throws(TokenAPIError) {
+        for case .unix(let path) in addresses { try SocketPath.check(path) }
+    }
+
+    /// Serves until graceful shutdown or cancellation.
+    public func run() async throws {
+        try prepare()
+        let router = api.router()
+        let health = api.storeHealth
+        let events = engine.events()
+        try await withThrowingDiscardingTaskGroup { group in
+            // Ends at graceful shutdown: the service group stops the engine only after this service.
+            group.addTask { await cancelWhenGracefulShutdown { for await event in events { health.record(event) } } }
+            // Each application shuts down gracefully with the service group (finishing the
+            // requests it has).
+            for address in addresses {
+                let app = application(router, address)
+                group.addTask { try await app.runService() }
+            }
+        }
+        for case .unix(let path) in addresses { unlink(path) }
+    }
+
+    private func application(_ router: Router<BasicRequestContext>, _ address: ListenAddress) -> some ApplicationProtocol {
+        let bind: BindAddress
+        switch address {
+        case .unix(let path): bind = .unixDomainSocket(path: path)
+        case .tcp(let host, let port): bind = .hostname(host, port: port)
+        }
+        let mode = socketMode
+        let report = onListening
+        var quiet = logger
+        quiet.logLevel = max(logger.logLevel, .notice)
+        return Application(
+            router: router,
+            // Slow or idle clients are dropped after 30 s; headers are capped at 16 KiB.
+            server: .http1(configuration: .init(idleTimeout: .seconds(30), httpDecoderConfiguration: .init())),
+            configuration: .init(address: bind, serverName: nil, backlog: 1024),
+            onServerRunning: { channel in
+                switch address {
+                case .unix(let path):
+                    chmod(path, mode)
+                    report(address)
+                case .tcp(let host, _):
+                    report(.tcp(host: host, port: channel.localAddress?.port ?? 0))
+                }
+            },
+            logger: quiet)
+    }
+}
+
+/// The rules for a Unix socket path.
+enum SocketPath {
+    /// The directory must exist, belong to this user (or root) and not be writable by others;
+    /// an existing file must be a socket nobody answers on.
+    static func check(_ path: String) throws(TokenAPIError) {
+        let directory = (path as NSString).deletingLastPathComponent.isEmpty ? "." : (path as NSString).deletingLastPathComponent
+        var info = stat()
+        guard stat(directory, &info) == 0, info.st_mode & S_IFMT == S_IFDIR else {
+            throw TokenAPIError("the socket's directory \(directory) does not exist: create it (systemd: RuntimeDirectory=token-agent)")
+        }
+        guard info.st_uid == geteuid() || info.st_uid == 0 else {
+            throw TokenAPIError("the socket's directory \(directory) belongs to another user (uid \(info.st_uid)): use a directory this user owns")
+        }
+        guard info.st_mode & S_IWOTH == 0 || info.st_mode & S_ISVTX != 0 && info.st_uid == geteuid() else {
+            throw TokenAPIError("the socket's directory \(directory) is writable by everyone: use a directory only this user can write (mode 0750)")
+        }
+        var existing = stat()
+        guard lstat(path, &existing) == 0 else { return }
+        guard existing.st_mode & S_IFMT == S_IFSOCK else {
+            throw TokenAPIError("\(path) exists and is not a socket: remove it or choose another path")
+        }
+        if answers(path) {
+            throw TokenAPIError("another process is listening on \(path) (a running token-agent?): stop it, or choose another --listen path")
+        }
+    }
+
+    /// True when something accepts connections on the socket at `path`.
+    static func answers(_ path: String) -> Bool {
+        let descriptor = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        guard descriptor >= 0 else { return false }
+        defer { close(descriptor) }
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        let bytes = Array(path.utf8)
+        guard bytes.count < MemoryLayout.size(ofValue: address.sun_path) else { return false }
+        withUnsafeMutableBytes(of: &address.sun_path) { buffer in
+            for (index, byte) in bytes.enumerated() { buffer[index] = byte }
+        }
+        return withUnsafePointer(to: &address) { pointer in
+            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                connect(descriptor, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) == 0
+            }
+        }
+    }
+}
