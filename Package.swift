@@ -210,6 +210,24 @@ let package = Package(
             swiftSettings: testSettings
         ),
         .testTarget(
+            name: "TokenServiceTests",
+            dependencies: [
+                "TestSupportKit",
+                "FleetTokenService",
+                "FleetTokenStore",
+                "DevTokenIssuer",
+                "token-agent",
+                "tokenctl",
+                "dev-token-server",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            swiftSettings: testSettings
+        ),
+        .testTarget(
             name: "EndToEndTests",
             dependencies: [
                 "TestSupportKit",

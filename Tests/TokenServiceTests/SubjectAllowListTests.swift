@@ -1,0 +1,58 @@
+import FleetTokenService
+import FleetTokenStore
+import Foundation
+import Testing
+
+@Suite("SubjectAllowList and InvalidationLimiter (pure)")
+struct SubjectAllowListTests {
+    @Test("patterns match the whole id with * as any run; configured subjects always pass", arguments: [
+        ("trip:*", "trip", "t-1", true),
+        ("trip:*", "vehicle", "t-1", false),
+        ("vehicle:truck-*", "vehicle", "truck-7", true),
+        ("vehicle:truck-*", "vehicle", "truck-", true),
+        ("vehicle:truck-*", "vehicle", "a-truck-7", false),
+        ("vehicle:*-7", "vehicle", "truck-7", true),
+        ("vehicle:*-7", "vehicle", "truck-77", false),
+        ("vehicle:a*b*c", "vehicle", "abc", true),
+        ("vehicle:a*b*c", "vehicle", "aXbYc", true),
+        ("vehicle:a*b*c", "vehicle", "acb", false),
+        ("vehicle:ab*ba", "vehicle", "aba", false),
+        ("vehicle:exact", "vehicle", "exact", true),
+        ("vehicle:exact", "vehicle", "exactly", false),
+        ("task:?[x]*", "task", "?[x]1", true),
+        ("deliveryVehicle:van-*", "deliveryVehicle", "van-12", true),
+    ])
+    func patterns(pattern: String, kind: String, id: String, expected: Bool) throws {
+        let list = SubjectAllowList(patterns: [try .init(parsing: pattern)])
+        let key = try TokenKey(kind: TokenKind(rawValue: kind)!, subjectID: id)
+        #expect(list.allows(key) == expected)
+    }
+
+    @Test("configured subjects pass without a pattern; others do not")
+    func configured() throws {
+        let list = SubjectAllowList(subjects: [try .vehicle("v-1")])
+        #expect(list.allows(try .vehicle("v-1")))
+        #expect(!list.allows(try .vehicle("v-2")))
+        #expect(!list.allows(try .trip("v-1")))
+    }
+
+    @Test("bad patterns say how to write one", arguments: [
+        ("trip", "KIND:GLOB"), ("bus:*", "unknown kind"), ("trip:", "empty"),
+    ])
+    func badPatterns(pattern: String, message: String) {
+        #expect(throws: SubjectPatternError.self) { try SubjectAllowList.Pattern(parsing: pattern) }
+        do { _ = try SubjectAllowList.Pattern(parsing: pattern) } catch { #expect(error.description.contains(message)) }
+    }
+
+    @Test("one invalidation per key per interval, on the monotonic clock")
+    func limiter() throws {
+        let limiter = InvalidationLimiter(interval: 10)
+        let start = ContinuousClock.now
+        let a = try TokenKey.vehicle("a"), b = try TokenKey.vehicle("b")
+        #expect(limiter.admit(a, now: start) == .allowed)
+        #expect(limiter.admit(b, now: start) == .allowed)
+        #expect(limiter.admit(a, now: start + .seconds(4)) == .limited(retryAfter: 6))
+        #expect(limiter.admit(a, now: start + .seconds(10)) == .allowed)
+        #expect(limiter.admit(a, now: start + .seconds(19.5)) == .limited(retryAfter: 0.5))
+    }
+}
