@@ -28,7 +28,7 @@ public enum ListenAddress: Sendable, Equatable, CustomStringConvertible {
             self = .unix(path: path)
             return
         }
-        guard let colon = text.lastIndex(of: ":"), let port = Int(text[text.index(after: colon)...]), (1...65535).contains(port) else {
+        guard let colon = text.lastIndex(of: ":"), let port = Int(text[text.index(after: colon)...]), (0...65535).contains(port) else {
             throw TokenAPIError("--listen \(text): write unix:PATH or HOST:PORT (127.0.0.1:8787)")
         }
         let host = String(text[..<colon]).trimmingCharacters(in: CharacterSet(charactersIn: "[]"))
