@@ -1,0 +1,123 @@
+// Issue 13: /readyz and the token route follow the engine's floor on an injected clock (no test
+// waits for a token's lifetime), and idle clients do not block new ones. In-process engine and
+// API on a real Unix socket and a real SQLite store.
+
+import FleetTokenService
+import FleetTokenStore
+import Foundation
+import Logging
+import NIOHTTP1
+import ServiceLifecycle
+import Synchronization
+import TestSupportKit
+import Testing
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Opaque tokens valid for an hour from the test's wall clock, or failures when told.
+final class SwitchableFetcher: TokenFetcher {
+    let now: @Sendable () -> Date
+    let failing = Mutex(false)
+    let fetches = Mutex(0)
+
+    init(now: @escaping @Sendable () -> Date) { self.now = now }
+
+    func fetchToken(for key: TokenKey) async throws(TokenProviderError) -> FetchedToken {
+        fetches.withLock { $0 += 1 }
+        if failing.withLock({ $0 }) { throw .httpStatus(code: 503, retryAfter: nil) }
+        return FetchedToken(value: "opaque-\(key.subjectID)-\(UUID().uuidString)", statedExpiry: now().addingTimeInterval(3600))
+    }
+}
+
+@Suite("token API readiness on an injected clock")
+struct ReadinessClockTests {
+    @Test("/readyz turns 503 once the provider has failed long enough for the token to pass the floor, and 200 again when it answers")
+    func readinessFollowsTheFloor() async throws {
+        let scratch = Scratch()
+        let wall = Mutex(Date())
+        let now: @Sendable () -> Date = { wall.withLock { $0 } }
+        let fetcher = SwitchableFetcher(now: now)
+        var policy = RefreshPolicy()
+        policy.allowOpaqueTokens = true
+        let logger = Logger(label: "readiness-test")
+        let store = try SQLiteTokenRepository(path: scratch.file("tokens.sqlite"), logger: logger)
+        defer { store.close() }
+        let engine = TokenSyncEngine(repository: store, fetcher: fetcher, policy: policy, logger: logger, now: now)
+        let key = try TokenKey.vehicle("v-1")
+        await engine.track([key])
+        let socket = scratch.file("api.sock")
+        let api = TokenAPI(engine: engine, configuration: .init(allowList: .init(subjects: [key]), readinessSubjects: [key]), logger: logger)
+        let listening = Mutex(false)
+        let service = TokenAPIService(api: api, engine: engine, addresses: [.unix(path: socket)], logger: logger,
+                                      onListening: { _ in listening.withLock { $0 = true } })
+        let group = ServiceGroup(services: [engine, service], logger: logger)
+        try await withThrowingTaskGroup(of: Void.self) { tasks in
+            tasks.addTask { try await group.run() }
+            try await withAPIClient { client in
+                let api = APIClient.unix(socket, client)
+                #expect(await eventually(10) { listening.withLock { $0 } })
+                #expect(try await api.send("/v1/token/vehicle/v-1").status == 200)
+                #expect(try await api.send("/readyz").status == 200)
+
+                fetcher.failing.withLock { $0 = true }
+                // Past the soft point the held token is still served (and ready) while refreshes fail.
+                wall.withLock { $0 += 3600 * 0.9 }
+                #expect(try await api.send("/v1/token/vehicle/v-1").status == 200)
+                #expect(try await api.send("/readyz").status == 200)
+                // Past the floor: nothing usable.
+                wall.withLock { $0 += 3600 * 0.099 }
+                let ready = try await api.send("/readyz")
+                #expect(ready.status == 503)
+                #expect(ready.body.contains("vehicle/v-1 has no usable token"), "\(ready.body)")
+                #expect(try await api.send("/v1/token/vehicle/v-1").status == 503)
+
+                fetcher.failing.withLock { $0 = false }
+                wall.withLock { $0 += 600 }  // past any backoff
+                #expect(try await eventually(10) { try await api.send("/v1/token/vehicle/v-1").status == 200 })
+                #expect(try await api.send("/readyz").status == 200)
+            }
+            await group.triggerGracefulShutdown()
+            try await tasks.waitForAll()
+        }
+        #expect(!FileManager.default.fileExists(atPath: socket))
+    }
+
+    @Test("1,000 idle connections do not stop a new client being served")
+    func idleConnections() async throws {
+        let scratch = Scratch()
+        let issuer = try await IssuerProcess(scratch: scratch)
+        let agent = try await APIAgent.start(scratch, provider: issuer.template, ["--vehicle", "v-1"])
+        var idle: [Int32] = []
+        defer { for descriptor in idle { close(descriptor) } }
+        for _ in 0..<1000 {
+            let descriptor = try connectUnix(agent.socket)
+            idle.append(descriptor)
+            // Half of them send an unfinished request head: a slow client.
+            if idle.count.isMultiple(of: 2) { _ = "GET /v1/subjects HTTP/1.1\r\nHost: x\r\n".withCString { write(descriptor, $0, strlen($0)) } }
+        }
+        let status = try await withAPIClient { client in try await APIClient.unix(agent.socket, client).send("/v1/token/vehicle/v-1").status }
+        #expect(status == 200)
+        agent.process.signal(SIGTERM)
+        #expect(await agent.process.wait(upTo: 20) == 0, "\(agent.process.stderr)")
+    }
+}
+
+/// A connected Unix stream socket to `path`.
+func connectUnix(_ path: String) throws -> Int32 {
+    let descriptor = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+    guard descriptor >= 0 else { throw ProcessFailure(message: "socket() failed: \(errno)") }
+    var address = sockaddr_un()
+    address.sun_family = sa_family_t(AF_UNIX)
+    withUnsafeMutableBytes(of: &address.sun_path) { buffer in
+        for (index, byte) in path.utf8.enumerated() { buffer[index] = byte }
+    }
+    let result = withUnsafePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(descriptor, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+    }
+    guard result == 0 else {
+        close(descriptor)
+        throw ProcessFailure(message: "connect(\(path)) failed: \(errno)")
+    }
+    return descriptor
+}
