@@ -116,8 +116,11 @@ public struct TokenAPIService: Service {
         quiet.logLevel = max(logger.logLevel, .notice)
         return Application(
             router: router,
-            // Slow or idle clients are dropped after 30 s; headers are capped at 16 KiB.
-            server: .http1(configuration: .init(idleTimeout: .seconds(30), httpDecoderConfiguration: .init())),
+            // Slow or idle clients are dropped after 30 s; a request head is capped at 16 KiB
+            // and 100 fields (the API's requests need a handful).
+            server: .http1(configuration: .init(
+                idleTimeout: .seconds(30),
+                httpDecoderConfiguration: .init(maxHeaderFieldSize: 8 * 1024, maxHeaderListSize: 16 * 1024, maxHeaderFieldCount: 100))),
             configuration: .init(address: bind, serverName: nil, backlog: 1024),
             onServerRunning: { channel in
                 switch address {
