@@ -61,6 +61,25 @@ struct TokenAgentTests {
         #expect(try await issuer.stats().issued == 2)
     }
 
+    // Subject flags are taken out of the command line before ArgumentParser (which is quadratic
+    // in repeated options); every form must still reach the agent, and `--` ends them.
+    @Test("subject flags in every form, mixed with other flags, reach the agent")
+    func subjectFlagForms() async throws {
+        let scratch = Scratch()
+        let issuer = try await IssuerProcess(scratch: scratch)
+        let result = try await runToEnd("token-agent", ["--vehicle=v-a", "--db", scratch.file("t.sqlite"), "--vehicle", "v-b",
+                                                        "--provider-url", issuer.template, "--trip=t-1", "--delivery-vehicle", "d-1",
+                                                        "--task=k-1", "--once", "--json", "--vehicle=-7"], in: scratch)
+        #expect(result.status == 0, "\(result.stderr)")
+        #expect(try onceResults(result.stdout).map { "\($0["kind"] ?? "")/\($0["id"] ?? "")" }
+                == ["vehicle/v-a", "vehicle/v-b", "vehicle/-7", "trip/t-1", "deliveryVehicle/d-1", "task/k-1"])
+        for tail in [["--vehicle"], ["--vehicle", "--json"]] {
+            let missing = try await runToEnd("token-agent", ["--db", scratch.file("t.sqlite"), "--provider-url", issuer.template, "--once"] + tail, in: scratch)
+            #expect(missing.status == 64)
+            #expect(missing.stderr.contains("Missing value for '--vehicle"), "\(missing.stderr)")
+        }
+    }
+
     @Test("TOKEN_STORE_DB is the default store path")
     func environmentStorePath() async throws {
         let scratch = Scratch()
