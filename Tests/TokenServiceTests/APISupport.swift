@@ -83,6 +83,12 @@ struct APIAgent {
         }
         return APIAgent(process: process, socket: socket, tcpPort: port)
     }
+
+    /// Sends SIGTERM and waits (bounded); the exit status, nil if it did not stop in 20 s.
+    func stop() async -> Int32? {
+        process.signal(SIGTERM)
+        return await process.wait(upTo: 20)
+    }
 }
 
 /// Polls `condition` every 50 ms for up to `seconds`.

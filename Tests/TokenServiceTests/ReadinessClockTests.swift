@@ -98,8 +98,7 @@ struct ReadinessClockTests {
         }
         let status = try await withAPIClient { client in try await APIClient.unix(agent.socket, client).send("/v1/token/vehicle/v-1").status }
         #expect(status == 200)
-        agent.process.signal(SIGTERM)
-        #expect(await agent.process.wait(upTo: 20) == 0, "\(agent.process.stderr)")
+        #expect(await agent.stop() == 0, "\(agent.process.stderr)")
     }
 }
 

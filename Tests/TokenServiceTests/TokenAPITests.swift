@@ -70,8 +70,7 @@ struct TokenAPITests {
             #expect(!agent.process.stderr.contains(String(value.split(separator: ".").last!)))
         }
         #expect(agent.process.stderr.contains("path=/v1/token/vehicle/v-1 status=200"))
-        agent.process.signal(SIGTERM)
-        #expect(await agent.process.wait(upTo: 20) == 0, "\(agent.process.stderr)")
+        #expect(await agent.stop() == 0, "\(agent.process.stderr)")
         #expect(!FileManager.default.fileExists(atPath: agent.socket), "the socket file is removed on exit")
     }
 
@@ -93,8 +92,7 @@ struct TokenAPITests {
             let after = try await api.send("/metrics")
             #expect(sample("fleet_tokens_cache_hits_total", in: after.body) == hits + 5)
         }
-        agent.process.signal(SIGTERM)
-        #expect(await agent.process.wait(upTo: 20) == 0)
+        #expect(await agent.stop() == 0)
     }
 
     @Test("1,000 concurrent clients asking for one missing key cause exactly one provider fetch")
@@ -117,8 +115,7 @@ struct TokenAPITests {
             #expect(Set(answers.compactMap { $0.headers.first(name: "Fleet-Token-Fingerprint") }).count == 1)
             #expect(try await issuer.stats().issued - issuedBefore == 1)
         }
-        agent.process.signal(SIGTERM)
-        #expect(await agent.process.wait(upTo: 20) == 0)
+        #expect(await agent.stop() == 0)
     }
 
     @Test("invalidate leads to exactly one fetch; a second within the interval is refused with Retry-After")
@@ -144,8 +141,7 @@ struct TokenAPITests {
             #expect(try await api.send("/v1/invalidate/vehicle/v-9", method: .POST).status == 403)
             #expect(try await api.send("/v1/invalidate/vehicle/v-1", method: .POST, marked: false).status == 403)
         }
-        agent.process.signal(SIGTERM)
-        #expect(await agent.process.wait(upTo: 20) == 0)
+        #expect(await agent.stop() == 0)
     }
 
     @Test("a provider that fails: 503 with Retry-After and the error's kind, /readyz 503 with the reason")
@@ -163,8 +159,7 @@ struct TokenAPITests {
             #expect(ready.status == 503)
             #expect(ready.body.contains("vehicle/v-1 has no usable token"), "\(ready.body)")
         }
-        agent.process.signal(SIGTERM)
-        #expect(await agent.process.wait(upTo: 20) == 0)
+        #expect(await agent.stop() == 0)
     }
 
     @Test("a second agent on a live socket is refused; a stale socket of a killed agent is replaced")
@@ -184,8 +179,7 @@ struct TokenAPITests {
         let third = try await APIAgent.start(other, provider: issuer.template, ["--vehicle", "v-1"], socket: first.socket)
         let health = try await withAPIClient { client in try await APIClient.unix(third.socket, client).send("/healthz").status }
         #expect(health == 200)
-        third.process.signal(SIGTERM)
-        #expect(await third.process.wait(upTo: 20) == 0)
+        #expect(await third.stop() == 0)
 
         let notSocket = scratch.file("plain-file")
         _ = FileManager.default.createFile(atPath: notSocket, contents: Data("x".utf8))
