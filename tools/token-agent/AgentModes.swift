@@ -50,6 +50,8 @@ struct LongLivedRun {
     let logger: Logger
     /// The local token API, when listening.
     let api: TokenAPIService?
+    /// The file sink (`--sink`), when writing token files; listed last, so it stops first.
+    var sink: TokenFileSink? = nil
 
     func run() async throws {
         let events = engine.events()
@@ -63,7 +65,7 @@ struct LongLivedRun {
             }
         }
         let group = ServiceGroup(configuration: .init(
-            services: [.init(service: engine)] + (api.map { [.init(service: $0)] } ?? []),
+            services: [.init(service: engine)] + (api.map { [.init(service: $0)] } ?? []) + (sink.map { [.init(service: $0)] } ?? []),
             gracefulShutdownSignals: [.sigterm, .sigint],
             logger: logger))
         logger.notice("token-agent running; stop with SIGTERM or Ctrl-C", metadata: ["subjects": .stringConvertible(keys.count)])

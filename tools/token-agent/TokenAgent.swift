@@ -133,6 +133,12 @@ struct TokenAgent: AsyncParsableCommand {
     @Option(name: .customLong("socket-mode"), help: "Mode of the API's Unix socket files, in octal (default 0660).")
     var socketMode: String = "0660"
 
+    @Option(name: .customLong("sink"), help: "Keep each subject's current token in DIR/{kind}/{id}.jwt, replaced atomically on every refresh.")
+    var sink: String?
+
+    @Option(name: .customLong("sink-mode"), help: "Mode of the --sink token files, in octal (default 0640).")
+    var sinkMode: String = "0640"
+
     @Option(name: .customLong("allow"),
             help: "Also hand out subjects matching KIND:GLOB over the API, e.g. 'trip:*' or 'vehicle:truck-*' (repeatable).")
     var allowPatterns: [String] = []
@@ -175,6 +181,8 @@ struct TokenAgent: AsyncParsableCommand {
         _ = try allowList(keys: [])
         if once && !listen.isEmpty { throw ValidationError("--listen serves tokens while the agent runs: it does not go with --once") }
         guard socketModeValue != nil else { throw ValidationError("--socket-mode \(socketMode): give an octal mode such as 0660 or 0600") }
+        if once && sink != nil { throw ValidationError("--sink keeps files fresh while the agent runs: it does not go with --once") }
+        guard sinkModeValue != nil else { throw ValidationError("--sink-mode \(sinkMode): give an octal mode such as 0640 or 0600 (no execute bits; only the owner may write)") }
     }
 
     /// The API's listen addresses; demo mode listens on ./token-agent.sock unless told otherwise.
@@ -197,6 +205,10 @@ struct TokenAgent: AsyncParsableCommand {
 
     private var socketModeValue: mode_t? {
         mode_t(socketMode, radix: 8).flatMap { $0 <= 0o777 ? $0 : nil }
+    }
+
+    private var sinkModeValue: mode_t? {
+        mode_t(sinkMode, radix: 8).flatMap { $0 <= 0o777 && $0 & 0o133 == 0 ? $0 : nil }
     }
 
     /// The request-shape, TLS and proxy flags (the files themselves are checked when the fetcher is made).
@@ -378,7 +390,21 @@ struct TokenAgent: AsyncParsableCommand {
                 FileDescriptorLimit.raise()
                 api = service
             }
-            try await LongLivedRun(engine: engine, keys: keys, output: output, logger: logger, api: api).run()
+            var fileSink: TokenFileSink?
+            if let sink {
+                let service = TokenFileSink(engine: engine, directory: sink, fileMode: sinkModeValue ?? 0o640, logger: logger)
+                do {
+                    try service.prepare()
+                } catch {
+                    await fetcher.shutdown()
+                    store.close()
+                    await issuer?.stop()
+                    FileHandle.standardError.write(Data("token-agent: \(error)\n".utf8))
+                    throw ExitCode(1)
+                }
+                fileSink = service
+            }
+            try await LongLivedRun(engine: engine, keys: keys, output: output, logger: logger, api: api, sink: fileSink).run()
         }
         await fetcher.shutdown()
         store.close()
