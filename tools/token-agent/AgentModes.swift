@@ -50,12 +50,15 @@ struct LongLivedRun {
     let logger: Logger
     /// The local token API, when listening.
     let api: TokenAPIService?
+    /// What SIGHUP does: re-read `--subjects-file`.
+    let reloader: SubjectReloader
     /// The file sink (`--sink`), when writing token files; listed last, so it stops first.
     var sink: TokenFileSink? = nil
 
     func run() async throws {
         let events = engine.events()
         let printer = Task { for await event in events { output.print(event) } }
+        let reload = await SubjectReloadService.trappingHangups(reloader)
         await engine.track(keys)
         // Report what the store already held (no fetching here: signals are not handled until the
         // service group runs); fetched tokens are reported by refresh events.
@@ -65,7 +68,7 @@ struct LongLivedRun {
             }
         }
         let group = ServiceGroup(configuration: .init(
-            services: [.init(service: engine)] + (api.map { [.init(service: $0)] } ?? []) + (sink.map { [.init(service: $0)] } ?? []),
+            services: [.init(service: engine)] + (api.map { [.init(service: $0)] } ?? []) + [.init(service: reload)] + (sink.map { [.init(service: $0)] } ?? []),
             gracefulShutdownSignals: [.sigterm, .sigint],
             logger: logger))
         logger.notice("token-agent running; stop with SIGTERM or Ctrl-C", metadata: ["subjects": .stringConvertible(keys.count)])

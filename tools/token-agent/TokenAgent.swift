@@ -47,6 +47,10 @@ struct TokenAgent: AsyncParsableCommand {
     @Option(name: .customLong("task"), help: "A task ID (Fleet Engine Deliveries) to keep a token for (repeatable).")
     var tasks: [String] = []
 
+    @Option(name: .customLong("subjects-file"),
+            help: "A file of subjects, one KIND:ID a line (# comments), added to the flags'; SIGHUP re-reads it.")
+    var subjectsFile: String?
+
     @Option(name: .customLong("header"), help: "A header sent to the provider, 'Name: value' (repeatable).")
     var headers: [String] = []
 
@@ -290,6 +294,14 @@ struct TokenAgent: AsyncParsableCommand {
         var issuer: DevTokenIssuer?
         var template = providerURL
         var keys = try subjectKeys()
+        // Subjects from --subjects-file come after the flags'; a reload never touches the others.
+        var fileKeys: [TokenKey] = []
+        var fileOnly: Set<TokenKey> = []
+        if let subjectsFile {
+            do { fileKeys = try SubjectListFile(contentsOfFile: subjectsFile).subjects } catch { throw ValidationError("--subjects-file: \(error)") }
+            fileOnly = Set(fileKeys).subtracting(keys)
+            keys += fileKeys.filter { fileOnly.contains($0) }
+        }
         if template == nil {
             var configuration = DevTokenIssuer.Configuration()
             configuration.lifetime = TimeInterval(demoLifetime)
@@ -306,8 +318,8 @@ struct TokenAgent: AsyncParsableCommand {
                              socket: try listenAddresses(demo: true).compactMap { if case .unix(let path) = $0 { path } else { nil } }.first,
                              example: keys.first)
         }
-        guard !keys.isEmpty else {
-            throw ValidationError("give at least one --vehicle, --trip, --delivery-vehicle or --task to keep tokens for")
+        guard !keys.isEmpty || subjectsFile != nil && !once else {
+            throw ValidationError("give at least one --vehicle, --trip, --delivery-vehicle, --task or --subjects-file subject to keep tokens for")
         }
 
         var fetcherConfiguration = HTTPTokenFetcherConfiguration(urlTemplate: template!)
@@ -390,6 +402,7 @@ struct TokenAgent: AsyncParsableCommand {
                 FileDescriptorLimit.raise()
                 api = service
             }
+            let reloader = SubjectReloader(engine: engine, path: subjectsFile, fixed: Set(keys).subtracting(fileOnly), current: fileKeys, output: output, logger: logger)
             var fileSink: TokenFileSink?
             if let sink {
                 let service = TokenFileSink(engine: engine, directory: sink, fileMode: sinkModeValue ?? 0o640, logger: logger)
@@ -404,7 +417,7 @@ struct TokenAgent: AsyncParsableCommand {
                 }
                 fileSink = service
             }
-            try await LongLivedRun(engine: engine, keys: keys, output: output, logger: logger, api: api, sink: fileSink).run()
+            try await LongLivedRun(engine: engine, keys: keys, output: output, logger: logger, api: api, reloader: reloader, sink: fileSink).run()
         }
         await fetcher.shutdown()
         store.close()
