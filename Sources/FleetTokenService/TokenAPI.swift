@@ -48,6 +48,8 @@ public struct TokenAPI: Sendable {
 
     let engine: TokenSyncEngine
     let configuration: Configuration
+    /// The allow list and readiness subjects in force (replaced by ``replaceSubjects(_:)``).
+    let subjectsInForce: SubjectsInForce
     let limiter: InvalidationLimiter
     let storeHealth: StoreHealth
     let logger: Logger
@@ -56,9 +58,21 @@ public struct TokenAPI: Sendable {
     public init(engine: TokenSyncEngine, configuration: Configuration, storeHealth: StoreHealth = StoreHealth(), logger: Logger) {
         self.engine = engine
         self.configuration = configuration
+        self.subjectsInForce = SubjectsInForce(allowList: configuration.allowList, readiness: configuration.readinessSubjects)
         self.limiter = InvalidationLimiter(interval: configuration.invalidateInterval)
         self.storeHealth = storeHealth
         self.logger = logger
+    }
+
+    /// Replaces the configured subjects (a reloaded subject list): `/readyz` requires these from
+    /// now on, and they are allowed without a pattern. Subjects no longer listed stay allowed
+    /// until the process restarts, so that a client still using one keeps getting it (the engine
+    /// keeps it fresh while it is used); the allow patterns stay.
+    public func replaceSubjects(_ subjects: [TokenKey]) {
+        subjectsInForce.state.withLock { state in
+            state.allowList.subjects.formUnion(subjects)
+            state.readiness = subjects
+        }
     }
 
     /// The router with every route and rule.
@@ -137,7 +151,7 @@ public struct TokenAPI: Sendable {
     func readiness() async -> Response {
         var reasons: [String] = []
         if let problem = storeHealth.problem { reasons.append("the store cannot be written: \(problem)") }
-        for key in configuration.readinessSubjects {
+        for key in subjectsInForce.state.withLock({ $0.readiness }) {
             let status = engine.status(of: key)
             if !status.isUsable {
                 let cause = status.failure.map { ": last error \($0.lastErrorKind), next attempt at \(Self.timestamp($0.nextAttemptAt))" } ?? ""
@@ -174,7 +188,7 @@ public struct TokenAPI: Sendable {
         } catch {
             return .failure(Refusal(Self.json(.badRequest, ["error": error.description])))
         }
-        guard configuration.allowList.allows(key) else {
+        guard subjectsInForce.state.withLock({ $0.allowList.allows(key) }) else {
             return .failure(Refusal(Self.json(.forbidden, ["error": "\(key) is not a configured subject and matches no allow pattern"])))
         }
         return .success(key)
@@ -216,6 +230,16 @@ public struct TokenAPI: Sendable {
     struct Refusal: Error {
         let response: Response
         init(_ response: Response) { self.response = response }
+    }
+}
+
+/// The allow list and readiness subjects in force, shared by every copy of a ``TokenAPI`` (the
+/// router's closures hold copies) so that a reload reaches them all.
+final class SubjectsInForce: Sendable {
+    let state: Mutex<(allowList: SubjectAllowList, readiness: [TokenKey])>
+
+    init(allowList: SubjectAllowList, readiness: [TokenKey]) {
+        state = Mutex((allowList, readiness))
     }
 }
 

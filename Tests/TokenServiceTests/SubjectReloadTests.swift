@@ -50,6 +50,10 @@ struct SubjectReloadTests {
             #expect(served.status == 200, "\(served.body)")
             servedToken = try #require(served.json?["token"] as? String)
             #expect(try await issuer.stats().issued == 4)
+            // The API follows the reloaded list: the added subject is allowed without a pattern.
+            let added = try await api.send("/v1/token/deliveryVehicle/new")
+            #expect(added.status == 200, "\(added.body)")
+            #expect(try await api.send("/readyz").status == 200)
             let listed = try await runToEnd("tokenctl", ["--db", scratch.file("tokens.sqlite"), "list", "--json"], in: scratch)
             #expect(listed.status == 0)
             let rows = try #require(try JSONSerialization.jsonObject(with: Data(listed.stdout.utf8)) as? [[String: Any]])

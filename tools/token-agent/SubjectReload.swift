@@ -42,6 +42,8 @@ struct SubjectReloader: Sendable {
     var current: [TokenKey]
     let output: AgentOutput
     let logger: Logger
+    /// The local token API, whose allowed and readiness subjects follow the reloaded list.
+    var api: TokenAPI?
 
     /// Keys named in one log line at most; the counts are always complete.
     static let keysLogged = 100
@@ -65,6 +67,7 @@ struct SubjectReloader: Sendable {
         await engine.track(change.added)
         await engine.untrack(change.removed)
         current = list.subjects
+        api?.replaceSubjects(fixed.union(current).sorted())
         let tracked = fixed.union(current).count
         logger.notice("SIGHUP: subjects file reloaded", metadata: [
             "path": "\(path)", "added": "\(change.added.count)", "removed": "\(change.removed.count)",

@@ -381,13 +381,15 @@ struct TokenAgent: AsyncParsableCommand {
         } else {
             let addresses = try listenAddresses(demo: issuer != nil)
             var api: TokenAPIService?
+            var tokenAPI: TokenAPI?
             if !addresses.isEmpty {
                 var apiConfiguration = TokenAPI.Configuration(allowList: try allowList(keys: keys), readinessSubjects: keys)
                 apiConfiguration.invalidateInterval = invalidateInterval.seconds
                 apiConfiguration.metricsText = { registry.emitToString() }
                 let apiLogger = logger
+                tokenAPI = TokenAPI(engine: engine, configuration: apiConfiguration, logger: logger)
                 let service = TokenAPIService(
-                    api: TokenAPI(engine: engine, configuration: apiConfiguration, logger: logger), engine: engine,
+                    api: tokenAPI!, engine: engine,
                     addresses: addresses, socketMode: socketModeValue ?? 0o660, logger: logger,
                     onListening: { address in apiLogger.notice("token API listening", metadata: ["address": "\(address)"]) })
                 do {
@@ -402,7 +404,7 @@ struct TokenAgent: AsyncParsableCommand {
                 FileDescriptorLimit.raise()
                 api = service
             }
-            let reloader = SubjectReloader(engine: engine, path: subjectsFile, fixed: Set(keys).subtracting(fileOnly), current: fileKeys, output: output, logger: logger)
+            let reloader = SubjectReloader(engine: engine, path: subjectsFile, fixed: Set(keys).subtracting(fileOnly), current: fileKeys, output: output, logger: logger, api: tokenAPI)
             var fileSink: TokenFileSink?
             if let sink {
                 let service = TokenFileSink(engine: engine, directory: sink, fileMode: sinkModeValue ?? 0o640, logger: logger)
