@@ -11,6 +11,10 @@ let package = Package(
         .package(url: "https://github.com/ordo-one/package-benchmark", from: "1.38.0", traits: ["MallocInterposer"]),
         .package(url: "https://github.com/groue/GRDB.swift", from: "7.10.0"),
         .package(url: "https://github.com/apple/swift-log", from: "1.16.0"),
+        // The bare-route baseline of the token API: the same server framework as token-agent's.
+        .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.28.0"),
+        .package(url: "https://github.com/apple/swift-http-types", from: "1.0.0"),
+        .package(url: "https://github.com/apple/swift-nio", from: "2.101.0"),
     ],
     targets: [
         // Fixtures shared by the benchmarks and the measurements: stores, tokens, the raw SQLite baseline.
@@ -46,6 +50,30 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ],
             path: "Sources/Measurements"
+        ),
+        // The token API of a release token-agent process over its Unix socket, against a bare
+        // route; the agent's start-up, memory and request coalescing. Prints JSON like the above.
+        .executableTarget(
+            name: "token-api-measurements",
+            dependencies: [
+                "BenchmarkSupport",
+                .product(name: "FleetTokenStore", package: "FleetTokenStore"),
+                .product(name: "DevTokenIssuer", package: "FleetTokenStore"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            path: "Sources/APIMeasurements"
+        ),
+        // The baseline server: one Hummingbird route answering a constant body, with the token
+        // API's server settings, on a Unix socket.
+        .executableTarget(
+            name: "token-api-bare-route",
+            dependencies: [
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "HTTPTypes", package: "swift-http-types"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            path: "Sources/BareRoute"
         ),
         // One path in a loop, for counting its instructions under valgrind's callgrind.
         .executableTarget(

@@ -1,0 +1,653 @@
+// The token API of a release `token-agent` process, measured from outside over its Unix socket,
+// with one small HTTP/1.1 client written on the socket calls (keep-alive, a fixed request, the
+// response read by Content-Length) for every figure, so the client costs the same on both sides
+// of a ratio. Prints one JSON object on stdout; ../../run merges it into results.json.
+//
+//   token-api-measurements --agent PATH --bare-server PATH [--rounds 15] [--requests-per-round 3000]
+//                          [--startup-repetitions 5] [--throughput-seconds 5] [--keep-scratch]
+//
+// - Hit: p50 of `GET /v1/token/vehicle/ID` for a fresh token against the same request to
+//   `token-api-bare-route` (a Hummingbird route with the API's server settings answering the
+//   agent's own answer as a constant), one connection each. Requests alternate between the two
+//   (agent, bare, agent, bare...: in blocks, the bare server ran hot and its p50 moved between
+//   57 and 150 µs from one block to the next on this VM); each round's ratio is of the two p50s,
+//   and the figure is the median of the rounds' ratios. The agent's `Accept: text/plain` answer
+//   (no JSON built) takes its turn too, reported beside it.
+// - Throughput: 64 connections each looping GETs, for a few seconds after a warm-up second.
+// - Coalescing: 1,000 connections ask for one missing key at once; fetches counted by the issuer.
+// - Start-up: exec to the first token served over the socket, with a store already holding fresh
+//   tokens for 1,000 and for 10,000 subjects (`--subjects-file`), alternating, median of each.
+// - Memory: VmRSS of the agent tracking 10,000 subjects after serving each of them once.
+//
+// The token provider is the in-process development issuer, on loopback.
+
+import BenchmarkSupport
+import DevTokenIssuer
+import FleetTokenStore
+import Foundation
+import Logging
+#if canImport(Glibc)
+import Glibc
+#endif
+
+// MARK: - Clock and statistics
+
+@inline(__always) func monotonicNanoseconds() -> UInt64 {
+    var now = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &now)
+    return UInt64(now.tv_sec) * 1_000_000_000 + UInt64(now.tv_nsec)
+}
+
+func median(_ values: [Double]) -> Double {
+    let sorted = values.sorted()
+    guard !sorted.isEmpty else { return .nan }
+    return sorted.count % 2 == 1 ? sorted[sorted.count / 2] : (sorted[sorted.count / 2 - 1] + sorted[sorted.count / 2]) / 2
+}
+
+func rounded(_ value: Double, _ places: Int = 3) -> Double {
+    let scale = pow(10, Double(places))
+    return (value * scale).rounded() / scale
+}
+
+struct MeasurementError: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
+}
+
+func note(_ text: String) {
+    FileHandle.standardError.write(Data("token-api-measurements: \(text)\n".utf8))
+}
+
+// MARK: - Child processes
+
+/// A process started with posix_spawn; stdout and stderr go to `log`.
+final class Child {
+    let pid: pid_t
+    let log: String
+    private(set) var exitStatus: Int32?
+
+    init(_ executable: String, _ arguments: [String], log: String) throws {
+        self.log = log
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        posix_spawn_file_actions_addopen(&actions, 1, log, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+        posix_spawn_file_actions_adddup2(&actions, 1, 2)
+        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+        // The child starts with default handlers and nothing blocked, whatever this process set.
+        var attributes = posix_spawnattr_t()
+        posix_spawnattr_init(&attributes)
+        defer { posix_spawnattr_destroy(&attributes) }
+        var defaults = sigset_t()
+        sigemptyset(&defaults)
+        for signal in [SIGTERM, SIGINT, SIGHUP, SIGPIPE, SIGCHLD] { sigaddset(&defaults, signal) }
+        posix_spawnattr_setsigdefault(&attributes, &defaults)
+        var unblocked = sigset_t()
+        sigemptyset(&unblocked)
+        posix_spawnattr_setsigmask(&attributes, &unblocked)
+        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK))
+
+        let argv: [UnsafeMutablePointer<CChar>?] = ([executable] + arguments).map { strdup($0) } + [nil]
+        let envp: [UnsafeMutablePointer<CChar>?] = ProcessInfo.processInfo.environment.map { strdup("\($0.key)=\($0.value)") } + [nil]
+        defer { for pointer in argv + envp { free(pointer) } }
+        var pid: pid_t = 0
+        let code = posix_spawn(&pid, executable, &actions, &attributes, argv, envp)
+        guard code == 0 else { throw MeasurementError("cannot start \(executable): \(String(cString: strerror(code)))") }
+        self.pid = pid
+        Child.running.insert(pid)
+    }
+
+    /// Pids started here and not yet reaped, for stopping them when a measurement fails.
+    nonisolated(unsafe) static var running: Set<pid_t> = []
+
+    /// True until the process has exited (and is reaped).
+    var isRunning: Bool {
+        guard exitStatus == nil else { return false }
+        var status: Int32 = 0
+        if waitpid(pid, &status, WNOHANG) == pid {
+            exitStatus = status
+            Child.running.remove(pid)
+            return false
+        }
+        return true
+    }
+
+    /// SIGTERM, then SIGKILL after `timeout` seconds; waits for the exit.
+    func stop(timeout: Double = 15) {
+        guard isRunning else { return }
+        kill(pid, SIGTERM)
+        let deadline = monotonicNanoseconds() + UInt64(timeout * 1e9)
+        while isRunning {
+            if monotonicNanoseconds() > deadline {
+                note("pid \(pid) ignored SIGTERM for \(timeout) s; killing it")
+                kill(pid, SIGKILL)
+                var status: Int32 = 0
+                waitpid(pid, &status, 0)
+                exitStatus = status
+                Child.running.remove(pid)
+                return
+            }
+            usleep(2000)
+        }
+    }
+
+    /// The last lines of the log, for an error message.
+    var logTail: String {
+        let text = (try? String(contentsOfFile: log, encoding: .utf8)) ?? ""
+        return text.split(separator: "\n").suffix(15).joined(separator: "\n")
+    }
+
+    /// CPU time used so far (user and system), in seconds.
+    func cpuSeconds() -> Double {
+        let stat = (try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8)) ?? ""
+        // The fields after the command name, which is in parentheses and may hold spaces.
+        guard let close = stat.lastIndex(of: ")") else { return 0 }
+        let fields = stat[stat.index(after: close)...].split(separator: " ")
+        guard fields.count > 12, let user = Double(fields[11]), let system = Double(fields[12]) else { return 0 }
+        return (user + system) / Double(sysconf(Int32(_SC_CLK_TCK)))
+    }
+
+    /// Resident memory now, in KiB (VmRSS), its peak (VmHWM), and the current split between
+    /// anonymous memory (RssAnon: heap, stacks) and mapped files (RssFile: the binary, libraries).
+    func residentKiB() -> (current: Int, peak: Int, anonymous: Int, files: Int) {
+        let status = (try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)) ?? ""
+        func field(_ name: String) -> Int {
+            guard let line = status.split(separator: "\n").first(where: { $0.hasPrefix(name + ":") }) else { return 0 }
+            return Int(line.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first ?? "") ?? 0
+        }
+        return (field("VmRSS"), field("VmHWM"), field("RssAnon"), field("RssFile"))
+    }
+}
+
+/// Runs `executable` to the end and returns its output.
+func output(of executable: String, _ arguments: [String], scratch: String) throws -> String {
+    let log = scratch + "/output-\(UUID().uuidString.prefix(8)).txt"
+    let child = try Child(executable, arguments, log: log)
+    let deadline = monotonicNanoseconds() + 60_000_000_000
+    while child.isRunning {
+        if monotonicNanoseconds() > deadline { child.stop(); throw MeasurementError("\(executable) \(arguments) did not finish in 60 s") }
+        usleep(5000)
+    }
+    return (try? String(contentsOfFile: log, encoding: .utf8)) ?? ""
+}
+
+// MARK: - HTTP/1.1 over a Unix socket
+
+/// One keep-alive HTTP/1.1 connection over a Unix socket, on the plain socket calls.
+final class Connection {
+    let descriptor: Int32
+    private let buffer: UnsafeMutableRawBufferPointer
+    private var filled = 0
+
+    /// Connects, or returns nil when nothing listens at `path` yet (no file, refused).
+    init?(unixPath path: String) throws {
+        let descriptor = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        guard descriptor >= 0 else { throw MeasurementError("socket(): \(String(cString: strerror(errno)))") }
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        let bytes = Array(path.utf8)
+        guard bytes.count < MemoryLayout.size(ofValue: address.sun_path) else {
+            close(descriptor)
+            throw MeasurementError("socket path too long: \(path)")
+        }
+        withUnsafeMutableBytes(of: &address.sun_path) { raw in
+            for (index, byte) in bytes.enumerated() { raw[index] = byte }
+        }
+        let connected = withUnsafePointer(to: &address) { pointer in
+            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                connect(descriptor, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
+            }
+        }
+        guard connected == 0 else {
+            let code = errno
+            close(descriptor)
+            if code == ENOENT || code == ECONNREFUSED { return nil }
+            throw MeasurementError("connect(\(path)): \(String(cString: strerror(code)))")
+        }
+        self.descriptor = descriptor
+        buffer = .allocate(byteCount: 256 * 1024, alignment: 16)
+    }
+
+    deinit {
+        close(descriptor)
+        buffer.deallocate()
+    }
+
+    func send(_ request: [UInt8]) throws {
+        var sent = 0
+        while sent < request.count {
+            let count = request.withUnsafeBytes { Glibc.send(descriptor, $0.baseAddress! + sent, request.count - sent, Int32(MSG_NOSIGNAL)) }
+            if count < 0 && errno == EINTR { continue }
+            guard count > 0 else { throw MeasurementError("send(): \(String(cString: strerror(errno)))") }
+            sent += count
+        }
+    }
+
+    /// One read of what has arrived (blocking until something has). Returns false at end of stream.
+    @discardableResult
+    func readSome() throws -> Bool {
+        guard filled < buffer.count else { throw MeasurementError("a response larger than \(buffer.count) bytes") }
+        while true {
+            let count = read(descriptor, buffer.baseAddress! + filled, buffer.count - filled)
+            if count < 0 && errno == EINTR { continue }
+            guard count >= 0 else { throw MeasurementError("read(): \(String(cString: strerror(errno)))") }
+            filled += count
+            return count > 0
+        }
+    }
+
+    /// The first whole response in the buffer: its status, where its body starts and its total
+    /// length; nil when it has not all arrived.
+    func bufferedResponse() throws -> (status: Int, bodyStart: Int, total: Int)? {
+        guard filled >= 4 else { return nil }
+        let bytes = UnsafePointer(buffer.baseAddress!.assumingMemoryBound(to: UInt8.self))
+        // The head ends at the first empty line.
+        var headLength = -1
+        var scan = 0
+        while scan + 3 < filled {
+            if bytes[scan] == 13 && bytes[scan + 1] == 10 && bytes[scan + 2] == 13 && bytes[scan + 3] == 10 {
+                headLength = scan
+                break
+            }
+            scan += 1
+        }
+        guard headLength >= 0 else { return nil }
+        let bodyStart = headLength + 4
+        guard headLength >= 12, bytes[0] == UInt8(ascii: "H") else { throw MeasurementError("not an HTTP response") }
+        let status = (Int(bytes[9]) - 48) * 100 + (Int(bytes[10]) - 48) * 10 + (Int(bytes[11]) - 48)
+        // Content-Length, in any case, at the start of a header line.
+        var contentLength = -1
+        var lineStart = 0
+        while lineStart < headLength {
+            // The next line starts after the next CR LF.
+            while lineStart < headLength && !(bytes[lineStart] == 13 && bytes[lineStart + 1] == 10) { lineStart += 1 }
+            lineStart += 2
+            guard headLength - lineStart >= 15 else { continue }
+            var matches = true
+            for (offset, expected) in "content-length:".utf8.enumerated() where bytes[lineStart + offset] | 0x20 != expected | 0x20 {
+                matches = false
+                break
+            }
+            if matches {
+                var position = lineStart + 15
+                while bytes[position] == UInt8(ascii: " ") { position += 1 }
+                var value = 0
+                while position < headLength, bytes[position] >= 48, bytes[position] <= 57 {
+                    value = value * 10 + Int(bytes[position]) - 48
+                    position += 1
+                }
+                contentLength = value
+                break
+            }
+        }
+        guard contentLength >= 0 else { throw MeasurementError("a response without Content-Length (status \(status))") }
+        let total = bodyStart + contentLength
+        return filled >= total ? (status, bodyStart, total) : nil
+    }
+
+    /// Reads until one whole response is buffered.
+    func receive() throws -> (status: Int, bodyStart: Int, total: Int) {
+        while true {
+            if let response = try bufferedResponse() { return response }
+            guard try readSome() else { throw MeasurementError("the server closed the connection") }
+        }
+    }
+
+    /// Drops the first `count` bytes (a response handled).
+    func discard(_ count: Int) {
+        if count < filled { memmove(buffer.baseAddress!, buffer.baseAddress! + count, filled - count) }
+        filled -= count
+    }
+
+    /// One exchange, returning the status (the response is discarded).
+    func exchange(_ request: [UInt8]) throws -> Int {
+        try send(request)
+        let response = try receive()
+        discard(response.total)
+        return response.status
+    }
+
+    /// One exchange, returning the status, the head and the body.
+    func fetch(_ request: [UInt8]) throws -> (status: Int, head: String, body: [UInt8]) {
+        try send(request)
+        let response = try receive()
+        let head = String(decoding: UnsafeRawBufferPointer(rebasing: buffer[0..<response.bodyStart]), as: UTF8.self)
+        let body = Array(buffer[response.bodyStart..<response.total])
+        discard(response.total)
+        return (response.status, head, body)
+    }
+}
+
+func tokenRequest(_ kind: String, _ id: String) -> [UInt8] {
+    Array("GET /v1/token/\(kind)/\(id) HTTP/1.1\r\nHost: localhost\r\nFleet-Token-Request: true\r\n\r\n".utf8)
+}
+
+/// Polls until a connection to `socket` answers `request` with 200; returns that connection.
+/// Fails when `child` exits or after `timeout` seconds.
+func waitUntilServing(_ socket: String, _ request: [UInt8], child: Child, timeout: Double = 120) throws -> Connection {
+    let deadline = monotonicNanoseconds() + UInt64(timeout * 1e9)
+    var lastStatus = 0
+    while monotonicNanoseconds() < deadline {
+        guard child.isRunning else { throw MeasurementError("pid \(child.pid) exited before serving:\n\(child.logTail)") }
+        if let connection = try Connection(unixPath: socket) {
+            do {
+                lastStatus = try connection.exchange(request)
+                if lastStatus == 200 { return connection }
+            } catch {
+                // A listener just starting can close a connection; try again.
+            }
+        }
+        usleep(1000)
+    }
+    throw MeasurementError("no 200 from \(socket) within \(timeout) s (last status \(lastStatus)):\n\(child.logTail)")
+}
+
+// MARK: - Measurements
+
+/// p50 of `count` sequential exchanges on `connection`, in nanoseconds.
+func p50(_ connection: Connection, _ request: [UInt8], count: Int, samples: inout [UInt64]) throws -> Double {
+    samples.removeAll(keepingCapacity: true)
+    for _ in 0..<count {
+        let start = monotonicNanoseconds()
+        let status = try connection.exchange(request)
+        samples.append(monotonicNanoseconds() - start)
+        guard status == 200 else { throw MeasurementError("status \(status) during the latency rounds") }
+    }
+    samples.sort()
+    return Double(samples[samples.count / 2])
+}
+
+/// p50s, in nanoseconds, of `count` exchanges on each of `exchanges`, taken in turn: one on the
+/// first, one on the second, ..., and again, so that every side sees the same moments of the
+/// machine's drift.
+func interleavedP50s(_ exchanges: [(Connection, [UInt8])], count: Int, samples: inout [[UInt64]]) throws -> [Double] {
+    samples = exchanges.indices.map { index in
+        var kept = index < samples.count ? samples[index] : []
+        kept.removeAll(keepingCapacity: true)
+        kept.reserveCapacity(count)
+        return kept
+    }
+    for _ in 0..<count {
+        for (index, (connection, request)) in exchanges.enumerated() {
+            let start = monotonicNanoseconds()
+            let status = try connection.exchange(request)
+            samples[index].append(monotonicNanoseconds() - start)
+            guard status == 200 else { throw MeasurementError("status \(status) during the latency rounds") }
+        }
+    }
+    return samples.indices.map { index in
+        samples[index].sort()
+        return Double(samples[index][count / 2])
+    }
+}
+
+/// Responses per second over `seconds`, after a second of warm-up, from `requests.count`
+/// connections each sending its request again as soon as its answer is in (one thread, poll).
+func sustainedRate(_ socket: String, _ requests: [[UInt8]], seconds: Double) throws -> (perSecond: Double, non200: Int) {
+    var connections: [Connection] = []
+    for _ in requests {
+        guard let connection = try Connection(unixPath: socket) else { throw MeasurementError("cannot connect to \(socket)") }
+        connections.append(connection)
+    }
+    var descriptors = connections.map { pollfd(fd: $0.descriptor, events: Int16(POLLIN), revents: 0) }
+    let start = monotonicNanoseconds()
+    let measureFrom = start + 1_000_000_000
+    let measureUntil = measureFrom + UInt64(seconds * 1e9)
+    var counted = 0
+    var non200 = 0
+    var outstanding = connections.count
+    for (index, connection) in connections.enumerated() { try connection.send(requests[index]) }
+    while outstanding > 0 {
+        let ready = poll(&descriptors, nfds_t(descriptors.count), 10_000)
+        guard ready > 0 else { throw MeasurementError("no answer for 10 s during the throughput run") }
+        for index in descriptors.indices where descriptors[index].revents != 0 {
+            descriptors[index].revents = 0
+            let connection = connections[index]
+            guard try connection.readSome() else { throw MeasurementError("the server closed a connection during the throughput run") }
+            while let response = try connection.bufferedResponse() {
+                connection.discard(response.total)
+                let now = monotonicNanoseconds()
+                if response.status != 200 { non200 += 1 }
+                if now >= measureFrom && now < measureUntil { counted += 1 }
+                if now < measureUntil {
+                    try connection.send(requests[index])
+                } else {
+                    outstanding -= 1
+                }
+            }
+        }
+    }
+    return (Double(counted) / seconds, non200)
+}
+
+/// Opens `count` connections, sends `request` on every one, then reads every answer.
+/// Returns how many answers were 200.
+func burst(_ socket: String, _ request: [UInt8], count: Int) throws -> Int {
+    var connections: [Connection] = []
+    connections.reserveCapacity(count)
+    for _ in 0..<count {
+        guard let connection = try Connection(unixPath: socket) else { throw MeasurementError("cannot connect to \(socket)") }
+        connections.append(connection)
+    }
+    for connection in connections { try connection.send(request) }
+    var ok = 0
+    for connection in connections {
+        let response = try connection.receive()
+        if response.status == 200 { ok += 1 }
+        connection.discard(response.total)
+    }
+    return ok
+}
+
+/// A store holding fresh, realistic tokens (each naming its own subject) for `keys`, and the
+/// subject list file naming them.
+func seededStore(_ keys: [TokenKey], in directory: String) async throws -> (db: String, subjects: String) {
+    let db = directory + "/tokens.sqlite"
+    let store = try SQLiteTokenRepository(path: db, logger: quietLogger)
+    let now = Date()
+    var start = 0
+    while start < keys.count {
+        let chunk = keys[start..<min(start + 5000, keys.count)]
+        try await store.upsert(chunk.map {
+            StoredToken(key: $0, value: realisticJWT(for: $0, issuedAt: now), expiresAt: now.addingTimeInterval(3600),
+                        issuedAt: now, fetchedAt: now)
+        })
+        start += chunk.count
+    }
+    store.close()
+    let subjects = directory + "/subjects.txt"
+    try keys.map { "\($0.kind.rawValue):\($0.subjectID)" }.joined(separator: "\n").appending("\n")
+        .write(toFile: subjects, atomically: true, encoding: .utf8)
+    return (db, subjects)
+}
+
+// MARK: - Main
+
+func option(_ flag: String, in arguments: [String] = CommandLine.arguments) -> String? {
+    arguments.firstIndex(of: flag).flatMap { $0 + 1 < arguments.count ? arguments[$0 + 1] : nil }
+}
+guard let agentPath = option("--agent"), let barePath = option("--bare-server") else {
+    note("usage: token-api-measurements --agent PATH --bare-server PATH [--rounds N] [--requests-per-round N] [--startup-repetitions N] [--throughput-seconds S] [--keep-scratch]")
+    exit(64)
+}
+let rounds = option("--rounds").flatMap(Int.init) ?? 15
+let requestsPerRound = option("--requests-per-round").flatMap(Int.init) ?? 3000
+let startupRepetitions = option("--startup-repetitions").flatMap(Int.init) ?? 5
+let throughputSeconds = option("--throughput-seconds").flatMap(Double.init) ?? 5
+signal(SIGPIPE, SIG_IGN)
+
+var results: [String: Any] = [:]
+let scratch = scratchDirectory("api")
+let issuer = try await DevTokenIssuer.start(logger: quietLogger)
+
+do {
+    let help = try output(of: agentPath, ["--help"], scratch: scratch)
+    let hasSubjectsFile = help.contains("--subjects-file")
+    results["agent_subjects_given_by"] = hasSubjectsFile ? "--subjects-file" : "--vehicle flags (token-agent has no --subjects-file)"
+    if !hasSubjectsFile { note("token-agent has no --subjects-file; giving subjects as --vehicle flags") }
+    let common = ["--provider-url", issuer.urlTemplate, "--no-proxy", "--allow", "vehicle:*", "--log-level", "warning"]
+
+    // Hit latency, throughput and coalescing, on an agent tracking 64 vehicles.
+    do {
+        let directory = scratch + "/hit"
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        let socket = directory + "/agent.sock"
+        let ids = (0..<64).map { "api-\($0)" }
+        let agent = try Child(agentPath, ["--db", directory + "/tokens.sqlite", "--listen", "unix:" + socket]
+                                  + common + ids.flatMap { ["--vehicle", $0] }, log: directory + "/agent.log")
+        defer { agent.stop() }
+        let request = tokenRequest("vehicle", ids[0])
+        let agentConnection = try waitUntilServing(socket, request, child: agent)
+        for id in ids { _ = try agentConnection.exchange(tokenRequest("vehicle", id)) } // every key fetched before timing
+
+        // The bare route answers the agent's own answer: the same body and headers, so the same bytes.
+        let answer = try agentConnection.fetch(request)
+        guard answer.status == 200, String(decoding: answer.body, as: UTF8.self).contains("\"token\"") else {
+            throw MeasurementError("unexpected answer from the agent: \(answer.head)")
+        }
+        let bodyFile = directory + "/body.json"
+        try Data(answer.body).write(to: URL(fileURLWithPath: bodyFile))
+        let copiedHeaders = answer.head.components(separatedBy: "\r\n").dropFirst().filter {
+            guard let colon = $0.firstIndex(of: ":") else { return false }
+            return !["content-length", "content-type", "date", "connection"].contains($0[..<colon].lowercased())
+        }
+        let bareSocket = directory + "/bare.sock"
+        let bare = try Child(barePath, ["--socket", bareSocket, "--body-file", bodyFile] + copiedHeaders.flatMap { ["--header", $0] },
+                             log: directory + "/bare.log")
+        defer { bare.stop() }
+        let bareConnection = try waitUntilServing(bareSocket, request, child: bare)
+        let bareAnswer = try bareConnection.fetch(request)
+        results["api_response_bytes"] = answer.head.utf8.count + answer.body.count
+        results["bare_route_response_bytes"] = bareAnswer.head.utf8.count + bareAnswer.body.count
+        results["api_response_body_bytes"] = answer.body.count
+
+        var samples: [UInt64] = []
+        samples.reserveCapacity(requestsPerRound)
+        _ = try p50(agentConnection, request, count: requestsPerRound * 2, samples: &samples) // warm-up
+        _ = try p50(bareConnection, request, count: requestsPerRound * 2, samples: &samples)
+        // A diagnostic beside the figure: the same hit asking for the bare token (Accept:
+        // text/plain), which the agent answers without building JSON.
+        let plainRequest = Array("GET /v1/token/vehicle/\(ids[0]) HTTP/1.1\r\nHost: localhost\r\nFleet-Token-Request: true\r\nAccept: text/plain\r\n\r\n".utf8)
+        _ = try p50(agentConnection, plainRequest, count: requestsPerRound, samples: &samples)
+        var apiP50s: [Double] = []
+        var bareP50s: [Double] = []
+        var plainP50s: [Double] = []
+        var ratios: [Double] = []
+        var plainRatios: [Double] = []
+        var interleaved: [[UInt64]] = []
+        for _ in 0..<rounds {
+            let p = try interleavedP50s([(agentConnection, request), (bareConnection, request), (agentConnection, plainRequest)],
+                                        count: requestsPerRound, samples: &interleaved)
+            let (api, base, plain) = (p[0], p[1], p[2])
+            apiP50s.append(api)
+            bareP50s.append(base)
+            plainP50s.append(plain)
+            ratios.append(api / base)
+            plainRatios.append(plain / base)
+        }
+        results["api_hit_vs_bare_route"] = rounded(median(ratios))
+        results["api_hit_vs_bare_route_each_round"] = ratios.map { rounded($0) }
+        results["api_hit_p50_microseconds"] = rounded(median(apiP50s) / 1000)
+        results["bare_route_p50_microseconds"] = rounded(median(bareP50s) / 1000)
+        results["api_hit_text_plain_vs_bare_route"] = rounded(median(plainRatios))
+        results["api_hit_text_plain_p50_microseconds"] = rounded(median(plainP50s) / 1000)
+
+        // With the server's CPU time over the run (warm-up included): how many cores it kept busy.
+        let (apiCPU, apiWall) = (agent.cpuSeconds(), monotonicNanoseconds())
+        let apiRate = try sustainedRate(socket, ids.map { tokenRequest("vehicle", $0) }, seconds: throughputSeconds)
+        results["agent_cores_busy_during_throughput"] = rounded((agent.cpuSeconds() - apiCPU) / (Double(monotonicNanoseconds() - apiWall) / 1e9), 2)
+        let (bareCPU, bareWall) = (bare.cpuSeconds(), monotonicNanoseconds())
+        let bareRate = try sustainedRate(bareSocket, ids.map { tokenRequest("vehicle", $0) }, seconds: throughputSeconds)
+        results["bare_route_cores_busy_during_throughput"] = rounded((bare.cpuSeconds() - bareCPU) / (Double(monotonicNanoseconds() - bareWall) / 1e9), 2)
+        guard apiRate.non200 == 0, bareRate.non200 == 0 else {
+            throw MeasurementError("answers other than 200 in the throughput runs (api \(apiRate.non200), bare \(bareRate.non200))")
+        }
+        results["api_hits_per_second"] = apiRate.perSecond.rounded()
+        results["bare_route_hits_per_second"] = bareRate.perSecond.rounded()
+        results["agent_rss_mib_64_tracked"] = rounded(Double(agent.residentKiB().current) / 1024, 1)
+
+        // 1,000 connections ask for one key nobody asked for before, all at once.
+        let issuedBefore = issuer.issuedCount
+        let answered = try burst(socket, tokenRequest("vehicle", "burst-1"), count: 1000)
+        results["fetches_for_1000_concurrent_api_clients"] = issuer.issuedCount - issuedBefore
+        results["api_clients_answered_200_of_1000"] = answered
+    }
+
+    // Start-up on stores already holding fresh tokens for 1,000 and 10,000 subjects.
+    let sizes = [1000, 10_000]
+    var stores: [Int: (db: String, subjects: String, keys: [TokenKey])] = [:]
+    for size in sizes {
+        let directory = scratch + "/startup-\(size)"
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        let keys = vehicleKeys(size, prefix: "s")
+        let (db, subjects) = try await seededStore(keys, in: directory)
+        stores[size] = (db, subjects, keys)
+    }
+    func agentArguments(_ size: Int, socket: String) -> [String] {
+        let store = stores[size]!
+        let subjects = hasSubjectsFile ? ["--subjects-file", store.subjects] : store.keys.flatMap { ["--vehicle", $0.subjectID] }
+        return ["--db", store.db, "--listen", "unix:" + socket] + common + subjects
+    }
+    let issuedBeforeStartups = issuer.issuedCount
+    var startupSeconds: [Int: [Double]] = [:]
+    for _ in 0..<startupRepetitions {
+        for size in sizes {
+            let directory = scratch + "/startup-\(size)"
+            let socket = directory + "/agent.sock"
+            unlink(socket)
+            let last = stores[size]!.keys.last!
+            let request = tokenRequest("vehicle", last.subjectID)
+            let start = monotonicNanoseconds()
+            let agent = try Child(agentPath, agentArguments(size, socket: socket), log: directory + "/agent.log")
+            defer { agent.stop() }
+            let connection = try waitUntilServing(socket, request, child: agent)
+            let elapsed = Double(monotonicNanoseconds() - start) / 1e9
+            _ = connection
+            startupSeconds[size, default: []].append(elapsed)
+        }
+    }
+    let startup1k = median(startupSeconds[1000]!)
+    let startup10k = median(startupSeconds[10_000]!)
+    results["agent_startup_1k_seconds"] = rounded(startup1k)
+    results["agent_startup_10k_seconds"] = rounded(startup10k)
+    results["agent_startup_10k_vs_1k_subjects"] = rounded(startup10k / startup1k)
+    results["agent_startup_seconds_each"] = ["1k": startupSeconds[1000]!.map { rounded($0) }, "10k": startupSeconds[10_000]!.map { rounded($0) }]
+    results["agent_startup_fetches"] = issuer.issuedCount - issuedBeforeStartups
+
+    // Memory of an agent tracking 10,000 subjects that has served each of them once.
+    do {
+        let directory = scratch + "/startup-10000"
+        let socket = directory + "/agent.sock"
+        unlink(socket)
+        let keys = stores[10_000]!.keys
+        let agent = try Child(agentPath, agentArguments(10_000, socket: socket), log: directory + "/agent-rss.log")
+        defer { agent.stop() }
+        let connection = try waitUntilServing(socket, tokenRequest("vehicle", keys[0].subjectID), child: agent)
+        for key in keys {
+            let status = try connection.exchange(tokenRequest("vehicle", key.subjectID))
+            guard status == 200 else { throw MeasurementError("status \(status) for \(key) in the memory run") }
+        }
+        try await Task.sleep(for: .seconds(2))
+        let resident = agent.residentKiB()
+        results["agent_rss_mib_10k_tracked"] = rounded(Double(resident.current) / 1024, 1)
+        results["agent_peak_rss_mib_10k_tracked"] = rounded(Double(resident.peak) / 1024, 1)
+        results["agent_rss_anonymous_mib_10k_tracked"] = rounded(Double(resident.anonymous) / 1024, 1)
+        results["agent_rss_files_mib_10k_tracked"] = rounded(Double(resident.files) / 1024, 1)
+    }
+    results["agent_fetches_total"] = issuer.issuedCount
+} catch {
+    for pid in Child.running { kill(pid, SIGKILL) }
+    note("\(error)")
+    note("scratch files kept in \(scratch)")
+    await issuer.stop()
+    exit(1)
+}
+await issuer.stop()
+if CommandLine.arguments.contains("--keep-scratch") {
+    note("scratch files kept in \(scratch)")
+} else {
+    try? FileManager.default.removeItem(atPath: scratch)
+}
+
+let data = try JSONSerialization.data(withJSONObject: results, options: [.sortedKeys])
+print(String(decoding: data, as: UTF8.self))
