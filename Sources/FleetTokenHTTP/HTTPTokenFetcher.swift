@@ -109,6 +109,14 @@ public final class HTTPTokenFetcher: TokenFetcher, Sendable {
                 group.addTask {
                     let response = try await client.execute(prepared, timeout: .milliseconds(Int64(configuration.totalTimeout * 1000)))
                     guard (200..<300).contains(response.status.code) else {
+                        // nginx and others finish the handshake without a client certificate and
+                        // answer 400 "No required SSL certificate was sent": say what it means.
+                        if response.status.code == 400, configuration.tls.clientCertificateFile == nil,
+                           let text = try? await response.body.collect(upTo: 4096),
+                           String(buffer: text).contains("SSL certificate") {
+                            throw TokenProviderError.tlsCertificate(
+                                detail: "the provider answered HTTP 400: it requires a client certificate and none was sent")
+                        }
                         throw TokenProviderError.httpStatus(code: Int(response.status.code),
                                                             retryAfter: response.headers.first(name: "Retry-After").flatMap(Self.retryAfter))
                     }
@@ -171,7 +179,9 @@ public final class HTTPTokenFetcher: TokenFetcher, Sendable {
             case .proxyAuthenticationRequired:
                 return .unreachable(detail: "the proxy \(proxy.map { "\($0.host):\($0.port)" } ?? "") asked for credentials (HTTP 407): check the user and password in HTTPS_PROXY, HTTP_PROXY or --proxy")
             case .invalidProxyResponse:
-                return .unreachable(detail: "the proxy \(proxy.map { "\($0.host):\($0.port)" } ?? "") refused to open a tunnel to the provider: check that it allows CONNECT to the provider's host and port, or list the host in NO_PROXY")
+                // Some proxies answer a wrong password with 401 rather than 407, which lands here too.
+                let credentials = proxy?.credentials == nil ? "" : "check the user and password in HTTPS_PROXY, HTTP_PROXY or --proxy, and "
+                return .unreachable(detail: "the proxy \(proxy.map { "\($0.host):\($0.port)" } ?? "") refused to open a tunnel to the provider: \(credentials)check that it allows CONNECT to the provider's host and port, or list the host in NO_PROXY")
             case .httpProxyHandshakeTimeout:
                 return .timeout(seconds: configuration.connectTimeout)
             case .connectTimeout: return .timeout(seconds: configuration.connectTimeout)

@@ -94,11 +94,12 @@ struct ThirdPartyInteropTests {
             #expect(run.status == 1)
             // What really happens: nginx's `ssl_verify_client on` does not fail the handshake when
             // no certificate comes; it completes it and answers "400 No required SSL certificate
-            // was sent" without forwarding. The agent reports the status only (it does not say
-            // that a client certificate is missing, nor quote nginx's reason).
+            // was sent" without forwarding. The agent says a client certificate is missing and
+            // names the flags.
             for subject in Self.subjects {
-                #expect(run.stderr.contains("no usable token for \(subject.kind)/\(subject.id): token provider answered HTTP 400"), "\(run.stderr)")
+                #expect(run.stderr.contains("no usable token for \(subject.kind)/\(subject.id): TLS certificate problem with the token provider (the provider answered HTTP 400: it requires a client certificate and none was sent)"), "\(run.stderr)")
             }
+            #expect(run.stderr.contains("--client-cert"))
             #expect(!run.stdout.contains(rig.proxyPassword) && !run.stderr.contains(rig.proxyPassword))
             let requests = try await rig.nginxRequests(count: 3)
             #expect(requests.allSatisfy { $0.contains("dn=\"-\" verify=NONE") && $0.hasSuffix(" 400") }, "\(requests)")
@@ -118,8 +119,9 @@ struct ThirdPartyInteropTests {
                                           proxyURL: rig.proxyURL(password: wrong))
             #expect(run.status == 1)
             // tinyproxy answers the CONNECT with "401 Unauthorized" (not 407), which the agent
-            // reports as the proxy refusing the tunnel.
+            // reports as the proxy refusing the tunnel, pointing at the credentials first.
             #expect(run.stderr.contains("proxy 127.0.0.1:\(rig.proxyPort)"), "\(run.stderr)")
+            #expect(run.stderr.contains("check the user and password in HTTPS_PROXY"), "\(run.stderr)")
             #expect(!run.stdout.contains(wrong) && !run.stderr.contains(wrong))
             #expect(await rig.proxyLogContains("CONNECT 127.0.0.1:\(rig.nginxPort) "), "tinyproxy log:\n\(rig.proxyLog)")
             #expect(rig.nginxAccessLog.isEmpty, "\(rig.nginxAccessLog)")

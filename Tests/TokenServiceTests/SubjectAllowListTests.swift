@@ -1,4 +1,4 @@
-import FleetTokenService
+@testable import FleetTokenService
 import FleetTokenStore
 import Foundation
 import Testing
@@ -54,5 +54,19 @@ struct SubjectAllowListTests {
         #expect(limiter.admit(a, now: start + .seconds(4)) == .limited(retryAfter: 6))
         #expect(limiter.admit(a, now: start + .seconds(10)) == .allowed)
         #expect(limiter.admit(a, now: start + .seconds(19.5)) == .limited(retryAfter: 0.5))
+    }
+
+    @Test("the token route's hand-written JSON strings and timestamps read back as Foundation's", arguments: [
+        "truck-7", #"a"b\c"#, "é ü 🚚", "tab\there", "nul\u{1}x", "eyJhbGciOiJSUzI1NiJ9.e30.c2ln", "/slash/",
+    ])
+    func jsonText(text: String) throws {
+        let decoded = try JSONSerialization.jsonObject(with: Data(("[" + JSONText.quoted(text) + "]").utf8)) as? [String]
+        #expect(decoded == [text])
+    }
+
+    @Test("timestamps match ISO8601FormatStyle", arguments: [0.0, 1_795_438_377, 1_795_438_377.999, 4_102_444_800])
+    func timestamps(seconds: Double) {
+        let date = Date(timeIntervalSince1970: seconds)
+        #expect(TokenAPI.timestamp(date) == date.formatted(.iso8601))
     }
 }

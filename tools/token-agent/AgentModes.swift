@@ -3,6 +3,9 @@ import FleetTokenStore
 import Foundation
 import Logging
 import ServiceLifecycle
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// `--once`: each subject gets a token before its soft point when possible (stored, or one
 /// fetch attempt; none while backing off), printed as a line or a JSON array.
@@ -60,6 +63,11 @@ struct LongLivedRun {
         let printer = Task { for await event in events { output.print(event) } }
         let reload = await SubjectReloadService.trappingHangups(reloader)
         await engine.track(keys)
+        #if canImport(Glibc)
+        // Loading thousands of stored tokens leaves freed decoding buffers in malloc's arenas:
+        // give them back, so the resident size is what the agent holds.
+        _ = releaseFreedMemory(0)
+        #endif
         // Report what the store already held (no fetching here: signals are not handled until the
         // service group runs); fetched tokens are reported by refresh events.
         for key in keys {
@@ -152,3 +160,9 @@ struct AgentOutput: Sendable {
         RelativeTime.describe(date, now: now)
     }
 }
+
+#if canImport(Glibc)
+/// glibc's `malloc_trim` (malloc.h, which the Glibc module does not import).
+@_silgen_name("malloc_trim")
+private func releaseFreedMemory(_ pad: Int) -> Int32
+#endif
