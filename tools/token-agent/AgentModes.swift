@@ -57,12 +57,15 @@ struct LongLivedRun {
     let reloader: SubjectReloader
     /// The file sink (`--sink`), when writing token files; listed last, so it stops first.
     var sink: TokenFileSink? = nil
+    /// Frees the store's caches after the start-up load.
+    var releaseStoreMemory: @Sendable () -> Void = {}
 
     func run() async throws {
         let events = engine.events()
         let printer = Task { for await event in events { output.print(event) } }
         let reload = await SubjectReloadService.trappingHangups(reloader)
         await engine.track(keys)
+        releaseStoreMemory()
         #if canImport(Glibc)
         // Loading thousands of stored tokens leaves freed decoding buffers in malloc's arenas:
         // give them back, so the resident size is what the agent holds.

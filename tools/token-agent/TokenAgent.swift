@@ -419,7 +419,8 @@ struct TokenAgent: AsyncParsableCommand {
                 }
                 fileSink = service
             }
-            try await LongLivedRun(engine: engine, keys: keys, output: output, logger: logger, api: api, reloader: reloader, sink: fileSink).run()
+            try await LongLivedRun(engine: engine, keys: keys, output: output, logger: logger, api: api, reloader: reloader, sink: fileSink,
+                               releaseStoreMemory: { store.releaseMemory() }).run()
         }
         await fetcher.shutdown()
         store.close()

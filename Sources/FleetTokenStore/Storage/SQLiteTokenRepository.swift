@@ -90,6 +90,13 @@ public final class SQLiteTokenRepository: TokenRepository {
     /// True once the deferred integrity check has run to its end (for tests).
     var backgroundCheckHasRun: Bool { backgroundCheck?.hasRun ?? false }
 
+    /// Frees what SQLite caches (page caches, idle reader connections), waiting for accesses in
+    /// progress. For after a bulk load such as tracking thousands of subjects at start-up: the
+    /// pages read then are rarely read again, since the engine serves from memory.
+    public func releaseMemory() {
+        pool.releaseMemory()
+    }
+
     /// Closes the store: ends ``changes()`` streams, folds the write-ahead log into the store
     /// file (so a clean shutdown leaves one self-contained file), and closes the connections.
     /// A background integrity check that has not begun is cancelled and a running one
