@@ -179,33 +179,9 @@ func quarantineFiles(in directory: String) -> [String] {
 
 /// Runs an absolute-path command to completion (bounded) and captures its output.
 func runCapturing(_ command: [String], timeout: TimeInterval = 30) throws -> (status: Int32, stdout: String, stderr: String) {
-    let process = Process()
-    process.executableURL = URL(fileURLWithPath: command[0])
-    process.arguments = Array(command.dropFirst())
-    let out = Pipe(), err = Pipe()
-    process.standardOutput = out
-    process.standardError = err
-    process.standardInput = FileHandle.nullDevice
-    try ProcessLaunch.run(process)
-    // Read both pipes to the end on other threads so neither can fill up and stall the child.
-    let collected = Mutex<(Data, Data)>((Data(), Data()))
-    let group = DispatchGroup()
-    for (index, pipe) in [out, err].enumerated() {
-        group.enter()
-        DispatchQueue.global().async {
-            let data = pipe.fileHandleForReading.readDataToEndOfFile()
-            collected.withLock { if index == 0 { $0.0 = data } else { $0.1 = data } }
-            group.leave()
-        }
-    }
-    if group.wait(timeout: .now() + timeout) == .timedOut {
-        kill(process.processIdentifier, SIGKILL)
-        process.waitUntilExit()
-        throw ProcessFailure(message: "\(command) did not finish in \(timeout) s")
-    }
-    process.waitUntilExit()
-    let (stdout, stderr) = collected.withLock { $0 }
-    return (process.terminationStatus, String(decoding: stdout, as: UTF8.self), String(decoding: stderr, as: UTF8.self))
+    let process = try ChildProcess(command[0], Array(command.dropFirst()), stdout: .pipe, stderr: .pipe)
+    let output = try process.collectOutput(timeout: timeout)
+    return (process.terminationStatus, output.stdout, output.stderr)
 }
 
 func executable(_ candidates: [String]) -> String? {

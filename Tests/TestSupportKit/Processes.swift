@@ -24,9 +24,9 @@ public final class Scratch: Sendable {
 /// One of this package's executables run as a real process, its output captured in files (no
 /// pipe can fill up and stall it). Killed at the end of the test if still running.
 public final class RunningProcess: @unchecked Sendable {
-    // @unchecked: `process` is only started, signalled and waited on; Foundation's Process is
-    // safe for that from any thread, and the output files are read after it exits or by polling.
-    public let process = Process()
+    // @unchecked: `process` is only signalled and waited on (its exit status is behind a lock),
+    // and the output files are read after it exits or by polling.
+    public let process: ChildProcess
     public let stdoutPath: String
     public let stderrPath: String
 
@@ -38,17 +38,11 @@ public final class RunningProcess: @unchecked Sendable {
         stderrPath = scratch.file("\(name)-\(id).err")
         FileManager.default.createFile(atPath: stdoutPath, contents: nil)
         FileManager.default.createFile(atPath: stderrPath, contents: nil)
-        process.executableURL = executable.hasPrefix("/") ? URL(fileURLWithPath: executable)
-            : productsDirectory.appendingPathComponent(executable)
-        process.arguments = arguments
+        let path = executable.hasPrefix("/") ? executable : productsDirectory.appendingPathComponent(executable).path
         var env = ProcessInfo.processInfo.environment
         env.removeValue(forKey: "TOKEN_STORE_DB")
         env.merge(environment) { $1 }
-        process.environment = env
-        process.standardOutput = FileHandle(forWritingAtPath: stdoutPath)
-        process.standardError = FileHandle(forWritingAtPath: stderrPath)
-        process.standardInput = FileHandle.nullDevice
-        try ProcessLaunch.run(process)
+        process = try ChildProcess(path, arguments, environment: env, stdout: .file(stdoutPath), stderr: .file(stderrPath))
     }
 
     public var pid: Int32 { process.processIdentifier }
@@ -129,13 +123,8 @@ public final class IssuerProcess: Sendable {
 /// Runs stock sqlite3 on `path`. `readOnly` opens with `-readonly`, which leaves a crashed
 /// process's `-wal` as it was (a read-write shell checkpoints and deletes it on close).
 public func sqlite3(_ path: String, _ sql: String, readOnly: Bool = false) throws -> String {
-    let process = Process()
-    process.executableURL = URL(fileURLWithPath: "/usr/bin/sqlite3")
-    process.arguments = (readOnly ? ["-readonly", "-cmd", ".timeout 5000"] : []) + [path, sql]
-    let out = Pipe()
-    process.standardOutput = out
-    try ProcessLaunch.run(process)
-    let data = out.fileHandleForReading.readDataToEndOfFile()
+    let process = try ChildProcess("/usr/bin/sqlite3", (readOnly ? ["-readonly", "-cmd", ".timeout 5000"] : []) + [path, sql], stdout: .pipe)
+    let data = process.standardOutput!.readDataToEndOfFile()
     process.waitUntilExit()
     return String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
 }

@@ -1,31 +1,27 @@
 import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
 import Testing
 import TestSupportKit
 @testable import FleetTokenStore
 
 /// A stock `sqlite3` shell kept running, fed statements on its standard input.
 final class SQLiteShell {
-    private let process = Process()
-    private let input = Pipe()
-    private let output = Pipe()
+    private let process: ChildProcess
 
     init(path: String) throws {
-        process.executableURL = URL(fileURLWithPath: sqlite3Path)
-        process.arguments = [path]
-        process.standardInput = input
-        process.standardOutput = output
-        process.standardError = output
-        try process.run()
+        process = try ChildProcess(sqlite3Path, [path], stdin: .pipe, stdout: .pipe, stderr: .standardOutput)
     }
 
     /// Sends `sql` and waits until the shell has run it (it echoes a marker afterwards).
     func execute(_ sql: String, timeout: TimeInterval = 10) throws -> String {
         let marker = "done-\(UUID().uuidString.prefix(8))"
-        input.fileHandleForWriting.write(Data("\(sql)\nSELECT '\(marker)';\n".utf8))
+        process.standardInput!.write(Data("\(sql)\nSELECT '\(marker)';\n".utf8))
         var collected = ""
         let deadline = Date().addingTimeInterval(timeout)
         while !collected.contains(marker), Date() < deadline {
-            let chunk = output.fileHandleForReading.availableData
+            let chunk = process.standardOutput!.availableData
             if chunk.isEmpty { break }
             collected += String(decoding: chunk, as: UTF8.self)
         }
@@ -35,17 +31,17 @@ final class SQLiteShell {
 
     /// Sends text without waiting for it to run.
     func send(_ text: String) {
-        input.fileHandleForWriting.write(Data(text.utf8))
+        process.standardInput!.write(Data(text.utf8))
     }
 
     func quit() {
-        try? input.fileHandleForWriting.write(contentsOf: Data(".quit\n".utf8))
-        try? input.fileHandleForWriting.close()
+        try? process.standardInput!.write(contentsOf: Data(".quit\n".utf8))
+        try? process.standardInput!.close()
         process.waitUntilExit()
     }
 
     deinit {
-        if process.isRunning { process.terminate(); process.waitUntilExit() }
+        if process.isRunning { kill(process.processIdentifier, SIGTERM); process.waitUntilExit() }
     }
 }
 

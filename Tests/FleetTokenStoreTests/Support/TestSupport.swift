@@ -40,20 +40,11 @@ func fileMode(_ path: String) -> Int {
 /// Runs a program to completion and returns its exit status and output.
 @discardableResult
 func run(_ executable: String, _ arguments: [String], stdin: String? = nil) throws -> (status: Int32, stdout: String, stderr: String) {
-    let process = Process()
-    process.executableURL = URL(fileURLWithPath: executable)
-    process.arguments = arguments
-    let out = Pipe(), err = Pipe(), input = Pipe()
-    process.standardOutput = out
-    process.standardError = err
-    process.standardInput = input
-    try ProcessLaunch.run(process)
-    if let stdin { input.fileHandleForWriting.write(Data(stdin.utf8)) }
-    try input.fileHandleForWriting.close()
-    let stdout = out.fileHandleForReading.readDataToEndOfFile()
-    let stderr = err.fileHandleForReading.readDataToEndOfFile()
-    process.waitUntilExit()
-    return (process.terminationStatus, String(decoding: stdout, as: UTF8.self), String(decoding: stderr, as: UTF8.self))
+    let process = try ChildProcess(executable, arguments, stdin: .pipe, stdout: .pipe, stderr: .pipe)
+    if let stdin { process.standardInput!.write(Data(stdin.utf8)) }
+    try process.standardInput!.close()
+    let output = try process.collectOutput()
+    return (process.terminationStatus, output.stdout, output.stderr)
 }
 
 /// The stock sqlite3 shell.
