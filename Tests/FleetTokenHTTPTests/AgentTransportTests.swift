@@ -12,7 +12,7 @@ import Testing
 import Glibc
 #endif
 
-@Suite("token-agent reaches real token servers", .serialized)
+@Suite("token-agent reaches real token servers", .serialized, .exclusive)
 struct AgentTransportTests {
     // MARK: trust
 

@@ -3,10 +3,11 @@ import FleetTokenStore
 import Foundation
 import Logging
 import Testing
+import TestSupportKit
 
 /// The fetcher against real TLS servers with a generated private CA: custom trust, mutual TLS,
 /// client certificates rotated on disk (issue 14, TLS part).
-@Suite("HTTPTokenFetcher: private CAs and client certificates")
+@Suite("HTTPTokenFetcher: private CAs and client certificates", .exclusive)
 struct ProviderTLSTests {
     let key = try! TokenKey.vehicle("truck-7")
 

@@ -30,7 +30,7 @@ final class SwitchableFetcher: TokenFetcher {
     }
 }
 
-@Suite("token API readiness on an injected clock")
+@Suite("token API readiness on an injected clock", .exclusive)
 struct ReadinessClockTests {
     @Test("/readyz turns 503 once the provider has failed long enough for the token to pass the floor, and 200 again when it answers")
     func readinessFollowsTheFloor() async throws {
