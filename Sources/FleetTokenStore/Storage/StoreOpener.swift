@@ -13,6 +13,23 @@ struct StoreOpener {
     let migrator: SchemaMigrator
 
     func open() throws(TokenStoreError) -> (pool: DatabasePool, report: StoreOpenReport) {
+        // Several processes opening a new store at once can meet SQLite's deadlock rule: a
+        // connection that must upgrade its lock while another waits to (switching the file to
+        // WAL, say) gets SQLITE_BUSY at once, without its busy handler. Such an open is tried
+        // again until the busy timeout has passed; a store really held by a long write still
+        // fails after it, as before.
+        let started = ContinuousClock.now
+        while true {
+            do {
+                return try openHandlingCorruption()
+            } catch let error {
+                guard case .busy = error, ContinuousClock.now - started < .seconds(configuration.busyTimeout) else { throw error }
+                Thread.sleep(forTimeInterval: Double.random(in: 0.01...0.05))
+            }
+        }
+    }
+
+    private func openHandlingCorruption() throws(TokenStoreError) -> (pool: DatabasePool, report: StoreOpenReport) {
         do {
             return try openOnce(report: StoreOpenReport())
         } catch let error {
