@@ -317,29 +317,3 @@ struct AccessRules: RouterMiddleware {
         return String(format: "%.2f", Double(seconds) * 1000 + Double(attoseconds) / 1e15)
     }
 }
-
-/// JSON string literals without Foundation's serializer, for the hot route.
-enum JSONText {
-    /// `text` as a JSON string literal (RFC 8259: quote and backslash escaped, control
-    /// characters as `\u00XX`; the rest as UTF-8).
-    static func quoted(_ text: String) -> String {
-        // Tokens are base64url and dots: nothing to escape, one copy.
-        if text.utf8.allSatisfy({ $0 >= 0x20 && $0 != UInt8(ascii: "\"") && $0 != UInt8(ascii: "\\") }) {
-            return "\"" + text + "\""
-        }
-        var result = "\""
-        for scalar in text.unicodeScalars {
-            switch scalar {
-            case "\"": result += "\\\""
-            case "\\": result += "\\\\"
-            case "\n": result += "\\n"
-            case "\r": result += "\\r"
-            case "\t": result += "\\t"
-            case _ where scalar.value < 0x20:
-                result += "\\u00" + String(scalar.value >> 4, radix: 16) + String(scalar.value & 0xF, radix: 16)
-            default: result.unicodeScalars.append(scalar)
-            }
-        }
-        return result + "\""
-    }
-}

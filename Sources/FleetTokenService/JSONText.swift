@@ -1,0 +1,40 @@
+// Token service, shared plumbing: hand-written JSON string literals, used where Foundation's
+// serializer costs too much per call (the token route's body, every line of the agent's JSON log).
+
+/// JSON string literals without Foundation's serializer.
+public enum JSONText {
+    /// `text` as a JSON string literal (RFC 8259: quote and backslash escaped, control
+    /// characters as `\u00XX`; the rest as UTF-8).
+    public static func quoted(_ text: String) -> String {
+        var result = ""
+        result.reserveCapacity(text.utf8.count + 2)
+        appendQuoted(text, to: &result)
+        return result
+    }
+
+    /// Appends `text` to `output` as a JSON string literal, escaped as ``quoted(_:)`` does.
+    ///
+    /// A Swift `String` always holds valid Unicode (invalid UTF-8 or a lone UTF-16 surrogate
+    /// became U+FFFD when the string was decoded), so the result is always valid JSON.
+    static func appendQuoted(_ text: String, to output: inout String) {
+        output += "\""
+        // Tokens are base64url and dots, most log text is plain: nothing to escape, one copy.
+        if text.utf8.allSatisfy({ $0 >= 0x20 && $0 != UInt8(ascii: "\"") && $0 != UInt8(ascii: "\\") }) {
+            output += text
+        } else {
+            for scalar in text.unicodeScalars {
+                switch scalar {
+                case "\"": output += "\\\""
+                case "\\": output += "\\\\"
+                case "\n": output += "\\n"
+                case "\r": output += "\\r"
+                case "\t": output += "\\t"
+                case _ where scalar.value < 0x20:
+                    output += "\\u00" + String(scalar.value >> 4, radix: 16) + String(scalar.value & 0xF, radix: 16)
+                default: output.unicodeScalars.append(scalar)
+                }
+            }
+        }
+        output += "\""
+    }
+}
