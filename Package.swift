@@ -42,6 +42,11 @@ let package = Package(
         .package(url: "https://github.com/pointfreeco/swift-clocks", from: "1.1.1"),
         .package(url: "https://github.com/swift-server/swift-prometheus", from: "2.4.0"),
         .package(url: "https://github.com/apple/swift-http-types", from: "1.0.0"),
+        // token-agent's config file, environment and reload; YAML through Yams (also used
+        // directly, for line numbers in messages).
+        .package(url: "https://github.com/apple/swift-configuration", from: "1.4.0", traits: ["JSON", "YAML", "Reloading"]),
+        .package(url: "https://github.com/jpsim/Yams", from: "6.2.0"),
+        .package(url: "https://github.com/apple/swift-system", from: "1.4.0"),
     ],
     targets: [
         // The schema: numbered SQL files compiled into the binary, so a deployed agent reads no
@@ -136,6 +141,9 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "UnixSignals", package: "swift-service-lifecycle"),
+                .product(name: "Configuration", package: "swift-configuration"),
+                .product(name: "Yams", package: "Yams"),
+                .product(name: "SystemPackage", package: "swift-system"),
             ],
             path: "tools/token-agent"
         ),
@@ -241,6 +249,18 @@ let package = Package(
                 "dev-token-server",
                 "tokenctl",
                 .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: testSettings
+        ),
+        // token-agent as a system daemon: config file, environment, reload, systemd notify and
+        // watchdog, permanent-error exit, JSON logs; all through real processes.
+        .testTarget(
+            name: "AgentOperationsTests",
+            dependencies: [
+                "TestSupportKit",
+                "FleetTokenStore",
+                "token-agent",
+                "dev-token-server",
             ],
             swiftSettings: testSettings
         ),

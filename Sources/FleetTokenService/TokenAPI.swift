@@ -78,6 +78,13 @@ public struct TokenAPI: Sendable {
         }
     }
 
+    /// Replaces the allow patterns (a reloaded configuration). Unlike removed subjects, a
+    /// removed pattern stops matching at once: patterns are an operator's access rule, and
+    /// narrowing one must take effect without a restart.
+    public func replaceAllowPatterns(_ patterns: [SubjectAllowList.Pattern]) {
+        subjectsInForce.state.withLock { $0.allowList.patterns = patterns }
+    }
+
     /// The router with every route and rule.
     public func router() -> Router<BasicRequestContext> {
         let router = Router(context: BasicRequestContext.self)

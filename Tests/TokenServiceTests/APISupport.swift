@@ -62,10 +62,13 @@ struct APIAgent {
     let socket: String
     let tcpPort: Int?
 
+    /// `logLevel` nil leaves the level to the arguments or a config file (it must log notices,
+    /// which say when the API listens).
     static func start(_ scratch: Scratch, provider: String, _ arguments: [String], tcp: Bool = false,
-                      socket: String? = nil) async throws -> APIAgent {
+                      socket: String? = nil, logLevel: String? = "trace") async throws -> APIAgent {
         let socket = socket ?? scratch.file("api.sock")
-        var all = ["--db", scratch.file("tokens.sqlite"), "--provider-url", provider, "--listen", "unix:\(socket)", "--log-level", "trace"] + arguments
+        var all = ["--db", scratch.file("tokens.sqlite"), "--provider-url", provider, "--listen", "unix:\(socket)"]
+            + (logLevel.map { ["--log-level", $0] } ?? []) + arguments
         if tcp { all += ["--listen", "127.0.0.1:0"] }
         let process = try RunningProcess("token-agent", all, in: scratch)
         let expected = tcp ? 2 : 1

@@ -45,25 +45,34 @@ struct OnceRun {
     }
 }
 
+/// The services the long-lived mode runs beside the engine, each optional.
+struct LongLivedServices {
+    /// The local token API, when listening.
+    var api: (service: TokenAPIService, api: TokenAPI)?
+    /// The file sink (`--sink`), when writing token files.
+    var sink: TokenFileSink?
+    /// What systemd is told (a no-op without `NOTIFY_SOCKET`).
+    var reports: ServiceManagerReports?
+    /// `--exit-on-permanent-error`.
+    var permanentErrors: PermanentErrorWatch?
+}
+
 /// The default mode: track every subject, print refresh events, stop cleanly on SIGTERM/SIGINT.
 struct LongLivedRun {
     let engine: TokenSyncEngine
     let keys: [TokenKey]
     let output: AgentOutput
     let logger: Logger
-    /// The local token API, when listening.
-    let api: TokenAPIService?
-    /// What SIGHUP does: re-read `--subjects-file`.
-    let reloader: SubjectReloader
-    /// The file sink (`--sink`), when writing token files; listed last, so it stops first.
-    var sink: TokenFileSink? = nil
+    let services: LongLivedServices
+    /// What SIGHUP and a changed config file do.
+    let reloader: AgentReloader
     /// Frees the store's caches after the start-up load.
     var releaseStoreMemory: @Sendable () -> Void = {}
 
     func run() async throws {
         let events = engine.events()
         let printer = Task { for await event in events { output.print(event) } }
-        let reload = await SubjectReloadService.trappingHangups(reloader)
+        let reload = await ConfigReloadService.trappingHangups(reloader)
         await engine.track(keys)
         releaseStoreMemory()
         #if canImport(Glibc)
@@ -78,14 +87,25 @@ struct LongLivedRun {
                 output.print(.refreshed(key: key, fingerprint: held.token.fingerprint, expiresAt: held.token.expiresAt, source: .store))
             }
         }
-        let group = ServiceGroup(configuration: .init(
-            services: [.init(service: engine)] + (api.map { [.init(service: $0)] } ?? []) + [.init(service: reload)] + (sink.map { [.init(service: $0)] } ?? []),
-            gracefulShutdownSignals: [.sigterm, .sigint],
-            logger: logger))
+        // Graceful shutdown goes from the last service to the first: what systemd is told and the
+        // sink stop before the engine; a failure of the permanent-error watch shuts the group
+        // down gracefully, so fetched tokens are still committed.
+        var list: [ServiceGroupConfiguration.ServiceConfiguration] = [.init(service: engine)]
+        if let api = services.api { list.append(.init(service: api.service)) }
+        list.append(.init(service: reload))
+        if let sink = services.sink { list.append(.init(service: sink)) }
+        if let watch = services.permanentErrors { list.append(.init(service: watch, failureTerminationBehavior: .gracefullyShutdownGroup)) }
+        if let reports = services.reports { list.append(.init(service: reports)) }
+        let group = ServiceGroup(configuration: .init(services: list, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
         logger.notice("token-agent running; stop with SIGTERM or Ctrl-C", metadata: ["subjects": .stringConvertible(keys.count)])
-        try await group.run()
+        defer { logger.notice("token-agent stopped") }
+        do {
+            try await group.run()
+        } catch {
+            await printer.value
+            throw error
+        }
         await printer.value
-        logger.notice("token-agent stopped")
     }
 }
 

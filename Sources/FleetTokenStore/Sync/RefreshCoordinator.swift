@@ -77,6 +77,8 @@ actor RefreshCoordinator {
     private var clockOffset: ProviderClockOffset
     /// Wall-clock and elapsed time when steps were last measured from (see ``WallClockSteps``).
     private var clockSteps: WallClockSteps
+    /// The supervisor's liveness signal, when one is set.
+    private var heartbeat: SchedulerHeartbeat?
 
     init(repository: any TokenRepository, fetcher: any TokenFetcher, policy: RefreshPolicy, logger: Logger,
          clock: any Clock<Duration>, now: @escaping @Sendable () -> Date, random: @escaping @Sendable () -> Double,
@@ -630,8 +632,15 @@ actor RefreshCoordinator {
         }
     }
 
+    /// Calls `beat` from the scheduler loop at least every `interval`.
+    func setHeartbeat(every interval: Duration, _ beat: @escaping @Sendable () -> Void) {
+        heartbeat = SchedulerHeartbeat(interval: interval, beat: beat)
+        wake()
+    }
+
     private func scheduleUntilCancelled() async {
         while !Task.isCancelled && !shuttingDown {
+            let untilHeartbeat = heartbeat?.beatIfDue(at: elapsed())
             // The wall clock moved more or less than time passed: it was stepped (NTP, an operator).
             if let step = clockSteps.observe(wall: now(), elapsed: elapsed()) { wallClockStepped(by: step) }
             let nowC = correctedNow
@@ -657,6 +666,7 @@ actor RefreshCoordinator {
             if slots > 0 || backgroundFlights < policy.maxConcurrentFetches, let earliest = queue.earliest {
                 delay = min(delay, max(0, earliest.timeIntervalSince(nowC)))
             }
+            if let untilHeartbeat { delay = min(delay, Double(untilHeartbeat.components.seconds) + Double(untilHeartbeat.components.attoseconds) * 1e-18) }
             if delay <= 0 { continue }
             await sleep(seconds: delay)
         }

@@ -191,6 +191,14 @@ public final class TokenSyncEngine: Service, Sendable {
         coordinator.events.subscribe()
     }
 
+    /// Calls `beat` from the scheduler's own loop at least every `interval` while ``run()``
+    /// runs (for systemd's watchdog: `WATCHDOG=1` at half of `WATCHDOG_USEC`). An engine whose
+    /// loop is wedged stops calling it, so the supervisor can restart the process. `beat` runs
+    /// on the engine's actor: it must be quick and must not wait.
+    public func setHeartbeat(every interval: Duration, _ beat: @escaping @Sendable () -> Void) async {
+        await coordinator.setHeartbeat(every: interval, beat)
+    }
+
     // MARK: - Service
 
     /// Stops the engine without ``run()``: cancels fetches in flight, waits until every fetched

@@ -1,0 +1,113 @@
+// Issue 18: what token-agent tells systemd, and its JSON logs, through the real process. The
+// test binds its own AF_UNIX datagram socket and passes it as NOTIFY_SOCKET, as systemd does.
+
+import Foundation
+import TestSupportKit
+import Testing
+#if canImport(Glibc)
+import Glibc
+#endif
+
+@Suite("token-agent under systemd: sd_notify, watchdog, JSON logs", .exclusive)
+struct ServiceManagerTests {
+    static func events(_ stdout: String) -> [[String: String]] {
+        stdout.split(separator: "\n").compactMap { (try? JSONSerialization.jsonObject(with: Data($0.utf8))) as? [String: String] }
+    }
+
+    @Test("READY=1 once the subjects have tokens, WATCHDOG=1 at half of WATCHDOG_USEC, RELOADING=1 then READY=1 around a reload, STOPPING=1 on SIGTERM")
+    func notifications() async throws {
+        let scratch = Scratch()
+        let issuer = try await IssuerProcess(scratch: scratch)
+        let receiver = try NotifySocketReceiver(directory: scratch.path)
+        defer { receiver.close() }
+        let config = scratch.file("token-agent.yaml")
+        try "vehicle: [a, b]\njson: true\n".write(toFile: config, atomically: true, encoding: .utf8)
+        let agent = try RunningProcess("token-agent", ["--db", scratch.file("tokens.sqlite"), "--provider-url", issuer.template, "--config", config],
+                                       environment: ["NOTIFY_SOCKET": receiver.notifySocket, "WATCHDOG_USEC": "1000000"], in: scratch)
+        defer { agent.signal(SIGKILL) }
+
+        let ready = try #require(receiver.next(timeout: .seconds(30)) { $0.contains("READY=1") }, "\(agent.stderr)")
+        let readyFields = NotifySocketReceiver.assignments(ready.message)
+        #expect(readyFields["STATUS"] == "2 valid", "\(ready.message)")
+        #expect(Set(Self.events(agent.stdout).filter { $0["event"] == "refreshed" }.compactMap { $0["id"] }) == ["a", "b"],
+                "READY=1 comes after both subjects have tokens")
+
+        // The watchdog: every 0.5 s (half of 1 s), from the engine's scheduler loop.
+        var pets: [ContinuousClock.Instant] = []
+        let watchEnd = ContinuousClock.now + .seconds(3)
+        while ContinuousClock.now < watchEnd, let message = receiver.next(timeout: .seconds(1)) {
+            if message.message.contains("WATCHDOG=1") { pets.append(message.at) }
+        }
+        #expect(pets.count >= 4, "\(pets.count) pets in 3 s")
+        let gaps = zip(pets.dropFirst(), pets).map { $0 - $1 }
+        #expect(gaps.allSatisfy { $0 > .milliseconds(250) && $0 < .milliseconds(900) }, "\(gaps)")
+
+        // A reload: RELOADING=1 (with the monotonic time systemd wants), then READY=1 and new counts.
+        try "vehicle: [a, b, c]\njson: true\n".write(toFile: config, atomically: true, encoding: .utf8)
+        agent.signal(SIGHUP)
+        let reloading = try #require(receiver.next(timeout: .seconds(30)) { $0.contains("RELOADING=1") })
+        #expect(NotifySocketReceiver.assignments(reloading.message)["MONOTONIC_USEC"].flatMap { UInt64($0) } != nil, "\(reloading.message)")
+        let reloaded = try #require(receiver.next(timeout: .seconds(30)) { $0.contains("READY=1") })
+        #expect(reloaded.at >= reloading.at)
+        let status = receiver.next(timeout: .seconds(30)) { NotifySocketReceiver.assignments($0)["STATUS"] == "3 valid" }
+        #expect(status != nil, "STATUS follows the third subject")
+
+        agent.signal(SIGTERM)
+        let stopping = receiver.next(timeout: .seconds(30)) { $0.contains("STOPPING=1") }
+        #expect(stopping != nil)
+        #expect(await agent.wait(upTo: 30) == 0, "\(agent.stderr)")
+    }
+
+    @Test("an unwritable NOTIFY_SOCKET is one warning; the agent starts, serves and stops as usual")
+    func unwritableSocket() async throws {
+        let scratch = Scratch()
+        let issuer = try await IssuerProcess(scratch: scratch)
+        let missing = scratch.file("no-such-dir/notify.sock")
+        let agent = try RunningProcess("token-agent", ["--db", scratch.file("tokens.sqlite"), "--provider-url", issuer.template,
+                                                       "--vehicle", "a", "--json"],
+                                       environment: ["NOTIFY_SOCKET": missing, "WATCHDOG_USEC": "200000"], in: scratch)
+        defer { agent.signal(SIGKILL) }
+        #expect(await agent.waitForOutput(#""event":"refreshed""#, within: 30), "\(agent.stderr)")
+        // Watchdog pets every 0.1 s fail too: still one warning, not one per pet.
+        try await Task.sleep(for: .seconds(1))
+        #expect(agent.isRunning)
+        let warnings = agent.stderr.split(separator: "\n").filter { $0.contains("warning") && $0.contains(missing) }
+        #expect(warnings.count == 1, "\(agent.stderr)")
+        agent.signal(SIGTERM)
+        #expect(await agent.wait(upTo: 30) == 0, "\(agent.stderr)")
+    }
+
+    @Test("--log-format json: every line on stderr is one JSON object with time, level, label, message and metadata; no token value at trace level")
+    func jsonLogs() async throws {
+        let scratch = Scratch()
+        let issuer = try await IssuerProcess(scratch: scratch)
+        let sink = scratch.file("sink")
+        let agent = try RunningProcess("token-agent", ["--db", scratch.file("tokens.sqlite"), "--provider-url", issuer.template,
+                                                       "--vehicle", "a", "--trip", "t", "--log-format", "json", "--log-level", "trace",
+                                                       "--sink", sink], in: scratch)
+        defer { agent.signal(SIGKILL) }
+        #expect(await eventually(within: 30) {
+            FileManager.default.fileExists(atPath: sink + "/vehicle/a.jwt") && FileManager.default.fileExists(atPath: sink + "/trip/t.jwt")
+        }, "\(agent.stderr)")
+        agent.signal(SIGTERM)
+        #expect(await agent.wait(upTo: 30) == 0, "\(agent.stderr)")
+
+        let lines = agent.stderr.split(separator: "\n")
+        #expect(lines.count > 10)
+        for line in lines {
+            let object = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any], "not JSON: \(line)")
+            #expect(Set(object.keys).isSuperset(of: ["time", "level", "label", "message", "metadata"]), "\(line)")
+            #expect((object["time"] as? String)?.hasSuffix("Z") == true)
+            #expect(object["metadata"] is [String: Any])
+        }
+        let levels = Set(lines.compactMap { (try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any])?["level"] as? String })
+        #expect(levels.contains("debug") && levels.contains("notice"), "\(levels)")
+        for file in [sink + "/vehicle/a.jwt", sink + "/trip/t.jwt"] {
+            let token = try String(contentsOfFile: file, encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
+            #expect(token.split(separator: ".").count == 3)
+            let signature = String(token.split(separator: ".").last!)
+            #expect(!agent.stderr.contains(token) && !agent.stdout.contains(token))
+            #expect(!agent.stderr.contains(signature), "no part of a token in the log")
+        }
+    }
+}

@@ -1,0 +1,186 @@
+// One run of token-agent from checked settings: logging and metrics, the demo issuer when no
+// provider is given, the fetcher, store and engine, then --once or the long-lived services.
+
+import DevTokenIssuer
+import FleetTokenHTTP
+import FleetTokenService
+import FleetTokenStore
+import Foundation
+import Logging
+import Metrics
+import Prometheus
+import ArgumentParser
+
+struct AgentRun {
+    let settings: AgentSettings
+    let sources: SettingSources
+    let environment: [String: String]
+
+    func run() async throws {
+        let logLevel = LogLevelSetting(settings.logLevel)
+        let format = settings.logFormat
+        LoggingSystem.bootstrap { label in AgentLogHandler(label: label, format: format, level: logLevel) }
+        let logger = Logger(label: "token-agent")
+        // Before the engine and fetcher make their counters: they bind to the factory then.
+        let registry = PrometheusCollectorRegistry()
+        MetricsSystem.bootstrap(PrometheusMetricsFactory(registry: registry))
+        let path = settings.db ?? environment["TOKEN_STORE_DB"] ?? "./tokens.sqlite"
+
+        var keys = try usage { try settings.subjectKeys() }
+        // Subjects from --subjects-file come after the options'.
+        var fileKeys: [TokenKey] = []
+        if let subjectsFile = settings.subjectsFile {
+            do { fileKeys = try SubjectListFile(contentsOfFile: subjectsFile).subjects } catch {
+                throw ValidationError("\(settings.origins.name("subjects-file")): \(error)")
+            }
+            keys = SubjectSet.merged(keys, fileKeys)
+        }
+        var issuer: DevTokenIssuer?
+        var template = settings.providerURL
+        if template == nil {
+            var configuration = DevTokenIssuer.Configuration()
+            configuration.lifetime = TimeInterval(settings.demoLifetime)
+            var issuerLogger = logger
+            issuerLogger.logLevel = .warning
+            let started = try await DevTokenIssuer.start(configuration, logger: issuerLogger)
+            issuer = started
+            template = started.urlTemplate
+            if keys.isEmpty {
+                keys = try ["demo-vehicle-1", "demo-vehicle-2", "demo-vehicle-3"].map { try TokenKey(kind: .vehicle, subjectID: $0) }
+                    + ["demo-trip-1", "demo-trip-2"].map { try TokenKey(kind: .trip, subjectID: $0) }
+            }
+            let socket = try usage { try settings.listenAddresses(demo: true) }
+                .compactMap { if case .unix(let path) = $0 { path } else { nil } }.first
+            DemoBanner.print(url: started.urlTemplate, lifetime: settings.demoLifetime, socket: socket, example: keys.first)
+        }
+        guard !keys.isEmpty || settings.subjectsFile != nil && !settings.once else {
+            await issuer?.stop()
+            throw ValidationError("give at least one --vehicle, --trip, --delivery-vehicle, --task or --subjects-file subject to keep tokens for")
+        }
+
+        let fetcherConfiguration: HTTPTokenFetcherConfiguration
+        do {
+            fetcherConfiguration = try settings.fetcherConfiguration(template: template!, demo: issuer != nil, environment: environment)
+        } catch {
+            await issuer?.stop()
+            throw ValidationError(error.description)
+        }
+        ProxyReport.log(fetcherConfiguration, template: template!, logger: logger)
+
+        let client: ProviderClient
+        do {
+            client = ProviderClient(try HTTPTokenFetcher(configuration: fetcherConfiguration, logger: logger))
+        } catch {
+            await issuer?.stop()
+            throw ValidationError(error.description)
+        }
+        let store: SQLiteTokenRepository
+        do {
+            store = try SQLiteTokenRepository(path: path, mode: .agent, logger: logger)
+        } catch {
+            await client.shutdown()
+            await issuer?.stop()
+            FileHandle.standardError.write(Data("token-agent: \(error)\n".utf8))
+            throw ExitCode(1)
+        }
+        if let moved = store.openReport.quarantinedTo {
+            FileHandle.standardError.write(Data("token-agent: the token store was corrupt; moved it to \(moved) and started a fresh one\n".utf8))
+        }
+        let engine = TokenSyncEngine(repository: store, fetcher: client, policy: settings.policy, logger: logger)
+        let output = AgentOutput(json: settings.json)
+        /// Releases what was opened, for every way out of the run.
+        func close() async {
+            await client.shutdown()
+            store.close()
+            await issuer?.stop()
+        }
+
+        if settings.once {
+            let failed = await OnceRun(engine: engine, keys: keys, output: output).run()
+            await engine.shutdown()
+            await close()
+            if failed { throw ExitCode(1) }
+            return
+        }
+        let subjects = ConfiguredSubjects(keys)
+        var services = LongLivedServices()
+        do {
+            services.api = try prepareAPI(engine: engine, keys: keys, demo: issuer != nil, registry: registry, logger: logger)
+            services.sink = try prepareSink(engine: engine, logger: logger)
+        } catch {
+            await close()
+            FileHandle.standardError.write(Data("token-agent: \(error)\n".utf8))
+            throw ExitCode(1)
+        }
+        let notifier = SystemdNotifier(environment: environment, logger: logger)
+        services.reports = ServiceManagerReports(engine: engine, notifier: notifier, subjects: subjects, logger: logger)
+        if settings.exitOnPermanentError {
+            services.permanentErrors = PermanentErrorWatch(engine: engine, subjects: subjects, attempts: settings.permanentErrorAttempts, logger: logger)
+        }
+        let reloader = AgentReloader(
+            engine: engine, sources: sources, environment: environment, template: template!, demo: issuer != nil,
+            client: client, logLevel: logLevel, notifier: notifier, subjects: subjects, output: output, logger: logger,
+            api: services.api?.api, settings: settings, fileSubjects: fileKeys, lastProposed: settings)
+        do {
+            try await LongLivedRun(engine: engine, keys: keys, output: output, logger: logger, services: services, reloader: reloader,
+                                   releaseStoreMemory: { store.releaseMemory() }).run()
+        } catch let refusal as ProviderRefusesEverySubject {
+            await close()
+            FileHandle.standardError.write(Data("token-agent: \(refusal)\n".utf8))
+            throw ExitCode(ProviderRefusesEverySubject.exitCode)
+        }
+        await close()
+    }
+
+    /// The local token API, bound now so that a taken address fails the start.
+    private func prepareAPI(engine: TokenSyncEngine, keys: [TokenKey], demo: Bool, registry: PrometheusCollectorRegistry,
+                            logger: Logger) throws -> (service: TokenAPIService, api: TokenAPI)? {
+        let addresses = try usage { try settings.listenAddresses(demo: demo) }
+        guard !addresses.isEmpty else { return nil }
+        var configuration = TokenAPI.Configuration(allowList: try usage { try settings.allowList(keys: keys) }, readinessSubjects: keys)
+        configuration.invalidateInterval = settings.invalidateInterval.seconds
+        configuration.metricsText = { registry.emitToString() }
+        let api = TokenAPI(engine: engine, configuration: configuration, logger: logger)
+        let service = TokenAPIService(
+            api: api, engine: engine, addresses: addresses, socketMode: settings.socketModeValue ?? 0o660, logger: logger,
+            onListening: { address in logger.notice("token API listening", metadata: ["address": "\(address)"]) })
+        try service.prepare()
+        FileDescriptorLimit.raise()
+        return (service, api)
+    }
+
+    /// The file sink, its directory checked now.
+    private func prepareSink(engine: TokenSyncEngine, logger: Logger) throws -> TokenFileSink? {
+        guard let sink = settings.sink else { return nil }
+        let service = TokenFileSink(engine: engine, directory: sink, fileMode: settings.sinkModeValue ?? 0o640, logger: logger)
+        try service.prepare()
+        return service
+    }
+
+    /// A usage error as ArgumentParser reports it (exit 64).
+    private func usage<Value>(_ body: () throws -> Value) throws -> Value {
+        do { return try body() } catch let error as UsageError { throw ValidationError(error.description) }
+    }
+}
+
+/// Subject lists merged in order without repeats.
+enum SubjectSet {
+    static func merged(_ first: [TokenKey], _ second: [TokenKey]) -> [TokenKey] {
+        var seen = Set(first)
+        return first + second.filter { seen.insert($0).inserted }
+    }
+}
+
+/// Says which proxy provider requests go through, and which NO_PROXY entries can never match.
+enum ProxyReport {
+    static func log(_ configuration: HTTPTokenFetcherConfiguration, template: String, logger: Logger) {
+        let probe = template.replacingOccurrences(of: "{kind}", with: "vehicle").replacingOccurrences(of: "{id}", with: "x")
+        if let chosen = URL(string: probe).flatMap(configuration.proxy.proxy(for:)) {
+            logger.info("token provider requests go through a proxy", metadata: ["proxy": "\(chosen)"])
+        }
+        if !configuration.proxy.noProxy.ignoredEntries.isEmpty {
+            logger.warning("NO_PROXY entries that can never match (not a host name, address or CIDR block, or a bad port)",
+                           metadata: ["entries": "\(configuration.proxy.noProxy.ignoredEntries.joined(separator: ","))"])
+        }
+    }
+}

@@ -1,0 +1,209 @@
+// Checks of the effective settings and the parts built from them (subjects, fetcher, API
+// addresses). Every message names the option as the operator gave it: a flag, a variable or
+// a config file line.
+
+import FleetTokenHTTP
+import FleetTokenService
+import FleetTokenStore
+import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
+
+extension AgentSettings {
+    /// Everything that can be checked before the agent starts; the first problem is thrown.
+    func check(environment: [String: String]) throws(UsageError) {
+        // Header values hold credentials: errors name the option (and a valid header name),
+        // never the value.
+        for (index, header) in headers.enumerated() {
+            let name = HeaderArgument.flag(origins.name("header"), index, of: headers.count)
+            guard let (headerName, value) = HeaderArgument.parseHeader(header) else {
+                throw UsageError("\(name) is not 'Name: value' (the value is not shown: it may hold a credential)")
+            }
+            try HeaderArgument.check(name, name: headerName, value: value)
+        }
+        for (index, file) in headerFiles.enumerated() {
+            let name = HeaderArgument.flag(origins.name("header-file"), index, of: headerFiles.count)
+            guard let (headerName, _) = HeaderArgument.parseHeaderFile(file) else {
+                throw UsageError("\(name) is not 'Name:PATH' (the value is not shown: it may hold a credential)")
+            }
+            try HeaderArgument.check(name, name: headerName, value: "")
+        }
+        _ = try subjectKeys()
+        for key in ["connect-timeout", "request-timeout"] {
+            let value = key == "connect-timeout" ? connectTimeout : requestTimeout
+            guard (0.001...3600).contains(value) else { throw UsageError("\(origins.name(key)) must be between 0.001 and 3600 seconds") }
+        }
+        guard (10...3600).contains(demoLifetime) else { throw UsageError("\(origins.name("demo-lifetime")) must be between 10 and 3600") }
+        guard (0.1...3600).contains(leaseDuration) else { throw UsageError("\(origins.name("lease-duration")) must be between 0.1 and 3600 seconds") }
+        if let failureBackoff, !(0.1...3600).contains(failureBackoff) {
+            throw UsageError("\(origins.name("failure-backoff")) must be between 0.1 and 3600 seconds")
+        }
+        guard (1...1000).contains(permanentErrorAttempts) else {
+            throw UsageError("\(origins.name("permanent-error-attempts")) must be between 1 and 1000")
+        }
+        if providerURL == nil, let key = ["header", "header-file"].first(where: { !values[$0, default: []].isEmpty }) {
+            throw UsageError("\(origins.name(key)) needs --provider-url")
+        }
+        try checkTransport(environment: environment)
+        _ = try listenAddresses(demo: false)
+        _ = try allowList(keys: [])
+        if once && !listen.isEmpty { throw UsageError("\(origins.name("listen")) serves tokens while the agent runs: it does not go with --once") }
+        guard socketModeValue != nil else {
+            throw UsageError("\(origins.name("socket-mode")) \(socketMode): give an octal mode such as 0660 or 0600")
+        }
+        if once && sink != nil { throw UsageError("\(origins.name("sink")) keeps files fresh while the agent runs: it does not go with --once") }
+        guard sinkModeValue != nil else {
+            throw UsageError("\(origins.name("sink-mode")) \(sinkMode): give an octal mode such as 0640 or 0600 (no execute bits; only the owner may write)")
+        }
+    }
+
+    /// The request-shape, TLS and proxy options (the files themselves are checked when the fetcher is made).
+    private func checkTransport(environment: [String: String]) throws(UsageError) {
+        let given = [(!caFiles.isEmpty, "ca-file"), (!extraCAFiles.isEmpty, "extra-ca-file"),
+                     (clientCertificate != nil, "client-cert"), (clientKey != nil, "client-key"),
+                     (proxy != nil, "proxy"), (method != .get, "method"), (bodyTemplate != nil, "body-template")]
+        if providerURL == nil, let (_, key) = given.first(where: \.0) {
+            throw UsageError("\(origins.name(key)) needs --provider-url (the demo issuer is plain HTTP on loopback)")
+        }
+        if (clientCertificate == nil) != (clientKey == nil) {
+            throw UsageError("--client-cert and --client-key go together: give both PEM files, or neither")
+        }
+        if proxy != nil && noProxy { throw UsageError("--proxy and --no-proxy exclude each other") }
+        if contentType != nil && bodyTemplate == nil { throw UsageError("\(origins.name("content-type")) needs --body-template") }
+        if bodyTemplate != nil && method != .post { throw UsageError("\(origins.name("body-template")) needs --method POST") }
+        _ = try requestBody()
+        _ = try proxySettings(environment: environment)
+    }
+
+    /// The API's listen addresses; demo mode listens on ./token-agent.sock unless told otherwise.
+    func listenAddresses(demo: Bool) throws(UsageError) -> [ListenAddress] {
+        if listen.isEmpty && demo && !once { return [.unix(path: "./token-agent.sock")] }
+        do {
+            return try listen.map { try ListenAddress(parsing: $0, allowNonLoopback: allowNonLoopbackListen) }
+        } catch {
+            throw UsageError("\(error)")
+        }
+    }
+
+    func allowList(keys: [TokenKey]) throws(UsageError) -> SubjectAllowList {
+        do {
+            return SubjectAllowList(subjects: Set(keys), patterns: try allowPatterns())
+        } catch {
+            throw UsageError("\(origins.name("allow")) \(error)")
+        }
+    }
+
+    func allowPatterns() throws -> [SubjectAllowList.Pattern] {
+        try allow.map { try SubjectAllowList.Pattern(parsing: $0) }
+    }
+
+    var socketModeValue: mode_t? {
+        mode_t(socketMode, radix: 8).flatMap { $0 <= 0o777 ? $0 : nil }
+    }
+
+    var sinkModeValue: mode_t? {
+        mode_t(sinkMode, radix: 8).flatMap { $0 <= 0o777 && $0 & 0o133 == 0 ? $0 : nil }
+    }
+
+    /// The POST body, or a usage error naming the option.
+    func requestBody() throws(UsageError) -> RequestBodyTemplate? {
+        guard let bodyTemplate else { return nil }
+        do {
+            return try RequestBodyTemplate(bodyTemplate, contentType: contentType ?? "application/json")
+        } catch {
+            throw UsageError("\(origins.name("body-template")): \(error)")
+        }
+    }
+
+    /// `--proxy` / `--no-proxy` over the environment's proxy variables; a bad proxy URL is a
+    /// usage error naming its variable or option, with any password as `***`.
+    func proxySettings(environment: [String: String]) throws(UsageError) -> ProxySettings {
+        let override: ProxySettings.Override? = noProxy ? .direct : proxy.map { .proxy($0) }
+        do {
+            return try ProxySettings.fromEnvironment(environment, override: override)
+        } catch {
+            guard proxy != nil, origins.origin(of: "proxy") != .flag else { throw UsageError(error.description) }
+            throw UsageError("\(origins.name("proxy")): \(error.description)")
+        }
+    }
+
+    /// Every subject the options name, in option order (the subjects file is read apart).
+    func subjectKeys() throws(UsageError) -> [TokenKey] {
+        var keys: [TokenKey] = []
+        for (kind, ids) in [(TokenKind.vehicle, vehicles), (.trip, trips), (.deliveryVehicle, deliveryVehicles), (.task, tasks)] {
+            for id in ids {
+                do {
+                    keys.append(try TokenKey(kind: kind, subjectID: id))
+                } catch {
+                    throw UsageError("\(origins.name(TokenAgent.flagName(kind))) '\(id)': \(error)")
+                }
+            }
+        }
+        return keys
+    }
+
+    /// The fetcher's configuration for `template` (the demo issuer's, or --provider-url).
+    func fetcherConfiguration(template: String, demo: Bool, environment: [String: String]) throws(UsageError) -> HTTPTokenFetcherConfiguration {
+        var configuration = HTTPTokenFetcherConfiguration(urlTemplate: template)
+        configuration.headers = headers.compactMap(HeaderArgument.parseHeader)
+        configuration.headerFiles = headerFiles.compactMap(HeaderArgument.parseHeaderFile)
+        configuration.tokenKey = tokenKey
+        configuration.expirationKey = expirationKey.isEmpty ? nil : expirationKey
+        configuration.expirationFormat = expirationFormat
+        configuration.allowInsecureHTTP = allowInsecureHTTP
+        configuration.connectTimeout = connectTimeout
+        configuration.totalTimeout = requestTimeout
+        configuration.method = method
+        configuration.body = try requestBody()
+        configuration.tls.caFiles = caFiles
+        configuration.tls.extraCAFiles = extraCAFiles
+        configuration.tls.clientCertificateFile = clientCertificate
+        configuration.tls.clientKeyFile = clientKey
+        // The demo issuer is on loopback: no proxy, whatever the environment says.
+        configuration.proxy = demo ? .direct : try proxySettings(environment: environment)
+        return configuration
+    }
+
+    /// The engine's policy from the options.
+    var policy: RefreshPolicy {
+        var policy = RefreshPolicy()
+        policy.retention = retention.seconds
+        policy.allowOpaqueTokens = allowOpaqueTokens
+        policy.leaseDuration = leaseDuration
+        if let failureBackoff { policy.nonRetryableBackoffBase = failureBackoff }
+        return policy
+    }
+}
+
+/// Parses the `--header` and `--header-file` value forms.
+enum HeaderArgument {
+    /// `--header`, or `--header #2` when there are several.
+    static func flag(_ name: String, _ index: Int, of count: Int) -> String {
+        count > 1 ? "\(name) #\(index + 1)" : name
+    }
+
+    /// The fetcher's own header rules, as a usage error naming the option.
+    static func check(_ flag: String, name: String, value: String) throws(UsageError) {
+        do {
+            try HTTPTokenFetcher.checkHeader(name: name, value: value)
+        } catch {
+            guard case .invalidHeader(let detail) = error else { throw UsageError("\(flag): \(error.description)") }
+            throw UsageError("\(flag): \(detail)")
+        }
+    }
+
+    static func parseHeader(_ text: String) -> (name: String, value: String)? {
+        guard let colon = text.firstIndex(of: ":") else { return nil }
+        let name = text[..<colon].trimmingCharacters(in: .whitespaces)
+        let value = text[text.index(after: colon)...].trimmingCharacters(in: .whitespaces)
+        return name.isEmpty ? nil : (name, value)
+    }
+
+    static func parseHeaderFile(_ text: String) -> (name: String, path: String)? {
+        guard let colon = text.firstIndex(of: ":") else { return nil }
+        let name = text[..<colon].trimmingCharacters(in: .whitespaces)
+        let path = String(text[text.index(after: colon)...])
+        return name.isEmpty || path.isEmpty ? nil : (name, path)
+    }
+}

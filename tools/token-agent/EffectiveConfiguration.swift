@@ -1,0 +1,67 @@
+// `token-agent --print-config`: the settings in force as a config file would give them, each
+// with where its value came from, secrets redacted. The output loads as a config file again
+// (except for the redacted values).
+
+import FleetTokenService
+import FleetTokenStore
+
+/// The printable form of ``AgentSettings``.
+struct EffectiveConfiguration {
+    let settings: AgentSettings
+    let configFile: String?
+    /// `TOKEN_STORE_DB`, the store's default when no option names one.
+    var storeVariable: String?
+
+    static let redacted = "<redacted>"
+
+    var text: String {
+        var lines = [
+            "# token-agent: the effective configuration. Precedence: flags > TOKEN_AGENT_* variables > config file > defaults.",
+            "# Config file: \(configFile ?? "none"). Secrets are shown as \(Self.redacted).",
+        ]
+        let values = settings.values
+        for option in AgentOption.all {
+            let shown = values[option.key, default: []].map { redact($0, of: option) }
+            let origin = self.origin(of: option.key)
+            switch option.shape {
+            case .list:
+                lines.append("\(option.key): [\(shown.map(JSONText.quoted).joined(separator: ", "))]  # \(origin)")
+            default:
+                if let value = shown.first {
+                    // Text is quoted (it may hold YAML's special characters); words and numbers are not.
+                    let literal = option.shape == .text ? JSONText.quoted(value) : value
+                    lines.append("\(option.key): \(literal)  # \(origin)")
+                } else if option.key == "db" {
+                    let path = storeVariable ?? "./tokens.sqlite"
+                    lines.append("db: \(JSONText.quoted(path))  # \(storeVariable == nil ? "default" : "TOKEN_STORE_DB")")
+                } else {
+                    lines.append("# \(option.key): not set")
+                }
+            }
+        }
+        return lines.joined(separator: "\n") + "\n"
+    }
+
+    private func origin(of key: String) -> String {
+        switch settings.origins.origin(of: key) {
+        case .flag: "--\(key)"
+        case .environment: AgentOption.environmentName(key)
+        case .file(let place): place
+        case .defaultValue: "default"
+        }
+    }
+
+    /// A header keeps its name; a proxy URL its host (password as `***`); other secrets go whole.
+    private func redact(_ value: String, of option: AgentOption) -> String {
+        guard option.secret else { return value }
+        switch option.key {
+        case "header":
+            guard let (name, _) = HeaderArgument.parseHeader(value) else { return Self.redacted }
+            return "\(name): \(Self.redacted)"
+        case "proxy":
+            return (try? ProxySettings.Proxy(parsing: value, source: "proxy"))?.description ?? Self.redacted
+        default:
+            return Self.redacted
+        }
+    }
+}

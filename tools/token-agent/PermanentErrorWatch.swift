@@ -1,0 +1,72 @@
+// `--exit-on-permanent-error`: when the provider answers 401 or 403 to every configured subject
+// for N attempts in a row, retrying will not help (wrong credentials, a revoked client
+// certificate), so the agent exits with its own code for systemd's restart limit and the
+// operator's alerting, instead of backing off forever.
+
+import FleetTokenStore
+import Logging
+import ServiceLifecycle
+
+/// Consecutive refusals per subject, from the engine's events. Plain state, no I/O.
+struct ProviderRefusals: Equatable {
+    /// Refusals in a row that count as permanent.
+    let attempts: Int
+    private(set) var consecutive: [TokenKey: Int] = [:]
+
+    init(attempts: Int) { self.attempts = attempts }
+
+    /// A 401 or 403 counts; any other outcome of a refresh starts the count again.
+    mutating func record(_ event: TokenSyncEvent) {
+        switch event {
+        case .refreshFailed(let key, let error, _, _):
+            if case .httpStatus(let code, _) = error, code == 401 || code == 403 {
+                consecutive[key, default: 0] += 1
+            } else {
+                consecutive[key] = 0
+            }
+        case .refreshed(let key, _, _, _):
+            consecutive[key] = 0
+        case .removedExternally, .storeDegraded, .storeRecovered:
+            break
+        }
+    }
+
+    /// True when every one of `subjects` (at least one) has been refused ``attempts`` times in a row.
+    func allRefused(_ subjects: [TokenKey]) -> Bool {
+        !subjects.isEmpty && subjects.allSatisfy { consecutive[$0, default: 0] >= attempts }
+    }
+}
+
+/// The agent gave up: the provider keeps refusing every subject. Exit code ``exitCode``.
+struct ProviderRefusesEverySubject: Error, CustomStringConvertible {
+    /// EX_CONFIG from sysexits.h: a configuration error. The shipped unit does not restart on it.
+    static let exitCode: Int32 = 78
+    let subjects: Int
+    let attempts: Int
+
+    var description: String {
+        "the token provider refused every subject (\(subjects)) with 401/403 \(attempts) times in a row: "
+            + "check the credentials (--header, --header-file, --client-cert); exiting (--exit-on-permanent-error)"
+    }
+}
+
+/// Follows the engine's events and fails (ending the service group) when ``ProviderRefusals`` says so.
+struct PermanentErrorWatch: Service {
+    let engine: TokenSyncEngine
+    let subjects: ConfiguredSubjects
+    let attempts: Int
+    let logger: Logger
+
+    func run() async throws {
+        var refusals = ProviderRefusals(attempts: attempts)
+        for await event in engine.events().cancelOnGracefulShutdown() {
+            refusals.record(event)
+            let current = subjects.current
+            if refusals.allRefused(current) {
+                let error = ProviderRefusesEverySubject(subjects: current.count, attempts: attempts)
+                logger.critical("\(error.description)")
+                throw error
+            }
+        }
+    }
+}

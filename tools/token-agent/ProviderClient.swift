@@ -1,0 +1,82 @@
+// The provider client the engine fetches through, replaceable while the agent runs: a reload
+// that changes headers, header files or TLS files swaps in a new HTTPTokenFetcher, and the old
+// one is shut down once the requests it carries have been answered (none is cut off).
+
+import FleetTokenHTTP
+import FleetTokenStore
+import Synchronization
+
+/// A ``TokenFetcher`` that forwards to the HTTP fetcher in force.
+final class ProviderClient: TokenFetcher {
+    private struct Generation {
+        let fetcher: HTTPTokenFetcher
+        var inFlight = 0
+        /// Resumed when a replaced generation's last request ends.
+        var drained: CheckedContinuation<Void, Never>?
+    }
+
+    private struct State {
+        var current = 0
+        var generations: [Int: Generation] = [:]
+    }
+
+    private let state: Mutex<State>
+
+    init(_ fetcher: HTTPTokenFetcher) {
+        state = Mutex(State(current: 0, generations: [0: Generation(fetcher: fetcher)]))
+    }
+
+    /// The configuration of the fetcher in force.
+    var configuration: HTTPTokenFetcherConfiguration {
+        state.withLock { $0.generations[$0.current]!.fetcher.configuration }
+    }
+
+    func fetchToken(for key: TokenKey) async throws(TokenProviderError) -> FetchedToken {
+        let (id, fetcher) = state.withLock { state in
+            state.generations[state.current]!.inFlight += 1
+            return (state.current, state.generations[state.current]!.fetcher)
+        }
+        defer { finished(id) }
+        return try await fetcher.fetchToken(for: key)
+    }
+
+    private func finished(_ id: Int) {
+        let drained = state.withLock { state -> CheckedContinuation<Void, Never>? in
+            state.generations[id]!.inFlight -= 1
+            guard id != state.current, state.generations[id]!.inFlight == 0 else { return nil }
+            defer { state.generations[id]!.drained = nil }
+            return state.generations[id]!.drained
+        }
+        drained?.resume()
+    }
+
+    /// Makes `fetcher` the one in force, then waits for the old one's requests and shuts it down.
+    func replace(with fetcher: HTTPTokenFetcher) async {
+        let old = state.withLock { state -> Int in
+            let old = state.current
+            state.current = old + 1
+            state.generations[old + 1] = Generation(fetcher: fetcher)
+            return old
+        }
+        await retire(old)
+    }
+
+    private func retire(_ id: Int) async {
+        await withCheckedContinuation { continuation in
+            let done = state.withLock { state -> Bool in
+                if state.generations[id]!.inFlight == 0 { return true }
+                state.generations[id]!.drained = continuation
+                return false
+            }
+            if done { continuation.resume() }
+        }
+        let fetcher = state.withLock { $0.generations.removeValue(forKey: id)!.fetcher }
+        await fetcher.shutdown()
+    }
+
+    /// Shuts down every fetcher (the agent is stopping; the engine has stopped fetching).
+    func shutdown() async {
+        let fetchers = state.withLock { state in state.generations.values.map(\.fetcher) }
+        for fetcher in fetchers { await fetcher.shutdown() }
+    }
+}
