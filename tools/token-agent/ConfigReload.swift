@@ -243,8 +243,17 @@ struct AgentReloader: Sendable {
                 output.print(.refreshed(key: key, fingerprint: held.token.fingerprint, expiresAt: held.token.expiresAt, source: .store))
             }
         }
-        // Last: the old client is shut down once its requests are answered, which may take a while.
-        if let fetcher = plan.fetcher { await client.replace(with: fetcher) }
+        // A new client may fix what made refreshes fail (credentials, trust): failing subjects
+        // are tried again now rather than at the end of a backoff of up to five minutes. Last,
+        // the old client is shut down once its requests are answered, which may take a while.
+        if let fetcher = plan.fetcher {
+            let replaced = client.install(fetcher)
+            let retried = await engine.retryFailedNow()
+            if retried > 0 {
+                logger.notice("the provider client changed: failing subjects are tried again now", metadata: ["subjects": "\(retried)"])
+            }
+            await replaced.retire()
+        }
     }
 
     private func report(_ refusal: Refusal) {

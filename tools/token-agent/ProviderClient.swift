@@ -50,18 +50,27 @@ final class ProviderClient: TokenFetcher {
         drained?.resume()
     }
 
-    /// Makes `fetcher` the one in force, then waits for the old one's requests and shuts it down.
-    func replace(with fetcher: HTTPTokenFetcher) async {
+    /// One fetcher replaced by another: ``retire()`` shuts it down once its requests end.
+    struct Replaced {
+        fileprivate let id: Int
+        fileprivate let client: ProviderClient
+
+        /// Waits for the replaced fetcher's requests, then shuts it down.
+        func retire() async { await client.retire(id) }
+    }
+
+    /// Makes `fetcher` the one in force: every request from now on goes through it.
+    func install(_ fetcher: HTTPTokenFetcher) -> Replaced {
         let old = state.withLock { state -> Int in
             let old = state.current
             state.current = old + 1
             state.generations[old + 1] = Generation(fetcher: fetcher)
             return old
         }
-        await retire(old)
+        return Replaced(id: old, client: self)
     }
 
-    private func retire(_ id: Int) async {
+    fileprivate func retire(_ id: Int) async {
         await withCheckedContinuation { continuation in
             let done = state.withLock { state -> Bool in
                 if state.generations[id]!.inFlight == 0 { return true }

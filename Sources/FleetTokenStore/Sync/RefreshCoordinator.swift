@@ -632,6 +632,15 @@ actor RefreshCoordinator {
         }
     }
 
+    /// Gives every key in backoff its next attempt now (see ``TokenSyncEngine/retryFailedNow()``).
+    func retryFailedNow() -> Int {
+        let keys = memory.endBackoffs(at: now())
+        let due = correctedNow
+        for key in keys { schedule(key, at: due) }
+        wake()
+        return keys.count
+    }
+
     /// Calls `beat` from the scheduler loop at least every `interval`.
     func setHeartbeat(every interval: Duration, _ beat: @escaping @Sendable () -> Void) {
         heartbeat = SchedulerHeartbeat(interval: interval, beat: beat)

@@ -153,6 +153,21 @@ final class TokenMemory: Sendable {
         }
     }
 
+    /// Ends every running backoff now (the failure count stays): the cause may be fixed.
+    /// Returns the keys whose backoff was running.
+    func endBackoffs(at now: Date) -> [TokenKey] {
+        state.withLock { state in
+            var ended: [TokenKey] = []
+            for (key, slot) in state.slots {
+                guard var failure = slot.entry.failure, failure.isBackingOff(at: now) else { continue }
+                failure.nextAttemptAt = now
+                slot.entry.failure = failure
+                ended.append(key)
+            }
+            return ended
+        }
+    }
+
     func finishRefreshRequest(_ key: TokenKey) {
         state.withLock { $0[entry: key]?.refreshRequested = false }
     }

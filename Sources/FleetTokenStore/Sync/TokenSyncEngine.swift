@@ -191,6 +191,15 @@ public final class TokenSyncEngine: Service, Sendable {
         coordinator.events.subscribe()
     }
 
+    /// Ends every running backoff now, so each failing key is tried again at once: for when the
+    /// cause of the failures may be gone (an operator fixed the provider's credentials or TLS
+    /// files and reloaded). Each key's failure count stays, so a key that fails again backs off
+    /// from where it was. Returns how many keys were backing off.
+    @discardableResult
+    public func retryFailedNow() async -> Int {
+        await coordinator.retryFailedNow()
+    }
+
     /// Calls `beat` from the scheduler's own loop at least every `interval` while ``run()``
     /// runs (for systemd's watchdog: `WATCHDOG=1` at half of `WATCHDOG_USEC`). An engine whose
     /// loop is wedged stops calling it, so the supervisor can restart the process. `beat` runs
