@@ -2,10 +2,10 @@
 // serializer costs too much per call (the token route's body, every line of the agent's JSON log).
 
 /// JSON string literals without Foundation's serializer.
-public enum JSONText {
+package enum JSONText {
     /// `text` as a JSON string literal (RFC 8259: quote and backslash escaped, control
     /// characters as `\u00XX`; the rest as UTF-8).
-    public static func quoted(_ text: String) -> String {
+    package static func quoted(_ text: String) -> String {
         var result = ""
         result.reserveCapacity(text.utf8.count + 2)
         appendQuoted(text, to: &result)

@@ -10,6 +10,13 @@ import Glibc
 
 @Suite("token-agent under systemd: sd_notify, watchdog, JSON logs", .exclusive)
 struct ServiceManagerTests {
+    /// token-agent on its own store against `issuer`, with `arguments` and `environment`.
+    static func agent(_ scratch: Scratch, _ issuer: IssuerProcess, _ arguments: [String],
+                      environment: [String: String] = [:]) throws -> RunningProcess {
+        try RunningProcess("token-agent", ["--db", scratch.file("tokens.sqlite"), "--provider-url", issuer.template] + arguments,
+                           environment: environment, in: scratch)
+    }
+
     static func events(_ stdout: String) -> [[String: String]] {
         stdout.split(separator: "\n").compactMap { (try? JSONSerialization.jsonObject(with: Data($0.utf8))) as? [String: String] }
     }
@@ -22,8 +29,8 @@ struct ServiceManagerTests {
         defer { receiver.close() }
         let config = scratch.file("token-agent.yaml")
         try "vehicle: [a, b]\njson: true\n".write(toFile: config, atomically: true, encoding: .utf8)
-        let agent = try RunningProcess("token-agent", ["--db", scratch.file("tokens.sqlite"), "--provider-url", issuer.template, "--config", config],
-                                       environment: ["NOTIFY_SOCKET": receiver.notifySocket, "WATCHDOG_USEC": "1000000"], in: scratch)
+        let agent = try Self.agent(scratch, issuer, ["--config", config],
+                                   environment: ["NOTIFY_SOCKET": receiver.notifySocket, "WATCHDOG_USEC": "1000000"])
         defer { agent.signal(SIGKILL) }
 
         let ready = try #require(receiver.next(timeout: .seconds(30)) { $0.contains("READY=1") }, "\(agent.stderr)")
@@ -63,9 +70,8 @@ struct ServiceManagerTests {
         let scratch = Scratch()
         let issuer = try await IssuerProcess(scratch: scratch)
         let missing = scratch.file("no-such-dir/notify.sock")
-        let agent = try RunningProcess("token-agent", ["--db", scratch.file("tokens.sqlite"), "--provider-url", issuer.template,
-                                                       "--vehicle", "a", "--json"],
-                                       environment: ["NOTIFY_SOCKET": missing, "WATCHDOG_USEC": "200000"], in: scratch)
+        let agent = try Self.agent(scratch, issuer, ["--vehicle", "a", "--json"],
+                                   environment: ["NOTIFY_SOCKET": missing, "WATCHDOG_USEC": "200000"])
         defer { agent.signal(SIGKILL) }
         #expect(await agent.waitForOutput(#""event":"refreshed""#, within: 30), "\(agent.stderr)")
         // Watchdog pets every 0.1 s fail too: still one warning, not one per pet.
@@ -82,9 +88,8 @@ struct ServiceManagerTests {
         let scratch = Scratch()
         let issuer = try await IssuerProcess(scratch: scratch)
         let sink = scratch.file("sink")
-        let agent = try RunningProcess("token-agent", ["--db", scratch.file("tokens.sqlite"), "--provider-url", issuer.template,
-                                                       "--vehicle", "a", "--trip", "t", "--log-format", "json", "--log-level", "trace",
-                                                       "--sink", sink], in: scratch)
+        let agent = try Self.agent(scratch, issuer, ["--vehicle", "a", "--trip", "t", "--log-format", "json", "--log-level", "trace",
+                                                     "--sink", sink])
         defer { agent.signal(SIGKILL) }
         #expect(await eventually(within: 30) {
             FileManager.default.fileExists(atPath: sink + "/vehicle/a.jwt") && FileManager.default.fileExists(atPath: sink + "/trip/t.jwt")

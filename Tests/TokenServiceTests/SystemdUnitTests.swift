@@ -20,6 +20,12 @@ struct SystemdUnitTests {
     static let analyzer = ["/usr/bin/systemd-analyze", "/bin/systemd-analyze"].first { FileManager.default.isExecutableFile(atPath: $0) }
     static let skipReason: Comment = "systemd-analyze is not installed (package systemd)"
 
+    @Test("CI has systemd-analyze (FLEET_REQUIRE_THIRD_PARTY=1): the unit check never skips there",
+          .enabled(if: ProcessInfo.processInfo.environment["FLEET_REQUIRE_THIRD_PARTY"] == "1"))
+    func analyzerPresentInCI() {
+        #expect(Self.analyzer != nil, "\(Self.skipReason): .ci/run installs it")
+    }
+
     static let shippedUnit = URL(fileURLWithPath: #filePath)
         .deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
         .appendingPathComponent("tools/token-agent/systemd/token-agent.service").path
