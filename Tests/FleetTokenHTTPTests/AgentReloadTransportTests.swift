@@ -57,12 +57,9 @@ struct AgentReloadTransportTests {
             #expect(await eventually(within: 20) { events(running, "refreshed").contains { $0["id"] == "v-2" } },
                     "\(running.stdout)\n\(running.stderr)")
             let forV2 = server.requests.filter { $0.lastPathComponent == "v-2" }.map { $0.headers.first(name: "X-Api-Key") }
-            // Product bug (reported): AgentReloader.apply tracks the added subjects before it installs
-            // the new provider client, so the new subject's first fetch often goes out through the
-            // old client, with the old header file (8 runs in 12). Remove the wrapper once fixed.
-            withKnownIssue("a subject added by a reload is first fetched with the old client", isIntermittent: true) {
-                #expect(forV2 == ["bravo-secret"], "the new subject's first request went out with the old header file")
-            }
+            // The new client is installed before the added subjects are tracked (it went out with
+            // the old header in 8 runs of 12 when the order was the other way round).
+            #expect(forV2 == ["bravo-secret"], "the new subject's first request went out with the old header file")
 
             // So is the next fetch of a subject tracked before the reload (a purge forces one).
             let purge = try await runToEnd("tokenctl", ["--db", db, "purge", "--vehicle", "v-1"], in: scratch)
@@ -130,15 +127,11 @@ struct AgentReloadTransportTests {
             let stderr = [fromFile.stderr, fromEnvironment.stderr].joined(separator: "\n").split(separator: "\n")
             let agentLines = stderr.filter { !$0.contains("[ServiceLifecycle]") }.joined(separator: "\n")
             #expect(secrets.filter { agentLines.contains($0) }.isEmpty, "header values show on stderr: \(agentLines)")
-            // Product bug (reported): at debug level swift-service-lifecycle logs each service's
-            // `String(describing:)` ("Starting service lifecycle", "Starting service", "Triggering
-            // graceful shutdown for service", "Service finished"), and ConfigReloadService's holds
-            // the settings (header values) and the whole environment (TOKEN_AGENT_HEADER). Remove
-            // the wrapper once fixed: it then fails, as a known issue that no longer occurs.
-            withKnownIssue("ServiceLifecycle's debug lines print ConfigReloadService with the settings and the environment") {
-                let lifecycleLines = stderr.filter { $0.contains("[ServiceLifecycle]") }.joined(separator: "\n")
-                #expect(secrets.filter { lifecycleLines.contains($0) }.isEmpty, "header values show in ServiceLifecycle's lines")
-            }
+            // At debug level swift-service-lifecycle logs each service's `String(describing:)`
+            // ("Starting service", "Service finished", …); the reload service holds the settings
+            // (header values) and the environment, so its description must not show them.
+            let lifecycleLines = stderr.filter { $0.contains("[ServiceLifecycle]") }.joined(separator: "\n")
+            #expect(secrets.filter { lifecycleLines.contains($0) }.isEmpty, "header values show in ServiceLifecycle's lines")
         }
     }
 

@@ -171,7 +171,11 @@ extension AgentSettings {
         policy.retention = retention.seconds
         policy.allowOpaqueTokens = allowOpaqueTokens
         policy.leaseDuration = leaseDuration
-        if let failureBackoff { policy.nonRetryableBackoffBase = failureBackoff }
+        if let failureBackoff {
+            // Both bases: the engine's first backoff is the larger of the two.
+            policy.nonRetryableBackoffBase = failureBackoff
+            policy.backoffBase = min(policy.backoffBase, failureBackoff)
+        }
         return policy
     }
 }

@@ -63,6 +63,12 @@ struct AgentSettings: Sendable, Equatable {
     }
 }
 
+/// Never printed whole: header values, the body template and a proxy password are secrets
+/// (`--print-config` redacts them; see EffectiveConfiguration).
+extension AgentSettings: CustomStringConvertible {
+    var description: String { "AgentSettings(\(providerURL == nil ? "demo" : "provider"), \(vehicles.count + trips.count + deliveryVehicles.count + tasks.count) subjects)" }
+}
+
 /// The places the settings are read from, highest precedence first.
 struct SettingSources: Sendable {
     /// Options given on the command line, as text (lists as lists).
@@ -73,9 +79,14 @@ struct SettingSources: Sendable {
     var file: AgentConfigFile?
 
     /// The option variables set in `environment` (an empty value counts as unset).
+    /// (The environment may hold secrets of other programs: see the description below.)
     var optionVariables: [String: String] {
         environment.filter { $0.key.hasPrefix("TOKEN_AGENT_") && !$0.value.isEmpty && $0.key != AgentOption.configFileVariable }
     }
+}
+
+extension SettingSources: CustomStringConvertible {
+    var description: String { "SettingSources(\(flags.count) flags, config file: \(file?.path ?? "none"))" }
 }
 
 /// Names the source of each option's value: `--connect-timeout`, `TOKEN_AGENT_CONNECT_TIMEOUT`,

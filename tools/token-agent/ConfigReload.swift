@@ -69,6 +69,16 @@ struct ConfigReloadService: Service {
     }
 }
 
+// ServiceLifecycle logs each service with `String(describing:)` at debug level: these hold the
+// settings (header values) and the whole environment, so they describe themselves by name only.
+extension ConfigReloadService: CustomStringConvertible {
+    var description: String { "ConfigReloadService(config file: \(reloader.sources.file?.path ?? "none"))" }
+}
+
+extension AgentReloader: CustomStringConvertible {
+    var description: String { "AgentReloader" }
+}
+
 /// Why a reload runs.
 enum ReloadTrigger: Sendable {
     /// SIGHUP: everything is read again, TLS files included.
@@ -205,6 +215,9 @@ struct AgentReloader: Sendable {
     }
 
     private mutating func apply(_ plan: Plan, trigger: ReloadTrigger) async {
+        // The new provider client first: a subject added by this reload is fetched with the
+        // credentials and trust the reload configured.
+        let replaced = plan.fetcher.map { client.install($0) }
         let change = SubjectListChange(from: subjects.current, to: plan.keys)
         await engine.track(change.added)
         await engine.untrack(change.removed)
@@ -243,11 +256,10 @@ struct AgentReloader: Sendable {
                 output.print(.refreshed(key: key, fingerprint: held.token.fingerprint, expiresAt: held.token.expiresAt, source: .store))
             }
         }
-        // A new client may fix what made refreshes fail (credentials, trust): failing subjects
+        // The new client may fix what made refreshes fail (credentials, trust): failing subjects
         // are tried again now rather than at the end of a backoff of up to five minutes. Last,
         // the old client is shut down once its requests are answered, which may take a while.
-        if let fetcher = plan.fetcher {
-            let replaced = client.install(fetcher)
+        if let replaced {
             let retried = await engine.retryFailedNow()
             if retried > 0 {
                 logger.notice("the provider client changed: failing subjects are tried again now", metadata: ["subjects": "\(retried)"])

@@ -70,3 +70,8 @@ struct PermanentErrorWatch: Service {
         }
     }
 }
+
+extension PermanentErrorWatch: CustomStringConvertible {
+    /// ServiceLifecycle's log lines name services by their description.
+    var description: String { "PermanentErrorWatch(attempts: \(attempts))" }
+}

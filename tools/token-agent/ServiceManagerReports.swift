@@ -102,3 +102,8 @@ struct ServiceManagerReports: Service {
         }
     }
 }
+
+extension ServiceManagerReports: CustomStringConvertible {
+    /// ServiceLifecycle's log lines name services by their description.
+    var description: String { "ServiceManagerReports(notify: \(notifier.isEnabled))" }
+}
