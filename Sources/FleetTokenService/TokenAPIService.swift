@@ -180,3 +180,9 @@ enum SocketPath {
         }
     }
 }
+
+extension TokenAPIService: CustomStringConvertible {
+    /// The listen addresses only: ServiceLifecycle logs services by their description, and the
+    /// whole allow list of thousands of subjects does not belong in one log line.
+    public var description: String { "TokenAPIService(\(addresses.map(\.description).joined(separator: ", ")))" }
+}

@@ -137,6 +137,12 @@ struct ConfigFileTests {
         // A list given by a higher source replaces the lower one's whole.
         #expect(printed["header"]?.value == #"["X-Flag: <redacted>"]"# && printed["header"]?.origin == "--header")
         #expect(result.stdout.contains("Config file: \(path)."))
+
+        // Header values may hold commas: in a variable, headers go one a line.
+        let headers = try await runToEnd("token-agent", ["--config", path, "--print-config"],
+                                         environment: ["TOKEN_AGENT_HEADER": "Accept: a, b\nX-Other: c"], in: scratch)
+        #expect(headers.status == 0, "\(headers.stderr)")
+        #expect(Self.printed(headers.stdout)["header"]?.value == #"["Accept: <redacted>", "X-Other: <redacted>"]"#)
         for secret in Self.secrets { #expect(!result.stdout.contains(secret) && !result.stderr.contains(secret)) }
     }
 
@@ -165,6 +171,9 @@ struct ConfigFileTests {
         ("vehicle: [a]\nvehicle: [b]\n", "agent.yaml:2: 'vehicle' is set twice"),
         ("- vehicle\n- trip\n", "agent.yaml:1: must be a mapping of option names to values"),
         ("provider-url: https://a/{id}\nvehicle: [a]\nheader: [\"Authorization Bearer file-secret-value\"]\n", "agent.yaml:3 (header) is not 'Name: value'"),
+        // The parser quotes the line at fault in its own message: not in ours (it holds a credential).
+        ("provider-url: https://a/{id}\nheader: [\"Authorization: Bearer file-secret-value\u{01}\"]\n",
+         "agent.yaml:2: is not valid YAML or JSON: control characters are not allowed"),
     ])
     func badFile(_ text: String, _ expected: String) async throws {
         let scratch = Scratch()

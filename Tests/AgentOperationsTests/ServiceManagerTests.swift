@@ -33,35 +33,54 @@ struct ServiceManagerTests {
                                    environment: ["NOTIFY_SOCKET": receiver.notifySocket, "WATCHDOG_USEC": "1000000"])
         defer { agent.signal(SIGKILL) }
 
-        let ready = try #require(receiver.next(timeout: .seconds(30)) { $0.contains("READY=1") }, "\(agent.stderr)")
+        let ready = try #require(await receiver.next(timeout: .seconds(30)) { $0.contains("READY=1") }, "\(agent.stderr)")
         let readyFields = NotifySocketReceiver.assignments(ready.message)
         #expect(readyFields["STATUS"] == "2 valid", "\(ready.message)")
-        #expect(Set(Self.events(agent.stdout).filter { $0["event"] == "refreshed" }.compactMap { $0["id"] }) == ["a", "b"],
-                "READY=1 comes after both subjects have tokens")
+        // Both subjects had tokens before READY=1 (their events may still be on their way to stdout).
+        #expect(await eventually(within: 10) {
+            Set(Self.events(agent.stdout).filter { $0["event"] == "refreshed" }.compactMap { $0["id"] }) == ["a", "b"]
+        })
 
         // The watchdog: every 0.5 s (half of 1 s), from the engine's scheduler loop.
         var pets: [ContinuousClock.Instant] = []
         let watchEnd = ContinuousClock.now + .seconds(3)
-        while ContinuousClock.now < watchEnd, let message = receiver.next(timeout: .seconds(1)) {
+        while ContinuousClock.now < watchEnd, let message = await receiver.next(timeout: .seconds(1)) {
             if message.message.contains("WATCHDOG=1") { pets.append(message.at) }
         }
-        #expect(pets.count >= 4, "\(pets.count) pets in 3 s")
+        // Time-stamped on arrival by the receiver's own thread. Every gap stays under WATCHDOG_USEC
+        // (what systemd enforces) and well above nothing (no flood), on a loaded machine too.
+        #expect(pets.count >= 3, "\(pets.count) pets in 3 s")
         let gaps = zip(pets.dropFirst(), pets).map { $0 - $1 }
-        #expect(gaps.allSatisfy { $0 > .milliseconds(250) && $0 < .milliseconds(900) }, "\(gaps)")
+        #expect(gaps.allSatisfy { $0 > .milliseconds(100) && $0 < .milliseconds(1000) }, "\(gaps)")
 
         // A reload: RELOADING=1 (with the monotonic time systemd wants), then READY=1 and new counts.
         try "vehicle: [a, b, c]\njson: true\n".write(toFile: config, atomically: true, encoding: .utf8)
         agent.signal(SIGHUP)
-        let reloading = try #require(receiver.next(timeout: .seconds(30)) { $0.contains("RELOADING=1") })
+        let reloading = try #require(await receiver.next(timeout: .seconds(30)) { $0.contains("RELOADING=1") })
         #expect(NotifySocketReceiver.assignments(reloading.message)["MONOTONIC_USEC"].flatMap { UInt64($0) } != nil, "\(reloading.message)")
-        let reloaded = try #require(receiver.next(timeout: .seconds(30)) { $0.contains("READY=1") })
-        #expect(reloaded.at >= reloading.at)
-        let status = receiver.next(timeout: .seconds(30)) { NotifySocketReceiver.assignments($0)["STATUS"] == "3 valid" }
+        let reloaded = try #require(await receiver.next(timeout: .seconds(30)) { $0.contains("READY=1") }, "READY=1 ends the reload")
+        #expect(NotifySocketReceiver.assignments(reloaded.message)["STATUS"] != nil)
+        let status = await receiver.next(timeout: .seconds(30)) { NotifySocketReceiver.assignments($0)["STATUS"] == "3 valid" }
         #expect(status != nil, "STATUS follows the third subject")
 
         agent.signal(SIGTERM)
-        let stopping = receiver.next(timeout: .seconds(30)) { $0.contains("STOPPING=1") }
+        let stopping = await receiver.next(timeout: .seconds(30)) { $0.contains("STOPPING=1") }
         #expect(stopping != nil)
+        #expect(await agent.wait(upTo: 30) == 0, "\(agent.stderr)")
+    }
+
+    @Test("READY=1 also when a subject's first attempt failed: the service is up, and STATUS says what is wrong")
+    func readyAfterFailure() async throws {
+        let scratch = Scratch()
+        let receiver = try NotifySocketReceiver(directory: scratch.path)
+        defer { receiver.close() }
+        // Nothing listens on port 9 of loopback: every attempt fails at once.
+        let agent = try RunningProcess("token-agent", ["--db", scratch.file("tokens.sqlite"), "--provider-url", "http://127.0.0.1:9/{kind}/{id}",
+                                                       "--vehicle", "a"], environment: ["NOTIFY_SOCKET": receiver.notifySocket], in: scratch)
+        defer { agent.signal(SIGKILL) }
+        let ready = try #require(await receiver.next(timeout: .seconds(30)) { $0.contains("READY=1") }, "\(agent.stderr)")
+        #expect(NotifySocketReceiver.assignments(ready.message)["STATUS"] == "1 backoff", "\(ready.message)")
+        agent.signal(SIGTERM)
         #expect(await agent.wait(upTo: 30) == 0, "\(agent.stderr)")
     }
 

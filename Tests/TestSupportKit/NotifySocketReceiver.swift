@@ -10,14 +10,25 @@ import Glibc
 /// A bound Unix datagram socket that collects sd_notify messages: hand ``notifySocket`` to the
 /// code under test as `NOTIFY_SOCKET` and read what arrives with ``next(timeout:)``.
 ///
+/// A thread of its own receives and time-stamps each datagram as it arrives, so the times are
+/// right however busy the test's tasks are, and no wait blocks Swift's cooperative threads.
+///
 /// Either a socket file in a directory the test owns, or an abstract socket (no file at all;
 /// per network namespace, so a child process in the same namespace reaches it too).
 public final class NotifySocketReceiver: Sendable {
     /// The `NOTIFY_SOCKET` value that reaches this receiver (`/dir/name` or `@name`).
     public let notifySocket: String
-    /// The descriptor, -1 once closed. Reads hold the lock, so `close()` cannot pull the
-    /// descriptor away (and the number be reused) in the middle of a wait.
-    private let descriptor: Mutex<Int32>
+    /// Messages received and not yet taken, oldest first; and whether ``close()`` was called.
+    private let inbox = Inbox()
+    /// Signalled by the receiving thread once it has closed the socket.
+    private let stopped = DispatchSemaphore(value: 0)
+
+    private final class Inbox: Sendable {
+        let state = Mutex<(messages: [(message: String, at: ContinuousClock.Instant)], closed: Bool)>(([], false))
+        func withLock<T>(_ body: (inout (messages: [(message: String, at: ContinuousClock.Instant)], closed: Bool)) -> T) -> T {
+            state.withLock { body(&$0) }
+        }
+    }
     private let filePath: String?
 
     /// Binds a socket file `name` in `directory` (an existing one left there is replaced).
@@ -57,38 +68,50 @@ public final class NotifySocketReceiver: Sendable {
         }
         notifySocket = value
         self.filePath = filePath
-        self.descriptor = Mutex(descriptor)
+        let (inbox, stopped) = (self.inbox, self.stopped)
+        Thread.detachNewThread {
+            Self.receive(descriptor, filePath: filePath, into: inbox)
+            stopped.signal()
+        }
+    }
+
+    /// The receiving thread: polls in short rounds so that it sees ``close()`` soon, then closes
+    /// the socket and removes its file itself.
+    private static func receive(_ descriptor: Int32, filePath: String?,
+                                into inbox: Inbox) {
+        // systemd reads at most a page per message; 64 KiB leaves room for anything a test
+        // might send, and a datagram is never split.
+        var buffer = [UInt8](repeating: 0, count: 65_536)
+        while !inbox.withLock({ $0.closed }) {
+            var entry = pollfd(fd: descriptor, events: Int16(POLLIN), revents: 0)
+            guard poll(&entry, 1, 50) > 0 else { continue }
+            let count = buffer.withUnsafeMutableBytes { recv(descriptor, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
+            guard count >= 0 else { continue }
+            let message = String(decoding: buffer[..<count], as: UTF8.self)
+            let at = ContinuousClock.now
+            inbox.withLock { $0.messages.append((message, at)) }
+        }
+        Glibc.close(descriptor)
+        if let filePath { unlink(filePath) }
     }
 
     /// The next message (one datagram, as text) and when it was received, waiting at most
     /// `timeout`; nil when nothing arrived in time or the receiver is closed.
-    public func next(timeout: Duration) -> (message: String, at: ContinuousClock.Instant)? {
+    public func next(timeout: Duration) async -> (message: String, at: ContinuousClock.Instant)? {
         let deadline = ContinuousClock.now + timeout
-        return descriptor.withLock { descriptor in
-            guard descriptor >= 0 else { return nil }
-            while true {
-                let left = deadline - .now
-                let milliseconds = max(0, Int32(clamping: left.components.seconds * 1000 + left.components.attoseconds / 1_000_000_000_000_000))
-                var entry = pollfd(fd: descriptor, events: Int16(POLLIN), revents: 0)
-                let ready = poll(&entry, 1, milliseconds)
-                if ready < 0 && errno == EINTR { continue }
-                guard ready > 0 else { return nil }
-                // systemd reads at most a page per message; 64 KiB leaves room for anything a
-                // test might send, and a datagram is never split.
-                var buffer = [UInt8](repeating: 0, count: 65_536)
-                let count = buffer.withUnsafeMutableBytes { recv(descriptor, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
-                if count < 0 && (errno == EAGAIN || errno == EINTR) { continue }
-                guard count >= 0 else { return nil }
-                return (String(decoding: buffer[..<count], as: UTF8.self), ContinuousClock.now)
-            }
+        while true {
+            let (taken, closed) = inbox.withLock { inbox in (inbox.messages.isEmpty ? nil : inbox.messages.removeFirst(), inbox.closed) }
+            if let taken { return taken }
+            if closed || ContinuousClock.now >= deadline { return nil }
+            try? await Task.sleep(for: .milliseconds(5))
         }
     }
 
     /// The next message that `matches`, skipping (and dropping) others, waiting at most
     /// `timeout` in all; for a test that waits for `READY=1` among `STATUS=` updates.
-    public func next(timeout: Duration, where matches: (String) -> Bool) -> (message: String, at: ContinuousClock.Instant)? {
+    public func next(timeout: Duration, where matches: (String) -> Bool) async -> (message: String, at: ContinuousClock.Instant)? {
         let deadline = ContinuousClock.now + timeout
-        while let received = next(timeout: max(.zero, deadline - .now)) {
+        while let received = await next(timeout: max(.zero, deadline - .now)) {
             if matches(received.message) { return received }
         }
         return nil
@@ -104,14 +127,14 @@ public final class NotifySocketReceiver: Sendable {
         return result
     }
 
-    /// Closes the socket and removes its file; later ``next(timeout:)`` calls return nil.
+    /// Stops receiving: returns once the socket is closed and its file removed (within about
+    /// 50 ms); later ``next(timeout:)`` calls return what had arrived, then nil.
     public func close() {
-        descriptor.withLock { descriptor in
-            guard descriptor >= 0 else { return }
-            Glibc.close(descriptor)
-            descriptor = -1
-            if let filePath { unlink(filePath) }
+        let first = inbox.withLock { inbox in
+            defer { inbox.closed = true }
+            return !inbox.closed
         }
+        if first { stopped.wait() }
     }
 
     deinit { close() }

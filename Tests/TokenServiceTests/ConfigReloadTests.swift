@@ -101,6 +101,12 @@ struct ConfigReloadTests {
             #expect(try await api.send("/v1/token/trip/t-2").status == 200)
             #expect(try await SubjectReloadTests.tracked(api)["vehicle/new"] == true)
 
+            // A broken file saved without SIGHUP is noticed by the file watch and refused the same way.
+            try "vehicle: [keep]\nlog-level: {\n".write(toFile: config, atomically: true, encoding: .utf8)
+            #expect(await eventually(30) { SubjectReloadTests.events(agent.process).filter { $0["event"] == "reload_failed" }.count == 2 },
+                    "\(agent.process.stderr)")
+            #expect(try await SubjectReloadTests.tracked(api)["vehicle/new"] == true)
+
             // An edit without SIGHUP: swift-configuration's reloading provider notices it.
             try """
             # edited again
@@ -123,5 +129,23 @@ struct ConfigReloadTests {
         #expect(agent.process.pid == startPID && agent.process.isRunning)
         #expect(await agent.stop() == 0, "\(agent.process.stderr)")
         #expect(!(agent.process.stdout + agent.process.stderr).contains(servedToken), "no token value in the agent's output")
+    }
+
+    @Test("demo mode: a reload that names no subjects keeps the demo subjects")
+    func demoReload() async throws {
+        let scratch = Scratch()
+        let config = scratch.file("token-agent.yaml")
+        try "json: true\nlog-level: notice\n".write(toFile: config, atomically: true, encoding: .utf8)
+        let agent = try RunningProcess("token-agent", ["--db", scratch.file("tokens.sqlite"), "--config", config,
+                                                       "--listen", "unix:\(scratch.file("api.sock"))"], in: scratch)
+        defer { agent.signal(SIGKILL) }
+        #expect(await eventually(30) { SubjectReloadTests.refreshed(agent).count == 5 }, "\(agent.stderr)")
+        try "json: true\nlog-level: info\n".write(toFile: config, atomically: true, encoding: .utf8)
+        agent.signal(SIGHUP)
+        #expect(await eventually(30) { Self.reloads(agent).count == 1 }, "\(agent.stderr)")
+        #expect(Self.reloads(agent).first?["changed"] == "log-level")
+        #expect(!SubjectReloadTests.events(agent).contains { $0["event"] == "untracked" }, "\(agent.stdout)")
+        agent.signal(SIGTERM)
+        #expect(await agent.wait(upTo: 30) == 0, "\(agent.stderr)")
     }
 }

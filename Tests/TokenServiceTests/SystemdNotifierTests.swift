@@ -25,7 +25,7 @@ struct SystemdNotifierTests {
     }
 
     @Test("READY, STATUS, WATCHDOG and STOPPING arrive at a socket file as sent, one datagram each")
-    func pathSocket() throws {
+    func pathSocket() async throws {
         let scratch = Scratch()
         let receiver = try NotifySocketReceiver(directory: scratch.path)
         let log = RecordingLogger()
@@ -34,48 +34,48 @@ struct SystemdNotifierTests {
         #expect(notifier.notifySocket == scratch.file("notify.sock"))
 
         #expect(notifier.ready(status: "serving 3 subjects"))
-        #expect(receiver.next(timeout: Self.wait)?.message == "READY=1\nSTATUS=serving 3 subjects")
+        #expect(await receiver.next(timeout: Self.wait)?.message == "READY=1\nSTATUS=serving 3 subjects")
         #expect(notifier.status("provider failing: HTTP 503"))
-        #expect(receiver.next(timeout: Self.wait)?.message == "STATUS=provider failing: HTTP 503")
+        #expect(await receiver.next(timeout: Self.wait)?.message == "STATUS=provider failing: HTTP 503")
         #expect(notifier.watchdog())
-        #expect(receiver.next(timeout: Self.wait)?.message == "WATCHDOG=1")
+        #expect(await receiver.next(timeout: Self.wait)?.message == "WATCHDOG=1")
         #expect(notifier.stopping())
-        #expect(receiver.next(timeout: Self.wait)?.message == "STOPPING=1")
+        #expect(await receiver.next(timeout: Self.wait)?.message == "STOPPING=1")
         #expect(notifier.notify(["EXTEND_TIMEOUT_USEC=5000000", "", "STATUS=migrating"]))
-        #expect(receiver.next(timeout: Self.wait)?.message == "EXTEND_TIMEOUT_USEC=5000000\nSTATUS=migrating")
+        #expect(await receiver.next(timeout: Self.wait)?.message == "EXTEND_TIMEOUT_USEC=5000000\nSTATUS=migrating")
         // Nothing more was sent: no stray or split datagrams.
-        #expect(receiver.next(timeout: .milliseconds(50)) == nil)
+        #expect(await receiver.next(timeout: .milliseconds(50)) == nil)
         #expect(log.count == 0)
     }
 
     @Test("newlines, carriage returns and NUL bytes inside a value become spaces")
-    func valuesStayOnOneLine() throws {
+    func valuesStayOnOneLine() async throws {
         let scratch = Scratch()
         let receiver = try NotifySocketReceiver(directory: scratch.path)
         let notifier = Self.notifier(["NOTIFY_SOCKET": receiver.notifySocket])
         #expect(notifier.status("line one\nREADY=1\r\nend\u{0}"))
-        #expect(receiver.next(timeout: Self.wait)?.message == "STATUS=line one READY=1  end ")
+        #expect(await receiver.next(timeout: Self.wait)?.message == "STATUS=line one READY=1  end ")
     }
 
     @Test("an abstract socket (@name) receives the messages")
-    func abstractSocket() throws {
+    func abstractSocket() async throws {
         let receiver = try NotifySocketReceiver()
         #expect(receiver.notifySocket.hasPrefix("@"))
         let notifier = Self.notifier(["NOTIFY_SOCKET": receiver.notifySocket])
         #expect(notifier.ready())
-        #expect(receiver.next(timeout: Self.wait)?.message == "READY=1")
+        #expect(await receiver.next(timeout: Self.wait)?.message == "READY=1")
         #expect(notifier.watchdog())
-        #expect(receiver.next(timeout: Self.wait)?.message == "WATCHDOG=1")
+        #expect(await receiver.next(timeout: Self.wait)?.message == "WATCHDOG=1")
     }
 
     @Test("RELOADING=1 carries MONOTONIC_USEC, the CLOCK_MONOTONIC time of the call")
-    func reloadingCarriesMonotonicTime() throws {
+    func reloadingCarriesMonotonicTime() async throws {
         let receiver = try NotifySocketReceiver()
         let notifier = Self.notifier(["NOTIFY_SOCKET": receiver.notifySocket])
         let before = Self.monotonicMicroseconds()
         #expect(notifier.reloading(status: "reloading subjects"))
         let after = Self.monotonicMicroseconds()
-        let message = try #require(receiver.next(timeout: Self.wait)?.message)
+        let message = try #require(await receiver.next(timeout: Self.wait)?.message)
         let lines = message.split(separator: "\n").map(String.init)
         #expect(lines.count == 3)
         #expect(lines.first == "RELOADING=1")
@@ -154,7 +154,7 @@ struct SystemdNotifierTests {
     }
 
     @Test("a manager socket that appears late, or goes away and comes back, gets the next message")
-    func recoversAfterFailure() throws {
+    func recoversAfterFailure() async throws {
         let scratch = Scratch()
         let path = scratch.file("notify.sock")
         let log = RecordingLogger()
@@ -164,13 +164,13 @@ struct SystemdNotifierTests {
 
         let receiver = try NotifySocketReceiver(directory: scratch.path)
         #expect(notifier.ready())
-        #expect(receiver.next(timeout: Self.wait)?.message == "READY=1")
+        #expect(await receiver.next(timeout: Self.wait)?.message == "READY=1")
         // The manager went away and came back (a new socket at the same path).
         receiver.close()
         #expect(!notifier.watchdog())
         let second = try NotifySocketReceiver(directory: scratch.path)
         #expect(notifier.watchdog())
-        #expect(second.next(timeout: Self.wait)?.message == "WATCHDOG=1")
+        #expect(await second.next(timeout: Self.wait)?.message == "WATCHDOG=1")
         #expect(log.messages(at: .warning).count == 1)
     }
 

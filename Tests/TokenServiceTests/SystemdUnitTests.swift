@@ -98,8 +98,8 @@ struct SystemdUnitTests {
     func contract() throws {
         let lines = Set(try String(contentsOfFile: Self.shippedUnit, encoding: .utf8).split(separator: "\n").map(String.init))
         let missing = ["Type=notify", "NotifyAccess=main", "ExecReload=/bin/kill -HUP $MAINPID", "Restart=on-failure",
-                       "RestartPreventExitStatus=78", "WatchdogSec=30s", "StateDirectory=token-agent",
-                       "RuntimeDirectory=token-agent", "Environment=TOKEN_STORE_DB=%S/token-agent/tokens.sqlite",
+                       "WatchdogSec=30s", "StateDirectory=token-agent",
+                       "RuntimeDirectory=token-agent", "RestartPreventExitStatus=64 78",
                        "ExecStart=/usr/local/bin/token-agent --config /etc/token-agent/token-agent.yaml"]
             .filter { !lines.contains($0) }
         #expect(missing.isEmpty, "settings missing from the unit")

@@ -29,7 +29,7 @@ struct AgentOption: Sendable {
     /// Its values are credentials (or may hold some): never printed.
     var secret = false
     /// A reload applies a change of it; any other change needs a restart.
-    var live = false
+    var live: Bool { AgentSettings.liveCopies[key] != nil }
 
     /// `TOKEN_AGENT_` and the key in upper snake case.
     var environmentName: String { Self.environmentName(key) }
@@ -45,20 +45,20 @@ struct AgentOption: Sendable {
     static let all: [AgentOption] = [
         AgentOption(key: "db", shape: .text),
         AgentOption(key: "provider-url", shape: .text),
-        AgentOption(key: "vehicle", shape: .list, live: true),
-        AgentOption(key: "trip", shape: .list, live: true),
-        AgentOption(key: "delivery-vehicle", shape: .list, live: true),
-        AgentOption(key: "task", shape: .list, live: true),
-        AgentOption(key: "subjects-file", shape: .text, live: true),
-        AgentOption(key: "header", shape: .list, secret: true, live: true),
-        AgentOption(key: "header-file", shape: .list, live: true),
+        AgentOption(key: "vehicle", shape: .list),
+        AgentOption(key: "trip", shape: .list),
+        AgentOption(key: "delivery-vehicle", shape: .list),
+        AgentOption(key: "task", shape: .list),
+        AgentOption(key: "subjects-file", shape: .text),
+        AgentOption(key: "header", shape: .list, secret: true),
+        AgentOption(key: "header-file", shape: .list),
         AgentOption(key: "method", shape: .choice(["GET", "POST"])),
         AgentOption(key: "body-template", shape: .text, secret: true),
         AgentOption(key: "content-type", shape: .text),
-        AgentOption(key: "ca-file", shape: .list, live: true),
-        AgentOption(key: "extra-ca-file", shape: .list, live: true),
-        AgentOption(key: "client-cert", shape: .text, live: true),
-        AgentOption(key: "client-key", shape: .text, live: true),
+        AgentOption(key: "ca-file", shape: .list),
+        AgentOption(key: "extra-ca-file", shape: .list),
+        AgentOption(key: "client-cert", shape: .text),
+        AgentOption(key: "client-key", shape: .text),
         AgentOption(key: "proxy", shape: .text, secret: true),
         AgentOption(key: "no-proxy", shape: .toggle),
         AgentOption(key: "token-key", shape: .text),
@@ -71,12 +71,12 @@ struct AgentOption: Sendable {
         AgentOption(key: "retention", shape: .duration),
         AgentOption(key: "once", shape: .toggle),
         AgentOption(key: "json", shape: .toggle),
-        AgentOption(key: "log-level", shape: .choice(["trace", "debug", "info", "notice", "warning", "error", "critical"]), live: true),
+        AgentOption(key: "log-level", shape: .choice(["trace", "debug", "info", "notice", "warning", "error", "critical"])),
         AgentOption(key: "log-format", shape: .choice(["text", "json"])),
         AgentOption(key: "listen", shape: .list),
         AgentOption(key: "allow-non-loopback-listen", shape: .toggle),
         AgentOption(key: "socket-mode", shape: .text),
-        AgentOption(key: "allow", shape: .list, live: true),
+        AgentOption(key: "allow", shape: .list),
         AgentOption(key: "invalidate-interval", shape: .duration),
         AgentOption(key: "sink", shape: .text),
         AgentOption(key: "sink-mode", shape: .text),

@@ -28,13 +28,12 @@ struct AgentRun {
 
         var keys = try usage { try settings.subjectKeys() }
         // Subjects from --subjects-file come after the options'.
-        var fileKeys: [TokenKey] = []
         if let subjectsFile = settings.subjectsFile {
-            do { fileKeys = try SubjectListFile(contentsOfFile: subjectsFile).subjects } catch {
+            do { keys = SubjectSet.merged(keys, try SubjectListFile(contentsOfFile: subjectsFile).subjects) } catch {
                 throw ValidationError("\(settings.origins.name("subjects-file")): \(error)")
             }
-            keys = SubjectSet.merged(keys, fileKeys)
         }
+        let configuredKeys = keys
         var issuer: DevTokenIssuer?
         var template = settings.providerURL
         if template == nil {
@@ -112,15 +111,16 @@ struct AgentRun {
             FileHandle.standardError.write(Data("token-agent: \(error)\n".utf8))
             throw ExitCode(1)
         }
-        let notifier = SystemdNotifier(environment: environment, logger: logger)
-        services.reports = ServiceManagerReports(engine: engine, notifier: notifier, subjects: subjects, logger: logger)
+        let serviceManager = ServiceManagerState(notifier: SystemdNotifier(environment: environment, logger: logger))
+        services.reports = ServiceManagerReports(engine: engine, state: serviceManager, subjects: subjects, logger: logger)
         if settings.exitOnPermanentError {
             services.permanentErrors = PermanentErrorWatch(engine: engine, subjects: subjects, attempts: settings.permanentErrorAttempts, logger: logger)
         }
         let reloader = AgentReloader(
             engine: engine, sources: sources, environment: environment, template: template!, demo: issuer != nil,
-            client: client, logLevel: logLevel, notifier: notifier, subjects: subjects, output: output, logger: logger,
-            api: services.api?.api, settings: settings, fileSubjects: fileKeys, lastProposed: settings)
+            defaultKeys: issuer != nil && configuredKeys.isEmpty ? keys : [], client: client, logLevel: logLevel,
+            serviceManager: serviceManager, subjects: subjects, output: output, logger: logger,
+            api: services.api?.api, settings: settings, lastProposed: settings, trust: TrustFiles(settings))
         do {
             try await LongLivedRun(engine: engine, keys: keys, output: output, logger: logger, services: services, reloader: reloader,
                                    releaseStoreMemory: { store.releaseMemory() }).run()

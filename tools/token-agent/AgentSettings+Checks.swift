@@ -67,9 +67,10 @@ extension AgentSettings {
             throw UsageError("\(origins.name(key)) needs --provider-url (the demo issuer is plain HTTP on loopback)")
         }
         if (clientCertificate == nil) != (clientKey == nil) {
-            throw UsageError("--client-cert and --client-key go together: give both PEM files, or neither")
+            let given = origins.name(clientCertificate == nil ? "client-key" : "client-cert")
+            throw UsageError("\(given): --client-cert and --client-key go together: give both PEM files, or neither")
         }
-        if proxy != nil && noProxy { throw UsageError("--proxy and --no-proxy exclude each other") }
+        if proxy != nil && noProxy { throw UsageError("\(origins.name("proxy")) and \(origins.name("no-proxy")) exclude each other") }
         if contentType != nil && bodyTemplate == nil { throw UsageError("\(origins.name("content-type")) needs --body-template") }
         if bodyTemplate != nil && method != .post { throw UsageError("\(origins.name("body-template")) needs --method POST") }
         _ = try requestBody()

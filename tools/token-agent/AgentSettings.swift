@@ -243,8 +243,15 @@ private struct ResolvedValues {
         return reader.string(forKey: ConfigKey([key]), isSecret: isSecret(key))
     }
 
+    /// Options whose items may hold commas (header values): one item a line in a variable.
+    static let lineSeparated: Set<String> = ["header", "header-file"]
+
     func list(_ key: String) -> [String] {
-        guard origins.byKey[key] != nil else { return [] }
+        guard let origin = origins.byKey[key] else { return [] }
+        if origin == .environment && Self.lineSeparated.contains(key) {
+            let text = reader.string(forKey: ConfigKey([key]), isSecret: isSecret(key)) ?? ""
+            return text.split(whereSeparator: \.isNewline).map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
+        }
         return reader.stringArray(forKey: ConfigKey([key]), isSecret: isSecret(key)) ?? []
     }
 

@@ -55,13 +55,16 @@ struct AgentConfigFile: Sendable {
         } catch YamlError.duplicatedKeysInMapping(let duplicates, let context) {
             // Yams finds repeated keys itself; its mark is the mapping's, not the repeat's.
             let key = duplicates.first ?? "a key"
+            let forms = [key, "\"\(key)\"", "'\(key)'"].map { $0 + ":" }
             let repeated = text.split(separator: "\n", omittingEmptySubsequences: false).enumerated()
-                .filter { $0.element.hasPrefix(key + ":") }.dropFirst().first.map { $0.offset + 1 }
+                .filter { line in forms.contains { line.element.drop { $0 == " " || $0 == "\t" || $0 == "{" || $0 == "," }.hasPrefix($0) } }
+                .dropFirst().first.map { $0.offset + 1 }
             throw ConfigFileError(path: path, line: repeated ?? context.mark.line, message: "'\(key)' is set twice")
         } catch let error as YamlError {
-            throw ConfigFileError(path: path, line: line(of: error), message: "is not valid YAML or JSON: \(problem(of: error))")
+            throw ConfigFileError(path: path, line: line(of: error, in: text), message: "is not valid YAML or JSON: \(problem(of: error))")
         } catch {
-            throw ConfigFileError(path: path, line: nil, message: "is not valid YAML or JSON: \(error)")
+            // Not a YamlError: say no more than that (a parser's text may quote the line at fault).
+            throw ConfigFileError(path: path, line: nil, message: "is not valid YAML or JSON")
         }
         guard let root else { return [:] }  // An empty file (or only comments) sets nothing.
         guard case .mapping(let mapping) = root else {
@@ -103,7 +106,7 @@ struct AgentConfigFile: Sendable {
             throw wrong("a list, such as \(option.key): [a, b] (or one item a line, each starting with '- ')")
         case (_, .scalar(let scalar)) where isNull(scalar):
             throw wrong("given a value (or the line removed)")
-        case (.toggle, .scalar(let scalar)) where !["true", "false"].contains(scalar.string):
+        case (.toggle, .scalar(let scalar)) where !["true", "false"].contains(scalar.string.lowercased()):
             throw wrong("true or false")
         case (_, .scalar):
             break
@@ -132,18 +135,24 @@ struct AgentConfigFile: Sendable {
         return candidates.min(by: { abs($0.count - key.count) < abs($1.count - key.count) })
     }
 
-    private static func line(of error: YamlError) -> Int? {
+    private static func line(of error: YamlError, in text: String) -> Int? {
         switch error {
         case .scanner(_, _, let mark, _), .parser(_, _, let mark, _), .composer(_, _, let mark, _): mark.line
+        case .reader(_, let offset?, _, _):
+            // A byte offset: its line is one more than the newlines before it.
+            text.utf8.prefix(offset).count(where: { $0 == UInt8(ascii: "\n") }) + 1
         default: nil
         }
     }
 
+    /// The parser's problem in its own words, never its description: that quotes the line at
+    /// fault, which may hold a credential.
     private static func problem(of error: YamlError) -> String {
         switch error {
         case .scanner(let context, let problem, _, _), .parser(let context, let problem, _, _), .composer(let context, let problem, _, _):
             context.map { "\($0.text) \(problem)" } ?? problem
-        default: "\(error)"
+        case .reader(let problem, _, _, _): problem
+        default: "the parser gave up"
         }
     }
 }

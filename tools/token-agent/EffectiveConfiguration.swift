@@ -51,8 +51,10 @@ struct EffectiveConfiguration {
         }
     }
 
-    /// A header keeps its name; a proxy URL its host (password as `***`); other secrets go whole.
+    /// A header keeps its name; a proxy URL its host (password as `***`); the provider URL its
+    /// shape (a password or query values may be credentials); other secrets go whole.
     private func redact(_ value: String, of option: AgentOption) -> String {
+        if option.key == "provider-url" { return Self.redactedURL(value) }
         guard option.secret else { return value }
         switch option.key {
         case "header":
@@ -63,5 +65,24 @@ struct EffectiveConfiguration {
         default:
             return Self.redacted
         }
+    }
+
+    /// `https://user:***@host/path/{id}?api_key=<redacted>`: userinfo password and query values
+    /// hidden, placeholders kept.
+    static func redactedURL(_ text: String) -> String {
+        var result = text
+        if let scheme = result.range(of: "://"), let at = result[scheme.upperBound...].firstIndex(of: "@"),
+           !result[scheme.upperBound..<at].contains("/"), let colon = result[scheme.upperBound..<at].firstIndex(of: ":") {
+            result.replaceSubrange(result.index(after: colon)..<at, with: "***")
+        }
+        if let query = result.firstIndex(of: "?") {
+            let pairs = result[result.index(after: query)...].split(separator: "&", omittingEmptySubsequences: false).map { pair in
+                guard let equals = pair.firstIndex(of: "=") else { return String(pair) }
+                let value = pair[pair.index(after: equals)...]
+                return value == "{id}" || value == "{kind}" ? String(pair) : "\(pair[..<equals])=\(redacted)"
+            }
+            result = String(result[...query]) + pairs.joined(separator: "&")
+        }
+        return result
     }
 }

@@ -9,7 +9,8 @@ extension AgentOutput {
     /// One event per added and removed subject, then a summary: `tracked`/`untracked`/`reloaded`
     /// lines, or JSON objects `{"event":"tracked","kind":…,"id":…}` and
     /// `{"event":"subjects_reloaded","added":"1","removed":"1","subjects":"3"}`.
-    func printReload(_ change: SubjectListChange, subjects: Int) {
+    /// The summary line only with a subjects file (without one, `config-reloaded` says it).
+    func printReload(_ change: SubjectListChange, subjects: Int, subjectsFile: Bool) {
         let now = Date()
         let stamp = now.formatted(.iso8601)
         var lines: [String] = []
@@ -19,11 +20,13 @@ extension AgentOutput {
                              : "\(stamp) \(event.padding(toLength: 9, withPad: " ", startingAt: 0)) \(key)\(event == "untracked" ? " (still served while in use)" : "")")
             }
         }
-        lines.append(json
+        if subjectsFile {
+            lines.append(json
             ? Self.encode(["event": "subjects_reloaded", "added": String(change.added.count), "removed": String(change.removed.count),
                            "subjects": String(subjects)])
             : "\(stamp) reloaded  subjects file: \(change.added.count) added, \(change.removed.count) removed, \(subjects) tracked")
-        write(lines)
+        }
+        if !lines.isEmpty { write(lines) }
     }
 
     /// `reload-failed` with the bad lines; JSON `{"event":"reload_failed","error":…,"lines":"3,7"}`.

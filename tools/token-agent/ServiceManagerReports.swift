@@ -53,15 +53,62 @@ struct SubjectCounts: Equatable, CustomStringConvertible {
     }
 }
 
+/// What systemd has been told, shared by the reporter and the reloader: READY=1 goes out once
+/// (after that a reload is framed by RELOADING=1 and READY=1), and STATUS= is re-sent whenever
+/// what was last sent differs from the counts.
+final class ServiceManagerState: Sendable {
+    let notifier: SystemdNotifier
+    private let state = Mutex<(ready: Bool, lastStatus: String)>((false, ""))
+
+    init(notifier: SystemdNotifier) { self.notifier = notifier }
+
+    /// The reporter's turn: READY=1 with the counts once they settle, then STATUS= on change.
+    /// Returns true when this call sent READY=1.
+    func update(_ counts: SubjectCounts) -> Bool {
+        let status = counts.description
+        let (ready, changed) = state.withLock { state -> (Bool, Bool) in
+            if !state.ready && counts.isSettled {
+                state = (true, status)
+                return (true, false)
+            }
+            guard state.ready && state.lastStatus != status else { return (false, false) }
+            state.lastStatus = status
+            return (false, true)
+        }
+        if ready { notifier.ready(status: status) }
+        if changed { notifier.status(status) }
+        return ready
+    }
+
+    /// RELOADING=1, when READY=1 went out already (a reload during start-up says nothing: the
+    /// first READY=1 still waits for the subjects). Returns whether it was sent.
+    func reloading() -> Bool {
+        guard state.withLock({ $0.ready }) else { return false }
+        state.withLock { $0.lastStatus = "reloading" }
+        notifier.reloading(status: "reloading")
+        return true
+    }
+
+    /// READY=1 with `status` after a reload announced by ``reloading()``.
+    func reloaded(status: String) {
+        state.withLock { $0.lastStatus = status }
+        notifier.ready(status: status)
+    }
+}
+
 /// Sends READY=1 when the configured subjects have settled, keeps STATUS= current, and
 /// STOPPING=1 when the service group shuts down. Listed after the engine, so it stops first.
 struct ServiceManagerReports: Service {
     let engine: TokenSyncEngine
-    let notifier: SystemdNotifier
+    let state: ServiceManagerState
     let subjects: ConfiguredSubjects
     let logger: Logger
     /// How often STATUS= is brought up to date between events.
     var statusInterval: Duration = .seconds(5)
+
+    var notifier: SystemdNotifier { state.notifier }
+    /// The shortest heartbeat: a tiny WATCHDOG_USEC must not make the scheduler loop spin.
+    static let shortestHeartbeat: Duration = .milliseconds(20)
 
     func run() async {
         // A service that returns early ends the whole group: without systemd, wait for the end.
@@ -71,7 +118,7 @@ struct ServiceManagerReports: Service {
         }
         if let interval = notifier.watchdogInterval {
             let notifier = self.notifier
-            await engine.setHeartbeat(every: interval) { notifier.watchdog() }
+            await engine.setHeartbeat(every: max(interval, Self.shortestHeartbeat)) { notifier.watchdog() }
         }
         await withTaskGroup(of: Void.self) { group in
             group.addTask { await report() }
@@ -85,18 +132,10 @@ struct ServiceManagerReports: Service {
     /// whenever the counts change (checked every ``statusInterval``).
     private func report() async {
         var ready = false
-        var lastStatus = ""
         while !Task.isCancelled {
-            let counts = SubjectCounts(subjects.current.map { engine.status(of: $0) })
-            let status = counts.description
-            if !ready && counts.isSettled {
+            if state.update(SubjectCounts(subjects.current.map { engine.status(of: $0) })) {
                 ready = true
-                lastStatus = status
-                notifier.ready(status: status)
-                logger.info("told the service manager the agent is ready", metadata: ["status": "\(status)"])
-            } else if ready && status != lastStatus {
-                lastStatus = status
-                notifier.status(status)
+                logger.info("told the service manager the agent is ready")
             }
             do { try await Task.sleep(for: ready ? statusInterval : .milliseconds(200)) } catch { return }
         }

@@ -153,13 +153,14 @@ final class TokenMemory: Sendable {
         }
     }
 
-    /// Ends every running backoff now (the failure count stays): the cause may be fixed.
-    /// Returns the keys whose backoff was running.
+    /// Ends every running backoff now (the failure count stays): the cause may be fixed. A
+    /// backoff the provider asked for (`Retry-After`) is kept. Returns the keys whose backoff ended.
     func endBackoffs(at now: Date) -> [TokenKey] {
         state.withLock { state in
             var ended: [TokenKey] = []
             for (key, slot) in state.slots {
-                guard var failure = slot.entry.failure, failure.isBackingOff(at: now) else { continue }
+                guard var failure = slot.entry.failure, failure.isBackingOff(at: now),
+                      slot.entry.lastError?.retryAfter == nil else { continue }
                 failure.nextAttemptAt = now
                 slot.entry.failure = failure
                 ended.append(key)

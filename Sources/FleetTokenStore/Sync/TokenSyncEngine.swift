@@ -194,7 +194,8 @@ public final class TokenSyncEngine: Service, Sendable {
     /// Ends every running backoff now, so each failing key is tried again at once: for when the
     /// cause of the failures may be gone (an operator fixed the provider's credentials or TLS
     /// files and reloaded). Each key's failure count stays, so a key that fails again backs off
-    /// from where it was. Returns how many keys were backing off.
+    /// from where it was. A backoff the provider asked for with `Retry-After` is kept. Returns
+    /// how many keys are tried again.
     @discardableResult
     public func retryFailedNow() async -> Int {
         await coordinator.retryFailedNow()

@@ -56,4 +56,24 @@ struct RetryFailedNowTests {
         _ = try? await running.value
         store.close()
     }
+
+    @Test("a backoff the provider asked for with Retry-After is kept")
+    func retryAfterKept() async throws {
+        let dir = TemporaryDirectory()
+        let time = TestTime()
+        let store = try openStore(dir.file("tokens.sqlite"))
+        let key = try TokenKey.vehicle("busy")
+        let fetcher = ScriptedFetcher { _, _ throws(TokenProviderError) in throw .httpStatus(code: 503, retryAfter: 600) }
+        let engine = TokenSyncEngine(repository: store, fetcher: fetcher, logger: Logger(label: "test"),
+                                     clock: time.clock, now: time.wall, random: { 0.5 })
+        let running = Task { try await engine.run() }
+        await engine.track([key])
+        #expect(await eventually(within: 10) { engine.status(of: key).failure != nil })
+        #expect(await engine.retryFailedNow() == 0)
+        try await Task.sleep(for: .milliseconds(100))
+        #expect(fetcher.count(key) == 1)
+        running.cancel()
+        _ = try? await running.value
+        store.close()
+    }
 }

@@ -1,0 +1,82 @@
+// Issue 18: token-agent's small decision types, with plain values: which options a reload
+// applies, the counts systemd sees, when refusals count as permanent, how a provider URL is
+// printed.
+
+import FleetTokenStore
+import Foundation
+import Testing
+@testable import token_agent
+
+@Suite("token-agent's decisions, with plain values")
+struct AgentValueTests {
+    @Test("every live option is copied by a reload, and nothing else is")
+    func liveOptions() {
+        var proposed = AgentSettings()
+        proposed.vehicles = ["v"]; proposed.trips = ["t"]; proposed.deliveryVehicles = ["d"]; proposed.tasks = ["k"]
+        proposed.subjectsFile = "/s"; proposed.headers = ["A: b"]; proposed.headerFiles = ["B:/f"]
+        proposed.caFiles = ["/ca"]; proposed.extraCAFiles = ["/x"]; proposed.clientCertificate = "/c"; proposed.clientKey = "/k"
+        proposed.logLevel = .debug; proposed.allow = ["trip:*"]
+        proposed.db = "/other.sqlite"; proposed.listen = ["unix:/s"]; proposed.connectTimeout = 9; proposed.logFormat = .json
+        let applied = AgentSettings().takingLiveOptions(from: proposed)
+        for option in AgentOption.all {
+            let changed = applied.values[option.key] != AgentSettings().values[option.key]
+            let differs = proposed.values[option.key] != AgentSettings().values[option.key]
+            if option.live {
+                #expect(applied.values[option.key] == proposed.values[option.key], "\(option.key) is live but not copied")
+            } else if differs {
+                #expect(!changed, "\(option.key) needs a restart but was copied")
+            }
+        }
+        #expect(AgentOption.all.filter(\.live).map(\.key).sorted() == [
+            "allow", "ca-file", "client-cert", "client-key", "delivery-vehicle", "extra-ca-file", "header", "header-file",
+            "log-level", "subjects-file", "task", "trip", "vehicle",
+        ])
+    }
+
+    @Test("STATUS= counts in a fixed order; READY=1 waits until every subject has a token or a failure")
+    func counts() throws {
+        let key = try TokenKey.vehicle("a")
+        func status(_ state: SubjectStatus.State, usable: Bool, failed: Bool) -> SubjectStatus {
+            let failure = failed ? RefreshFailureState(consecutiveFailures: 1, nextAttemptAt: Date(), lastErrorKind: "httpStatus",
+                                                       lastErrorMessage: nil, lastFailureAt: Date()) : nil
+            return SubjectStatus(key: key, tracked: true, state: state, expiresAt: usable ? Date() : nil, fingerprint: nil,
+                                 source: nil, failure: failure)
+        }
+        let mixed = SubjectCounts([status(.valid, usable: true, failed: false), status(.backoff, usable: false, failed: true),
+                                   status(.valid, usable: true, failed: false), status(.refreshDue, usable: true, failed: false)])
+        #expect(mixed.description == "2 valid, 1 refresh due, 1 backoff")
+        #expect(mixed.isSettled)
+        let waiting = SubjectCounts([status(.valid, usable: true, failed: false), status(.unavailable, usable: false, failed: false)])
+        #expect(!waiting.isSettled, "a subject with neither a token nor a failed attempt holds READY back")
+        #expect(SubjectCounts([]).description == "no subjects" && SubjectCounts([]).isSettled)
+    }
+
+    @Test("refusals count per subject in a row; any other outcome starts again; all subjects must be refused")
+    func refusals() throws {
+        let a = try TokenKey.vehicle("a"), b = try TokenKey.vehicle("b")
+        let next = Date()
+        func refused(_ key: TokenKey, _ code: Int = 403) -> TokenSyncEvent {
+            .refreshFailed(key: key, error: .httpStatus(code: code, retryAfter: nil), consecutiveFailures: 1, nextAttemptAt: next)
+        }
+        var refusals = ProviderRefusals(attempts: 2)
+        refusals.record(refused(a)); refusals.record(refused(b, 401)); refusals.record(refused(a))
+        #expect(!refusals.allRefused([a, b]), "b was refused once")
+        refusals.record(refused(b))
+        #expect(refusals.allRefused([a, b]))
+        refusals.record(.refreshFailed(key: a, error: .timeout(seconds: 5), consecutiveFailures: 3, nextAttemptAt: next))
+        #expect(!refusals.allRefused([a, b]), "a timeout is not a refusal: a starts again")
+        refusals.record(refused(a)); refusals.record(refused(a))
+        #expect(refusals.allRefused([a, b]))
+        refusals.record(refused(b, 500))
+        #expect(!refusals.allRefused([a, b]), "a 500 is not a refusal")
+        #expect(!ProviderRefusals(attempts: 1).allRefused([]), "no subjects: nothing to give up on")
+    }
+
+    @Test("the provider URL is printed without a password or query values; placeholders stay")
+    func providerURL() {
+        #expect(EffectiveConfiguration.redactedURL("https://auth.example.com/fleet/{kind}/{id}") == "https://auth.example.com/fleet/{kind}/{id}")
+        #expect(EffectiveConfiguration.redactedURL("https://gw:s3cret@auth.example.com/t/{id}") == "https://gw:***@auth.example.com/t/{id}")
+        #expect(EffectiveConfiguration.redactedURL("https://a.example/t?api_key=s3cret&vehicle={id}&flag")
+                == "https://a.example/t?api_key=<redacted>&vehicle={id}&flag")
+    }
+}
