@@ -255,9 +255,7 @@ struct AgentReloadTransportTests {
         try await server.whileRunning {
             let scratch = Scratch()
             let started = Date()
-            let running = try startAgent(["--db", scratch.file("tokens.sqlite"), "--provider-url", server.baseURL + "/token/{kind}/{id}",
-                                          "--ca-file", pki.caPath, "--vehicle", "a", "--vehicle", "b", "--json",
-                                          "--exit-on-permanent-error", "--permanent-error-attempts", "2", "--failure-backoff", "0.2"], scratch)
+            let running = try startRefusedAgent(server, pki, scratch, ["--exit-on-permanent-error"])
             let status = await running.wait(upTo: 30)
             #expect(status == 78, "\(running.stderr)")
             #expect(Date().timeIntervalSince(started) < 30)
@@ -277,9 +275,7 @@ struct AgentReloadTransportTests {
         let server = try TLSTokenServer(pki: pki, answer: Self.forbidden)
         try await server.whileRunning {
             let scratch = Scratch()
-            let running = try startAgent(["--db", scratch.file("tokens.sqlite"), "--provider-url", server.baseURL + "/token/{kind}/{id}",
-                                          "--ca-file", pki.caPath, "--vehicle", "a", "--vehicle", "b", "--json",
-                                          "--permanent-error-attempts", "2", "--failure-backoff", "0.2"], scratch)
+            let running = try startRefusedAgent(server, pki, scratch, [])
             #expect(await eventually(within: 30) {
                 ["a", "b"].allSatisfy { subject in events(running, "failed").filter { $0["id"] == subject }.count >= 3 }
             }, "\(running.stdout)\n\(running.stderr)")
@@ -299,9 +295,7 @@ struct AgentReloadTransportTests {
         })
         try await server.whileRunning {
             let scratch = Scratch()
-            let running = try startAgent(["--db", scratch.file("tokens.sqlite"), "--provider-url", server.baseURL + "/token/{kind}/{id}",
-                                          "--ca-file", pki.caPath, "--vehicle", "a", "--vehicle", "b", "--json",
-                                          "--exit-on-permanent-error", "--permanent-error-attempts", "2", "--failure-backoff", "0.2"], scratch)
+            let running = try startRefusedAgent(server, pki, scratch, ["--exit-on-permanent-error"])
             #expect(await eventually(within: 30) { events(running, "failed").filter { $0["id"] == "a" }.count >= 3 },
                     "\(running.stdout)\n\(running.stderr)")
             #expect(await running.wait(upTo: 1) == nil, "\(running.stderr)")
@@ -354,6 +348,14 @@ private func startAgent(_ arguments: [String], _ scratch: Scratch, environment: 
     var clean = ["HTTPS_PROXY": "", "https_proxy": "", "HTTP_PROXY": "", "http_proxy": "", "NO_PROXY": "", "no_proxy": ""]
     clean.merge(environment) { $1 }
     return try RunningProcess("token-agent", arguments, environment: clean, in: scratch)
+}
+
+/// The agent of the refusal tests: subjects `a` and `b`, two refusals in a row count as
+/// permanent, and backoffs short enough that they come within a second.
+private func startRefusedAgent(_ server: TLSTokenServer, _ pki: TestPKI, _ scratch: Scratch, _ extra: [String]) throws -> RunningProcess {
+    try startAgent(["--db", scratch.file("tokens.sqlite"), "--provider-url", server.baseURL + "/token/{kind}/{id}",
+                    "--ca-file", pki.caPath, "--vehicle", "a", "--vehicle", "b", "--json",
+                    "--permanent-error-attempts", "2", "--failure-backoff", "0.2"] + extra, scratch)
 }
 
 /// The `--json` events named `event` that the agent printed so far, in order.
