@@ -171,6 +171,8 @@ struct ConfigFileTests {
         ("vehicle: [a]\nvehicle: [b]\n", "agent.yaml:2: 'vehicle' is set twice"),
         ("- vehicle\n- trip\n", "agent.yaml:1: must be a mapping of option names to values"),
         ("provider-url: https://a/{id}\nvehicle: [a]\nheader: [\"Authorization Bearer file-secret-value\"]\n", "agent.yaml:3 (header) is not 'Name: value'"),
+        ("vehicle: [a]\nlisten: [\"unix:\"]\n", "agent.yaml:2 (listen): "),
+        ("\"Authorization: Bearer file-secret-value\": 1\n", "agent.yaml:1: unknown key (not shown)"),
         // The parser quotes the line at fault in its own message: not in ours (it holds a credential).
         ("provider-url: https://a/{id}\nheader: [\"Authorization: Bearer file-secret-value\u{01}\"]\n",
          "agent.yaml:2: is not valid YAML or JSON: control characters are not allowed"),

@@ -83,7 +83,8 @@ extension AgentSettings {
         do {
             return try listen.map { try ListenAddress(parsing: $0, allowNonLoopback: allowNonLoopbackListen) }
         } catch {
-            throw UsageError("\(error)")
+            // The parser's message names --listen; from a file or a variable, say where it is.
+            throw UsageError(origins.origin(of: "listen") == .flag ? "\(error)" : "\(origins.name("listen")): \(error)")
         }
     }
 

@@ -78,7 +78,9 @@ struct AgentConfigFile: Sendable {
             }
             let key = keyScalar.string
             guard let option = AgentOption.byKey[key] else {
-                throw ConfigFileError(path: path, line: line, message: "unknown key '\(key)'\(suggestion(for: key))")
+                // Quoted only when it looks like a key: a pasted value in key position may be a secret.
+                let shown = key.count <= 40 && key.allSatisfy { $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "-" || $0 == "_") }
+                throw ConfigFileError(path: path, line: line, message: shown ? "unknown key '\(key)'\(suggestion(for: key))" : "unknown key (not shown)")
             }
             if lines[key] != nil {
                 throw ConfigFileError(path: path, line: line, message: "'\(key)' is set twice")
