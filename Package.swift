@@ -20,6 +20,7 @@ let package = Package(
         .library(name: "FleetTokenHTTP", targets: ["FleetTokenHTTP"]),
         .library(name: "FleetTokenService", targets: ["FleetTokenService"]),
         .library(name: "DevTokenIssuer", targets: ["DevTokenIssuer"]),
+        .library(name: "FleetTokenStoreTesting", targets: ["FleetTokenStoreTesting"]),
         .executable(name: "token-agent", targets: ["token-agent"]),
         .executable(name: "dev-token-server", targets: ["dev-token-server"]),
         .executable(name: "tokenctl", targets: ["tokenctl"]),
@@ -106,6 +107,19 @@ let package = Package(
             ],
             swiftSettings: strictSettings
         ),
+        // The test kit, for embedders' tests and this package's own (as swift-log's
+        // InMemoryLogging): test time, a scripted fetcher, a JWT builder, a log recorder and a
+        // secret scanner.
+        .target(
+            name: "FleetTokenStoreTesting",
+            dependencies: [
+                "FleetTokenStore",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "InMemoryLogging", package: "swift-log"),
+                .product(name: "Clocks", package: "swift-clocks"),
+            ],
+            swiftSettings: strictSettings
+        ),
         .target(
             name: "DevTokenIssuer",
             dependencies: [
@@ -161,6 +175,7 @@ let package = Package(
             name: "token-engine-probe",
             dependencies: [
                 "FleetTokenStore",
+                "FleetTokenStoreTesting",
                 .product(name: "Logging", package: "swift-log"),
             ],
             path: "Tests/EngineProbe"
@@ -168,10 +183,6 @@ let package = Package(
         // Test support shared by the test targets.
         .target(
             name: "TestSupportKit",
-            dependencies: [
-                .product(name: "Logging", package: "swift-log"),
-                .product(name: "InMemoryLogging", package: "swift-log"),
-            ],
             path: "Tests/TestSupportKit",
             swiftSettings: testSettings
         ),
@@ -179,13 +190,12 @@ let package = Package(
             name: "FleetTokenStoreTests",
             dependencies: [
                 "TestSupportKit",
+                "FleetTokenStoreTesting",
                 "FleetTokenStore",
                 "FleetTokenMigrations",
                 "token-engine-probe",
                 .product(name: "GRDB", package: "GRDB.swift"),
-                .product(name: "Clocks", package: "swift-clocks"),
                 .product(name: "Logging", package: "swift-log"),
-                .product(name: "InMemoryLogging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "MetricsTestKit", package: "swift-metrics"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -197,6 +207,7 @@ let package = Package(
             name: "FleetTokenHTTPTests",
             dependencies: [
                 "TestSupportKit",
+                "FleetTokenStoreTesting",
                 "FleetTokenHTTP",
                 "FleetTokenStore",
                 "DevTokenIssuer",
@@ -204,7 +215,6 @@ let package = Package(
                 "tokenctl",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "Hummingbird", package: "hummingbird"),
-                .product(name: "Clocks", package: "swift-clocks"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
@@ -214,7 +224,6 @@ let package = Package(
                 .product(name: "_CryptoExtras", package: "swift-crypto"),
                 .product(name: "JWTKit", package: "jwt-kit"),
                 .product(name: "Logging", package: "swift-log"),
-                .product(name: "InMemoryLogging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "MetricsTestKit", package: "swift-metrics"),
             ],
@@ -224,6 +233,7 @@ let package = Package(
             name: "TokenServiceTests",
             dependencies: [
                 "TestSupportKit",
+                "FleetTokenStoreTesting",
                 "FleetTokenService",
                 "FleetTokenStore",
                 "DevTokenIssuer",
@@ -243,6 +253,7 @@ let package = Package(
             name: "EndToEndTests",
             dependencies: [
                 "TestSupportKit",
+                "FleetTokenStoreTesting",
                 "FleetTokenStore",
                 "DevTokenIssuer",
                 "token-agent",

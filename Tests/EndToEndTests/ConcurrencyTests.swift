@@ -4,6 +4,7 @@
 // Soak knob (environment variable):
 //   FTS_SOAK_SECONDS=60   how long the tokenctl loops run (default 15, the CI run)
 
+import FleetTokenStoreTesting
 import FleetTokenStore
 import Foundation
 import Testing
@@ -28,9 +29,10 @@ struct ConcurrencyTests {
         let subjects = Subjects(vehicles: 15, trips: 15)
         let agent = try RunningProcess("token-agent", ["--db", db, "--provider-url", issuer.template, "--log-level", "trace"]
                                        + subjects.arguments, in: scratch)
-        let stored = await poll(within: 30) { (try? storeSnapshot(db).count) == subjects.keys.count }
+        let stored = await eventually(within: 30) { (try? storeSnapshot(db).count) == subjects.keys.count }
         try #require(stored, "\(agent.stderr.suffix(2000))")
-        var ledger = SecretLedger()
+        let secrets = SecretScanner()
+        var outputs: LabelledOutputs = []
 
         let commands: [[String]] = [["list", "--json"], ["purge", "--expired", "--json"], ["stats", "--json"], ["check", "--json"]]
         let started = Date()
@@ -56,7 +58,7 @@ struct ConcurrencyTests {
         }
         // Meanwhile, collect the tokens the agent stores (for the secrets check).
         while Date() < deadline {
-            ledger.record(tokensOf: (try? storeSnapshot(db)) ?? [:])
+            secrets.remember(tokensOf: (try? storeSnapshot(db)) ?? [:])
             try await Task.sleep(for: .seconds(1))
         }
         let results = await runs
@@ -72,8 +74,8 @@ struct ConcurrencyTests {
             for word in Self.lockWords {
                 #expect(!result.stdout.lowercased().contains(word) && !result.stderr.lowercased().contains(word), "\(label): \(result.stderr.suffix(500))")
             }
-            ledger.record("\(label) stdout", result.stdout)
-            ledger.record("\(label) stderr", result.stderr)
+            outputs.append(("\(label) stdout", result.stdout))
+            outputs.append(("\(label) stderr", result.stderr))
         }
 
         // The agent kept refreshing every subject through the loops, and never hit the lock.
@@ -88,15 +90,15 @@ struct ConcurrencyTests {
         }
         let lines = committedLines(agent.stdout)
         let snapshot = try storeSnapshot(db)
-        ledger.record(tokensOf: snapshot)
+        secrets.remember(tokensOf: snapshot)
         expectCommittedTokensStored(lastCommitted(lines), snapshot, context: "after the loops")
         for row in snapshot.values { #expect(row.expiresAt > ended, "\(row.key) expired in the store of a live agent") }
         expectStoreModes(db)
 
         agent.signal(SIGTERM)
         #expect(await agent.wait(upTo: 5) == 0, "\(agent.stderr.suffix(2000))")
-        ledger.record("agent", agent)
-        ledger.expectNoSecrets(minimumTokens: subjects.keys.count * 2)
+        outputs += agent.outputs(labelled: "agent")
+        secrets.expectNoLeaks(in: outputs, minimumTokens: subjects.keys.count * 2)
         print("concurrency: \(results.count) tokenctl runs (\(commands.map { c in "\(c[0]) \(results.filter { $0.command == c }.count)" }.joined(separator: ", "))), \(during.count) refreshes in \(seconds) s")
     }
 
@@ -108,22 +110,23 @@ struct ConcurrencyTests {
         let subjects = Subjects(vehicles: 5, trips: 5)
         let agent = try RunningProcess("token-agent", ["--db", db, "--provider-url", issuer.template, "--log-level", "trace"]
                                        + subjects.arguments, in: scratch)
-        let stored = await poll(within: 30) { (try? storeSnapshot(db).count) == subjects.keys.count }
+        let stored = await eventually(within: 30) { (try? storeSnapshot(db).count) == subjects.keys.count }
         try #require(stored, "\(agent.stderr.suffix(2000))")
-        var ledger = SecretLedger()
-        ledger.record(tokensOf: try storeSnapshot(db))
+        let secrets = SecretScanner()
+        var outputs: LabelledOutputs = []
+        secrets.remember(tokensOf: try storeSnapshot(db))
 
         // The shell deletes vehicle/v03 (the agent must refetch and store it), then takes the
         // write lock and holds it for 3 s. Markers are files: the shell's stdout is buffered.
         let locked = scratch.file("locked"), released = scratch.file("released")
-        let shell = try RunningProcess("/usr/bin/sqlite3", [
+        let shell = try RunningProcess(sqlite3Path, [
             db, ".timeout 5000",
             "DELETE FROM tokens WHERE kind = 'vehicle' AND subject_id = 'v03';",
             "BEGIN IMMEDIATE;", ".shell touch \(locked)", ".shell sleep 3", "COMMIT;", ".shell touch \(released)",
         ], in: scratch)
-        #expect(await poll(within: 10) { FileManager.default.fileExists(atPath: locked) })
+        #expect(await eventually(within: 10) { FileManager.default.fileExists(atPath: locked) })
         let lockedAt = Date()
-        #expect(await poll(within: 10) { FileManager.default.fileExists(atPath: released) })
+        #expect(await eventually(within: 10) { FileManager.default.fileExists(atPath: released) })
         let releasedAt = Date()
         #expect(await shell.wait(upTo: 5) == 0, "sqlite3: \(shell.stderr)")
         #expect(releasedAt.timeIntervalSince(lockedAt) >= 2.5, "the lock was held only \(releasedAt.timeIntervalSince(lockedAt)) s")
@@ -133,14 +136,14 @@ struct ConcurrencyTests {
         let removedAt = removal.flatMap { $0.split(separator: " ").first }.flatMap(parseISO)
         #expect(removedAt.map { $0 < releasedAt } == true, "removal not seen during the lock: \(removal ?? "none")")
         // ...and the refetched token is in the store once the lock is gone.
-        let refetched = await poll(within: 10) { (try? storeSnapshot(db))?["vehicle/v03"] != nil }
+        let refetched = await eventually(within: 10) { (try? storeSnapshot(db))?["vehicle/v03"] != nil }
         #expect(refetched, "\(agent.stderr.suffix(3000))")
         #expect(agent.isRunning)
         #expect(await agent.waitForOutput("refreshed vehicle/v03", within: 5))
 
         let lines = committedLines(agent.stdout)
         let snapshot = try storeSnapshot(db)
-        ledger.record(tokensOf: snapshot)
+        secrets.remember(tokensOf: snapshot)
         expectCommittedTokensStored(lastCommitted(lines), snapshot, context: "after the lock")
         #expect(lines.contains { $0.key == "vehicle/v03" && $0.source == "provider" && $0.stamp >= lockedAt.addingTimeInterval(-1) })
         let agentOutput = (agent.stdout + agent.stderr).lowercased()
@@ -152,8 +155,8 @@ struct ConcurrencyTests {
 
         agent.signal(SIGTERM)
         #expect(await agent.wait(upTo: 5) == 0, "\(agent.stderr.suffix(2000))")
-        ledger.record("agent", agent)
-        ledger.record("sqlite3", shell)
-        ledger.expectNoSecrets(minimumTokens: subjects.keys.count)
+        outputs += agent.outputs(labelled: "agent")
+        outputs += shell.outputs(labelled: "sqlite3")
+        secrets.expectNoLeaks(in: outputs, minimumTokens: subjects.keys.count)
     }
 }

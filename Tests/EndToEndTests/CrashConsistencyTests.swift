@@ -6,6 +6,7 @@
 //   FTS_CRASH_SEED=<n>     replay a run's kill moments and restart pauses (every run prints its
 //                          seed: "crash consistency: seed ..."; process timing still varies)
 
+import FleetTokenStoreTesting
 import FleetTokenStore
 import Foundation
 import Testing
@@ -31,7 +32,8 @@ struct CrashConsistencyTests {
         let subjects = Subjects(vehicles: 15, trips: 15)
         let agentArguments = ["--db", db, "--provider-url", issuer.template, "--log-level", "trace"] + subjects.arguments
         let onceArguments = agentArguments + ["--once", "--json"]
-        var ledger = SecretLedger()
+        let secrets = SecretScanner()
+        var outputs: LabelledOutputs = []
         var linesLogged = 0, leasesLeftByKills = 0, roundsWithFetches = 0, fetchesOnRestart = 0
         var expiredAtRestart = 0, killsBetweenCommitAndLine = 0
 
@@ -47,7 +49,7 @@ struct CrashConsistencyTests {
             try #require(status != nil, "\(context): the agent did not die")
             #expect(agent.process.terminationReason == .uncaughtSignal && status == SIGKILL,
                     "\(context): the agent ended by itself before the kill (status \(status ?? -1)): \(agent.stderr.suffix(2000))")
-            ledger.record("\(context) agent", agent)
+            outputs += agent.outputs(labelled: "\(context) agent")
 
             // Whatever the moment, no quarantine and a sound store. Checked read-only, so the
             // next agent recovers from exactly the WAL the crash left.
@@ -61,7 +63,7 @@ struct CrashConsistencyTests {
             let lines = committedLines(agent.stdout)
             linesLogged += lines.count
             let before = try storeSnapshot(db)
-            ledger.record(tokensOf: before)
+            secrets.remember(tokensOf: before)
             let logged = lastCommitted(lines)
             expectCommittedTokensStored(logged, before, context: context)
             for line in lines {
@@ -82,8 +84,8 @@ struct CrashConsistencyTests {
             let once = try await runToEnd("token-agent", onceArguments, in: scratch, timeout: 60)
             let endedAt = Date()
             let requestsAfter = try await issuer.stats().requests
-            ledger.record("\(context) --once stdout", once.stdout)
-            ledger.record("\(context) --once stderr", once.stderr)
+            outputs.append(("\(context) --once stdout", once.stdout))
+            outputs.append(("\(context) --once stderr", once.stderr))
             #expect(once.status == 0, "\(context): \(once.stderr.suffix(2000))")
             #expect(endedAt.timeIntervalSince(startedAt) < 10,
                     "\(context): the restart took \(endedAt.timeIntervalSince(startedAt)) s (waiting for the dead agent's leases?)")
@@ -104,7 +106,7 @@ struct CrashConsistencyTests {
             }
             // --once exits only after its fetched tokens are committed.
             let after = try storeSnapshot(db)
-            ledger.record(tokensOf: after)
+            secrets.remember(tokensOf: after)
             for result in results where result["source"] == "provider" {
                 let key = "\(result["kind"] ?? "")/\(result["id"] ?? "")"
                 #expect(after[key]?.fingerprint == result["fingerprint"], "\(context): \(key) printed by --once but not stored")
@@ -116,10 +118,10 @@ struct CrashConsistencyTests {
         #expect(await final.waitForOutput("refreshed", within: 30))
         final.signal(SIGTERM)
         #expect(await final.wait(upTo: 5) == 0, "\(final.stderr.suffix(2000))")
-        ledger.record("final agent", final)
+        outputs += final.outputs(labelled: "final agent")
         #expect(try sqlite3(db, "PRAGMA integrity_check") == "ok")
-        ledger.record(tokensOf: try storeSnapshot(db))
-        ledger.expectNoSecrets(minimumTokens: 30)
+        secrets.remember(tokensOf: try storeSnapshot(db))
+        secrets.expectNoLeaks(in: outputs, minimumTokens: 30)
         print("crash consistency: \(rounds) rounds, \(linesLogged) committed lines checked, \(killsBetweenCommitAndLine) kills between a commit and its line, \(leasesLeftByKills) leases left by kills, \(fetchesOnRestart) fetches on restart in \(roundsWithFetches) rounds, \(expiredAtRestart) expired tokens in the store at restart")
     }
 
@@ -158,7 +160,7 @@ struct CrashConsistencyTests {
         // The first agent's fetches hang, so it holds every lease when it dies.
         let hanging = try RunningProcess("token-agent", ["--db", db, "--provider-url", issuer.template + "?fault=hang",
                                                          "--request-timeout", "60", "--log-level", "trace"] + subjects.arguments, in: scratch)
-        let leased = await poll(within: 20) {
+        let leased = await eventually(within: 20) {
             FileManager.default.fileExists(atPath: db) && (try? sqlite3(db, "SELECT count(*) FROM refresh_leases", readOnly: true)) == "3"
         }
         #expect(leased, "\(hanging.stderr.suffix(2000))")
@@ -176,11 +178,12 @@ struct CrashConsistencyTests {
         #expect(try onceResults(once.stdout).allSatisfy { $0["source"] == "provider" })
         #expect(try sqlite3(db, "SELECT count(*) FROM refresh_leases", readOnly: true) == "0")
 
-        var ledger = SecretLedger()
-        ledger.record("hanging agent", hanging)
-        ledger.record("--once stdout", once.stdout)
-        ledger.record("--once stderr", once.stderr)
-        ledger.record(tokensOf: try storeSnapshot(db))
-        ledger.expectNoSecrets(minimumTokens: 3)
+        let secrets = SecretScanner()
+        var outputs: LabelledOutputs = []
+        outputs += hanging.outputs(labelled: "hanging agent")
+        outputs.append(("--once stdout", once.stdout))
+        outputs.append(("--once stderr", once.stderr))
+        secrets.remember(tokensOf: try storeSnapshot(db))
+        secrets.expectNoLeaks(in: outputs, minimumTokens: 3)
     }
 }

@@ -1,15 +1,13 @@
 // Shared by the process-level reliability suites (CrashConsistencyTests, ConcurrencyTests,
-// StoreFaultTests): seeded randomness, soak knobs, parsing of the agent's event lines, store
-// snapshots through stock sqlite3, file modes, and the ledger that proves no token leaks.
+// StoreFaultTests): seeds, soak knobs, parsing of the agent's event lines, store snapshots
+// through stock sqlite3, store file modes, and the secret scan over every process output (the
+// test kit's SecretScanner).
 
 import FleetTokenStore
+import FleetTokenStoreTesting
 import Foundation
 import TestSupportKit
-import Synchronization
 import Testing
-#if canImport(Glibc)
-import Glibc
-#endif
 
 // MARK: - Soak knobs
 
@@ -19,20 +17,7 @@ func environmentInt(_ name: String, default value: Int) -> Int {
     return parsed
 }
 
-// MARK: - Seeded randomness
-
-/// SplitMix64: a tiny seeded generator, so a failing run can be replayed from its printed seed.
-struct SeededGenerator: RandomNumberGenerator {
-    private var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-}
+// MARK: - Seeds
 
 /// The seed named by `variable`, else a fresh one; printed either way so a failure can be replayed.
 func reproducibleSeed(_ variable: String, test: String) -> UInt64 {
@@ -118,7 +103,7 @@ struct StoredRow {
 func storeSnapshot(_ path: String, via prefix: [String] = []) throws -> [String: StoredRow] {
     if prefix.isEmpty && !FileManager.default.fileExists(atPath: path) { return [:] }
     let sql = "SELECT kind || '/' || subject_id, token, expires_at, ifnull(issued_at, '') FROM tokens WHERE token IS NOT NULL"
-    let text = prefix.isEmpty ? try sqlite3(path, sql, readOnly: true) : try runCapturing(prefix + ["/usr/bin/sqlite3", "-readonly", path, sql]).stdout
+    let text = prefix.isEmpty ? try sqlite3(path, sql, readOnly: true) : try runCapturing(prefix + [sqlite3Path, "-readonly", path, sql]).stdout
     var rows: [String: StoredRow] = [:]
     for line in text.split(separator: "\n") {
         let fields = line.split(separator: "|", omittingEmptySubsequences: false)
@@ -150,12 +135,6 @@ func expectCommittedTokensStored(_ logged: [String: CommittedLine], _ stored: [S
 
 // MARK: - Files
 
-func fileMode(_ path: String) -> mode_t? {
-    var info = stat()
-    guard stat(path, &info) == 0 else { return nil }
-    return info.st_mode & 0o7777
-}
-
 /// The store and its side files that exist must be mode 0600 (tokens are secrets). `root`
 /// prefixes the paths (`/proc/<pid>/root` for a store inside another mount namespace).
 func expectStoreModes(_ path: String, root: String = "", requireSideFiles: Bool = true, sourceLocation: SourceLocation = #_sourceLocation) {
@@ -175,98 +154,44 @@ func quarantineFiles(in directory: String) -> [String] {
     ((try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? []).filter { $0.contains(".corrupt-") }.sorted()
 }
 
-// MARK: - Other executables
-
-/// Runs an absolute-path command to completion (bounded) and captures its output.
-func runCapturing(_ command: [String], timeout: TimeInterval = 30) throws -> (status: Int32, stdout: String, stderr: String) {
-    let process = try ChildProcess(command[0], Array(command.dropFirst()), stdout: .pipe, stderr: .pipe)
-    let output = try process.collectOutput(timeout: timeout)
-    return (process.terminationStatus, output.stdout, output.stderr)
-}
-
-func executable(_ candidates: [String]) -> String? {
-    candidates.first { FileManager.default.isExecutableFile(atPath: $0) }
-}
-
 // MARK: - Secrets
 
-/// Everything the processes printed, and every token seen in a store: at the end no token value
-/// and no JWT signature may appear in any output (tokens are secrets at every log level).
-struct SecretLedger {
-    private(set) var outputs: [(label: String, text: String)] = []
-    private(set) var tokens: Set<String> = []
+/// Where each process output goes to be scanned for tokens at the end: a label and the text.
+typealias LabelledOutputs = [(label: String, text: String)]
 
-    mutating func record(_ label: String, _ text: String) {
-        if !text.isEmpty { outputs.append((label, text)) }
-    }
-
-    mutating func record(_ label: String, _ process: RunningProcess) {
-        record("\(label) stdout", process.stdout)
-        record("\(label) stderr", process.stderr)
-    }
-
-    mutating func record(tokensOf rows: [String: StoredRow]) {
-        for row in rows.values { tokens.insert(row.token) }
-    }
-
-    /// No output contains a token or a token's signature. Failures name the fingerprint, never the token.
-    func expectNoSecrets(minimumTokens: Int = 1, sourceLocation: SourceLocation = #_sourceLocation) {
-        #expect(tokens.count >= minimumTokens, "only \(tokens.count) tokens collected", sourceLocation: sourceLocation)
-        #expect(!outputs.isEmpty, sourceLocation: sourceLocation)
-        for leak in leaks() { Issue.record(Comment(rawValue: leak), sourceLocation: sourceLocation) }
-    }
-
-    /// Where a token or its signature appears: "the <token|signature> of token fp=<fp> appears in <label>".
-    func leaks() -> [String] {
-        let haystacks = outputs.map { (label: $0.label, bytes: Array($0.text.utf8)) }
-        var found: [String] = []
-        for token in tokens {
-            let parts = token.split(separator: ".")
-            if parts.count != 3 { found.append("a stored token is not a JWT (fp=\(TokenFingerprint(of: token)))") }
-            let needles = [("token", token)] + (parts.count == 3 ? [("signature", String(parts[2]))] : [])
-            for (what, needle) in needles {
-                let bytes = Array(needle.utf8)
-                for haystack in haystacks where contains(haystack.bytes, bytes) {
-                    found.append("the \(what) of token fp=\(TokenFingerprint(of: token)) appears in \(haystack.label)")
-                }
-            }
+extension SecretScanner {
+    /// Remembers every token of a store snapshot. Each must be a JWT, or the scan for its
+    /// signature would test nothing.
+    func remember(tokensOf rows: [String: StoredRow], sourceLocation: SourceLocation = #_sourceLocation) {
+        for row in rows.values {
+            #expect(row.token.split(separator: ".").count == 3, "a stored token is not a JWT (fp=\(row.fingerprint))",
+                    sourceLocation: sourceLocation)
+            remember(row.token)
         }
-        return found
     }
 
-    private func contains(_ haystack: [UInt8], _ needle: [UInt8]) -> Bool {
-        guard !needle.isEmpty, haystack.count >= needle.count else { return false }
-        // memchr for the first byte, memcmp for the rest: fast enough for megabytes of trace logs.
-        return haystack.withUnsafeBytes { h in
-            needle.withUnsafeBytes { n in
-                let base = h.baseAddress!, count = n.count, last = h.count - count
-                var offset = 0
-                while offset <= last {
-                    guard let hit = memchr(base + offset, Int32(n[0]), last - offset + 1) else { return false }
-                    if memcmp(hit, n.baseAddress!, count) == 0 { return true }
-                    offset = base.distance(to: UnsafeRawPointer(hit)) + 1
-                }
-                return false
-            }
-        }
+    /// No output contains a remembered token, or its payload or signature: tokens are secrets at
+    /// every log level. Failures name the fingerprint, never the token.
+    func expectNoLeaks(in outputs: LabelledOutputs, minimumTokens: Int = 1, sourceLocation: SourceLocation = #_sourceLocation) {
+        #expect(count >= minimumTokens, "only \(count) tokens collected", sourceLocation: sourceLocation)
+        #expect(outputs.contains { !$0.text.isEmpty }, sourceLocation: sourceLocation)
+        for leak in leaks(in: outputs) { Issue.record(Comment(rawValue: leak.description), sourceLocation: sourceLocation) }
     }
 }
 
 @Suite("Reliability suite helpers")
 struct ReliabilitySupportTests {
     @Test("the secrets check finds a token or its signature anywhere in an output, and names only the fingerprint")
-    func ledgerFindsLeaks() throws {
+    func scanFindsLeaks() throws {
         let token = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJ4In0.c2lnbmF0dXJlLW9mLXRoZS10b2tlbi0xMjM0NTY3ODkw"
-        var ledger = SecretLedger()
-        ledger.record(tokensOf: ["vehicle/x": StoredRow(key: "vehicle/x", token: token, expiresAt: Date(), issuedAt: nil)])
-        ledger.record("clean", String(repeating: "refreshed vehicle/x fp=0123456789ab ", count: 1000))
-        #expect(ledger.leaks().isEmpty)
+        let secrets = SecretScanner()
+        secrets.remember(tokensOf: ["vehicle/x": StoredRow(key: "vehicle/x", token: token, expiresAt: Date(), issuedAt: nil)])
+        let clean: LabelledOutputs = [("clean", String(repeating: "refreshed vehicle/x fp=0123456789ab ", count: 1000))]
+        #expect(secrets.leaks(in: clean).isEmpty)
         let fingerprint = TokenFingerprint(of: token).description
         for (leak, expected) in [("debug: token=\(token) end", ["token", "signature"]),
                                  ("... signature c2lnbmF0dXJlLW9mLXRoZS10b2tlbi0xMjM0NTY3ODkw", ["signature"])] {
-            var leaky = ledger
-            leaky.record("leaky", leak)
-            let found = leaky.leaks()
+            let found = secrets.leaks(in: clean + [("leaky", leak)]).map(\.description)
             #expect(found == expected.map { "the \($0) of token fp=\(fingerprint) appears in leaky" })
             #expect(!found.contains { $0.contains(token) })
         }

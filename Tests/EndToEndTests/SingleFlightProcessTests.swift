@@ -1,3 +1,4 @@
+import FleetTokenStoreTesting
 import FleetTokenStore
 import Foundation
 import TestSupportKit
@@ -24,7 +25,7 @@ struct SingleFlightProcessTests {
             first.signal(SIGTERM)
             second.signal(SIGTERM)
         }
-        #expect(await poll(within: 60) { (try? sqlite3(db, "SELECT count(*) FROM tokens WHERE token IS NOT NULL")) == "100" })
+        #expect(await eventually(within: 60) { (try? sqlite3(db, "SELECT count(*) FROM tokens WHERE token IS NOT NULL")) == "100" })
         try await Task.sleep(for: .seconds(3)) // room for a wrongful second fetch to show
         let stats = try await issuer.stats()
         #expect(stats.requests == 100, "the provider saw \(stats.requests) requests for 100 keys")
@@ -46,14 +47,14 @@ struct SingleFlightProcessTests {
         let store = try SQLiteTokenRepository(path: db, logger: Logger(label: "seed"))
         for (id, issued) in [("finished-trip", Date() - 3 * 3600), ("recent-trip", Date() - 3660)] {
             let key = try TokenKey.trip(id)
-            try await store.upsert(StoredToken(key: key, value: makeJWT(key, issuedAt: issued), expiresAt: issued + 3600,
+            try await store.upsert(StoredToken(key: key, value: TestJWT.make(for: key, issuedAt: issued), expiresAt: issued + 3600,
                                                issuedAt: issued, fetchedAt: issued))
         }
         store.close()
         let agent = try RunningProcess("token-agent", ["--db", db, "--provider-url", issuer.template, "--vehicle", "truck-1",
                                                        "--retention", "1h"], in: scratch)
         defer { agent.signal(SIGTERM) }
-        #expect(await poll(within: 30) { (try? sqlite3(db, "SELECT count(*) FROM tokens WHERE subject_id = 'finished-trip'")) == "0" })
+        #expect(await eventually(within: 30) { (try? sqlite3(db, "SELECT count(*) FROM tokens WHERE subject_id = 'finished-trip'")) == "0" })
         #expect(try sqlite3(db, "SELECT count(*) FROM tokens WHERE subject_id = 'recent-trip'") == "1")
         #expect(try sqlite3(db, "SELECT count(*) FROM tokens WHERE subject_id = 'truck-1' AND token IS NOT NULL") == "1")
         agent.signal(SIGTERM)

@@ -5,6 +5,7 @@
 // failing writes while running leave the agent serving from memory (`store-degraded`) until
 // they work again (`store-recovered`).
 
+import FleetTokenStoreTesting
 import FleetTokenStore
 import Foundation
 import Testing
@@ -39,8 +40,9 @@ struct StoreFaultTests {
         let scratch = Scratch()
         let issuer = try await IssuerProcess(scratch: scratch, lifetime: Self.lifetime)
         let db = scratch.file("tokens.sqlite")
-        var ledger = SecretLedger()
-        ledger.record(tokensOf: try await soundStore(db, issuer: issuer, in: scratch))
+        let secrets = SecretScanner()
+        var outputs: LabelledOutputs = []
+        secrets.remember(tokensOf: try await soundStore(db, issuer: issuer, in: scratch))
 
         var expectedWAL: Data?
         switch damage {
@@ -60,8 +62,8 @@ struct StoreFaultTests {
         case .foreignWAL:
             // The -wal of another token store (other subjects), taken while it held commits.
             let other = scratch.file("other.sqlite")
-            ledger.record(tokensOf: try await soundStore(other, issuer: issuer, subjects: Subjects(vehicles: 4, trips: 1), in: scratch))
-            let copy = try runCapturing(["/usr/bin/sqlite3", other, "PRAGMA wal_autocheckpoint = 0;",
+            secrets.remember(tokensOf: try await soundStore(other, issuer: issuer, subjects: Subjects(vehicles: 4, trips: 1), in: scratch))
+            let copy = try runCapturing([sqlite3Path, other, "PRAGMA wal_autocheckpoint = 0;",
                                          "UPDATE tokens SET last_used_at = 1; INSERT INTO refresh_leases VALUES ('vehicle', 'x', 'h', 1, 2);",
                                          ".shell cp '\(other)-wal' '\(db)-wal'"])
             #expect(copy.status == 0, "\(copy.stderr)")
@@ -71,13 +73,13 @@ struct StoreFaultTests {
             let probe = scratch.file("probe.sqlite")
             try FileManager.default.copyItem(atPath: db, toPath: probe)
             try FileManager.default.copyItem(atPath: db + "-wal", toPath: probe + "-wal")
-            #expect(try sqlite3(probe, "PRAGMA integrity_check") != "ok", "the foreign WAL happened to fit; the case tests nothing")
+            #expect((try? sqlite3(probe, "PRAGMA integrity_check")) != "ok", "the foreign WAL happened to fit; the case tests nothing")
         }
         let damaged = try Data(contentsOf: URL(fileURLWithPath: db))
 
         let agent = try RunningProcess("token-agent", ["--db", db, "--provider-url", issuer.template, "--log-level", "trace"]
                                        + Self.subjects.arguments, in: scratch)
-        let refreshed = await poll(within: 30) { Set(committedLines(agent.stdout).filter { $0.source == "provider" }.map(\.key)) == Set(Self.subjects.keys) }
+        let refreshed = await eventually(within: 30) { Set(committedLines(agent.stdout).filter { $0.source == "provider" }.map(\.key)) == Set(Self.subjects.keys) }
         #expect(refreshed, "\(damage): \(agent.stderr.suffix(3000))")
         #expect(agent.stderr.contains("the token store was corrupt; moved it to \(db).corrupt-"), "\(damage): \(agent.stderr.suffix(3000))")
 
@@ -91,15 +93,15 @@ struct StoreFaultTests {
         }
         #expect(try sqlite3(db, "PRAGMA integrity_check", readOnly: true) == "ok")
         let rows = try storeSnapshot(db)
-        ledger.record(tokensOf: rows)
+        secrets.remember(tokensOf: rows)
         expectCommittedTokensStored(lastCommitted(committedLines(agent.stdout)), rows, context: "\(damage)")
         expectStoreModes(db)
         for file in moved { #expect(fileMode(scratch.file(file)).map { $0 & 0o077 } == 0, "\(file) is readable by others") }
 
         agent.signal(SIGTERM)
         #expect(await agent.wait(upTo: 5) == 0, "\(agent.stderr.suffix(2000))")
-        ledger.record("agent", agent)
-        ledger.expectNoSecrets(minimumTokens: Self.subjects.keys.count)
+        outputs += agent.outputs(labelled: "agent")
+        secrets.expectNoLeaks(in: outputs, minimumTokens: Self.subjects.keys.count)
     }
 
     @Test("a directory at the store path: exit 1 with a clear message, nothing moved or created")
@@ -117,10 +119,11 @@ struct StoreFaultTests {
         #expect(quarantineFiles(in: scratch.path).isEmpty)
         #expect(!FileManager.default.fileExists(atPath: db + "-wal") && !FileManager.default.fileExists(atPath: db + "-shm"))
         #expect(try await issuer.stats().requests == 0, "fetched without a store")
-        var ledger = SecretLedger()
-        ledger.record("agent stdout", result.stdout)
-        ledger.record("agent stderr", result.stderr)
-        ledger.expectNoSecrets(minimumTokens: 0)
+        let secrets = SecretScanner()
+        var outputs: LabelledOutputs = []
+        outputs.append(("agent stdout", result.stdout))
+        outputs.append(("agent stderr", result.stderr))
+        secrets.expectNoLeaks(in: outputs, minimumTokens: 0)
     }
 
     /// How to run the agent so that a 0400 file really is read-only to it: directly when the
@@ -145,8 +148,9 @@ struct StoreFaultTests {
         let directory = scratch.file("store")
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: false)
         let db = directory + "/tokens.sqlite"
-        var ledger = SecretLedger()
-        ledger.record(tokensOf: try await soundStore(db, issuer: issuer, in: scratch))
+        let secrets = SecretScanner()
+        var outputs: LabelledOutputs = []
+        secrets.remember(tokensOf: try await soundStore(db, issuer: issuer, in: scratch))
         if let uid = runner.uid {
             for file in [directory, db, db + "-wal", db + "-shm"] where FileManager.default.fileExists(atPath: file) {
                 #expect(chown(file, uid, gid_t(uid)) == 0)
@@ -167,9 +171,9 @@ struct StoreFaultTests {
         #expect(fileMode(db) == 0o400)
         #expect(quarantineFiles(in: directory).isEmpty)
         #expect(try await issuer.stats().requests == requests)
-        ledger.record("agent stdout", result.stdout)
-        ledger.record("agent stderr", result.stderr)
-        ledger.expectNoSecrets(minimumTokens: Self.subjects.keys.count)
+        outputs.append(("agent stdout", result.stdout))
+        outputs.append(("agent stderr", result.stderr))
+        secrets.expectNoLeaks(in: outputs, minimumTokens: Self.subjects.keys.count)
     }
 
     // MARK: - Disk full
@@ -213,13 +217,14 @@ struct StoreFaultTests {
         // The agent's view of the store (the test's own view of `directory` is the empty mount point).
         let root = "/proc/\(agent.pid)/root"
         let nsenter = wrapper.nsenter + ["--target", "\(agent.pid)"]
-        var ledger = SecretLedger()
+        let secrets = SecretScanner()
+        var outputs: LabelledOutputs = []
 
-        let started = await poll(within: 30) { Set(committedLines(agent.stdout).map(\.key)) == Set(Self.subjects.keys) }
+        let started = await eventually(within: 30) { Set(committedLines(agent.stdout).map(\.key)) == Set(Self.subjects.keys) }
         try #require(started, "\(agent.stdout) \(agent.stderr.suffix(3000))")
         #expect(FileManager.default.fileExists(atPath: root + db), "the store is not on the agent's small disk")
         #expect(!FileManager.default.fileExists(atPath: db), "the store leaked out of the agent's mount namespace")
-        ledger.record(tokensOf: try storeSnapshot(db, via: nsenter))
+        secrets.remember(tokensOf: try storeSnapshot(db, via: nsenter))
 
         // Fill the small disk.
         let filler = root + directory + "/filler"
@@ -239,14 +244,14 @@ struct StoreFaultTests {
         #expect(await agent.waitForOutput("store-degraded", within: 20), "\(agent.stderr.suffix(3000))")
         #expect(agent.stdout.contains("is full"), "\(agent.stdout)")
         let degradedLogs = agent.stderr.components(separatedBy: "token refreshed").count
-        #expect(await poll(within: 10) { agent.stderr.components(separatedBy: "token refreshed").count > degradedLogs },
+        #expect(await eventually(within: 10) { agent.stderr.components(separatedBy: "token refreshed").count > degradedLogs },
                 "no refresh in memory while the disk is full")
         #expect(agent.isRunning)
 
         // Space comes back: writes work again and are reported.
         #expect(unlink(filler) == 0)
         #expect(await agent.waitForOutput("store-recovered", within: 20), "\(agent.stderr.suffix(3000))")
-        let afterRecovery = await poll(within: 15) {
+        let afterRecovery = await eventually(within: 15) {
             let lines = completeLines(agent.stdout)
             guard let recovered = lines.firstIndex(where: { $0.contains("store-recovered") }) else { return false }
             return lines[recovered...].contains { $0.contains(" refreshed ") }
@@ -260,16 +265,16 @@ struct StoreFaultTests {
             #expect(degraded < recovered)
             #expect(!lines[degraded..<recovered].contains { $0.contains(" refreshed ") }, "a refresh was reported as committed while the disk was full")
         }
-        let check = try runCapturing(nsenter + ["/usr/bin/sqlite3", "-readonly", db, "PRAGMA integrity_check"])
+        let check = try runCapturing(nsenter + [sqlite3Path, "-readonly", db, "PRAGMA integrity_check"])
         #expect(check.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "ok", "\(check.stdout) \(check.stderr)")
         let rows = try storeSnapshot(db, via: nsenter)
-        ledger.record(tokensOf: rows)
+        secrets.remember(tokensOf: rows)
         expectCommittedTokensStored(lastCommitted(committedLines(agent.stdout)), rows, context: "after the disk was full")
         expectStoreModes(db, root: root)
 
         agent.signal(SIGTERM)
         #expect(await agent.wait(upTo: 5) == 0, "\(agent.stderr.suffix(2000))")
-        ledger.record("agent", agent)
-        ledger.expectNoSecrets(minimumTokens: Self.subjects.keys.count * 2)
+        outputs += agent.outputs(labelled: "agent")
+        secrets.expectNoLeaks(in: outputs, minimumTokens: Self.subjects.keys.count * 2)
     }
 }

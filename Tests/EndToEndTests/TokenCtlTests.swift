@@ -1,3 +1,4 @@
+import FleetTokenStoreTesting
 import FleetTokenStore
 import Foundation
 import Logging
@@ -6,17 +7,6 @@ import TestSupportKit
 #if canImport(Glibc)
 import Glibc
 #endif
-
-/// A Fleet-Engine-shaped JWT (unsigned: tokenctl never checks signatures).
-func makeJWT(_ key: TokenKey, issuedAt: Date, lifetime: TimeInterval = 3600) -> String {
-    let encode = { (data: Data) in
-        data.base64EncodedString().replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
-            .replacingOccurrences(of: "=", with: "")
-    }
-    let header = #"{"alg":"RS256","typ":"JWT","kid":"kid-1"}"#
-    let payload = #"{"iss":"sa@example.iam.gserviceaccount.com","sub":"sa@example.iam.gserviceaccount.com","aud":"https://fleetengine.googleapis.com/","iat":\#(Int(issuedAt.timeIntervalSince1970)),"exp":\#(Int(issuedAt.timeIntervalSince1970 + lifetime)),"authorization":{"\#(key.kind.authorizationClaim)":"\#(key.subjectID)"}}"#
-    return [Data(header.utf8), Data(payload.utf8), Data((0..<256).map { _ in UInt8.random(in: 0...255) })].map(encode).joined(separator: ".")
-}
 
 /// A store with 2 valid vehicles, 1 expired vehicle, 1 valid trip, 1 trip in backoff without token.
 func seededStore(_ scratch: Scratch) async throws -> (path: String, tokens: [String]) {
@@ -27,7 +17,7 @@ func seededStore(_ scratch: Scratch) async throws -> (path: String, tokens: [Str
     var tokens: [StoredToken] = []
     for (key, issued) in [(try TokenKey.vehicle("v-1"), now - 600), (try .vehicle("v-2"), now - 60),
                           (try .vehicle("v-old"), now - 7200), (try .trip("t-1"), now - 100)] {
-        let value = makeJWT(key, issuedAt: issued)
+        let value = TestJWT.make(for: key, issuedAt: issued)
         tokens.append(StoredToken(key: key, value: value, expiresAt: issued + 3600, issuedAt: issued, fetchedAt: issued))
     }
     try await store.upsert(tokens)
@@ -183,7 +173,7 @@ struct TokenCtlTests {
 
         let json = try await tokenctl(["--db", path, "show", "vehicle", "v-1", "--json"], scratch)
         let object = try #require(try JSONSerialization.jsonObject(with: Data(json.stdout.utf8)) as? [String: Any])
-        #expect((object["claims"] as? [String: Any])?["kid"] as? String == "kid-1")
+        #expect((object["claims"] as? [String: Any])?["kid"] as? String == TestJWT.keyID)
         #expect(object["token"] == nil)
 
         let revealed = try await tokenctl(["--db", path, "show", "vehicle", "v-1", "--reveal"], scratch)
@@ -239,7 +229,7 @@ struct TokenCtlTests {
             let store = try SQLiteTokenRepository(path: path, logger: Logger(label: "seed"))
             defer { store.close() }
             try await store.upsert(try [TokenKey.vehicle("d-1"), .trip("d-1"), .deliveryVehicle("d-1"), .task("d-1"), .task("t-2")].map { key in
-                StoredToken(key: key, value: makeJWT(key, issuedAt: now - 60), expiresAt: now + 3600, issuedAt: now - 60, fetchedAt: now - 60)
+                StoredToken(key: key, value: TestJWT.make(for: key, issuedAt: now - 60), expiresAt: now + 3600, issuedAt: now - 60, fetchedAt: now - 60)
             })
         }
         let listed = try await tokenctl(["--db", path, "list", "--kind", "deliveryVehicle", "--json"], scratch)
@@ -305,7 +295,7 @@ struct TokenCtlTests {
         let db = scratch.file("tokens.sqlite")
         let subjects = (1...5).flatMap { ["--vehicle", "v\($0)"] } + ["--trip", "t1"]
         let agent = try RunningProcess("token-agent", ["--db", db, "--provider-url", issuer.template] + subjects, in: scratch)
-        #expect(await poll(within: 30) { (try? sqlite3(db, "SELECT count(*) FROM tokens WHERE token IS NOT NULL")) == "6" })
+        #expect(await eventually(within: 30) { (try? sqlite3(db, "SELECT count(*) FROM tokens WHERE token IS NOT NULL")) == "6" })
         let before = try sqlite3(db, "SELECT token FROM tokens WHERE subject_id = 'v3'")
 
         let deadline = Date().addingTimeInterval(4)
@@ -328,7 +318,7 @@ struct TokenCtlTests {
         let purgedAt = Date()
         // Typically well under a second; the bound leaves room for a loaded 2-core CI machine
         // (5 s was once missed by 0.07 s there, with every step spawning a sqlite3 process).
-        let refetched = await poll(within: 10) {
+        let refetched = await eventually(within: 10) {
             let now = (try? sqlite3(db, "SELECT token FROM tokens WHERE subject_id = 'v3'")) ?? ""
             return !now.isEmpty && now != before
         }

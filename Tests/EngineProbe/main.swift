@@ -5,6 +5,7 @@
 //   token-engine-probe STORE KIND ID FETCH_LOG DELAY_MS
 
 import FleetTokenStore
+import FleetTokenStoreTesting
 import Foundation
 import Logging
 
@@ -19,14 +20,7 @@ struct SlowLoggingFetcher: TokenFetcher {
         handle.write(Data(line.utf8))
         try? handle.close()
         try? await Task.sleep(for: delay)
-        let now = Int(Date().timeIntervalSince1970)
-        let header = #"{"alg":"RS256","typ":"JWT"}"#
-        let payload = #"{"iat":\#(now),"exp":\#(now + 3600),"authorization":{"\#(key.kind.authorizationClaim)":"\#(key.subjectID)"}}"#
-        let encode = { (text: String) in
-            Data(text.utf8).base64EncodedString().replacingOccurrences(of: "+", with: "-")
-                .replacingOccurrences(of: "/", with: "_").replacingOccurrences(of: "=", with: "")
-        }
-        return FetchedToken(value: "\(encode(header)).\(encode(payload)).\(encode(UUID().uuidString))")
+        return FetchedToken(value: TestJWT.make(for: key, issuedAt: Date()))
     }
 }
 

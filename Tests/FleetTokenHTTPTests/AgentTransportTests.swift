@@ -1,6 +1,7 @@
 // Issue 14 from the outside: a real token-agent process against real TLS servers (a private CA,
 // mutual TLS), a real CONNECT proxy, POST bodies, JSON-pointer answers and every token kind.
 
+import FleetTokenStoreTesting
 import DevTokenIssuer
 import FleetTokenStore
 import Foundation
@@ -83,13 +84,13 @@ struct AgentTransportTests {
             let running = try RunningProcess("token-agent", ["--db", db, "--provider-url", server.baseURL + "/token/{kind}/{id}",
                                                              "--ca-file", pki.caPath, "--client-cert", certificate, "--client-key", key,
                                                              "--vehicle", "truck-7", "--json"], in: scratch)
-            #expect(await until(20) { server.requests.count == 1 }, "\(running.stderr)")
+            #expect(await eventually(within: 20) { server.requests.count == 1 }, "\(running.stderr)")
 
             try second.install(certificateAt: certificate, keyAt: key)
             // A purge makes the running agent refetch its tracked subject at once.
             let purge = try await runToEnd("tokenctl", ["--db", db, "purge", "--vehicle", "truck-7"], in: scratch)
             #expect(purge.status == 0, "\(purge.stderr)")
-            #expect(await until(20) { server.requests.count >= 2 }, "\(running.stderr)")
+            #expect(await eventually(within: 20) { server.requests.count >= 2 }, "\(running.stderr)")
             #expect(server.requests.map(\.clientCommonName).prefix(2) == ["gateway-old", "gateway-new"])
             running.signal(SIGTERM)
             #expect(await running.wait(upTo: 20) == 0, "\(running.stderr)")
@@ -248,7 +249,7 @@ struct AgentTransportTests {
         defer { pki.removeFiles() }
         let server = try TLSTokenServer(pki: pki) { request in
             let now = Date()
-            let token = cannedJWT(subject: request.lastPathComponent, issuedAt: now)
+            let token = TestJWT.make(kind: .vehicle, subject: request.lastPathComponent, issuedAt: now)
             return .init(body: #"{"data":{"token":"\#(token)","expires":{"at":\#(Int(now.timeIntervalSince1970) + 3600)}}}"#)
         }
         try await server.whileRunning {
@@ -294,7 +295,7 @@ struct AgentTransportTests {
             let (kindName, id) = subject(request)
             guard let kind = TokenKind(rawValue: kindName) else { return .init(status: .notFound, body: #"{"error":"kind"}"#) }
             let now = Date()
-            let token = cannedJWT(subject: id, issuedAt: now, claim: kind.authorizationClaim)
+            let token = TestJWT.make(kind: kind, subject: id, issuedAt: now)
             let field = ProviderResponseFormat().tokenField(for: kind)
             let encodedToken = String(decoding: try! JSONSerialization.data(withJSONObject: [field: token]), as: UTF8.self)
             return .init(body: String(encodedToken.dropLast()) + #","TOKEN_EXPIRATION":\#(Int(now.timeIntervalSince1970) + 3600)}"#)
@@ -318,12 +319,3 @@ private func storedKeys(_ db: String, _ scratch: Scratch) async throws -> [Strin
     return rows.filter { ($0["expires_at"] as? String) != nil }.map { "\($0["kind"] ?? "")/\($0["id"] ?? "")" }
 }
 
-/// Polls `condition` every 50 ms for up to `seconds`.
-private func until(_ seconds: Double, _ condition: () -> Bool) async -> Bool {
-    let deadline = Date().addingTimeInterval(seconds)
-    while Date() < deadline {
-        if condition() { return true }
-        try? await Task.sleep(for: .milliseconds(50))
-    }
-    return condition()
-}

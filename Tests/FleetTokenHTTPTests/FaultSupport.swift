@@ -1,129 +1,15 @@
-// Support for driving TokenSyncEngine + HTTPTokenFetcher + a real SQLite store against faulty
-// loopback providers: simulated time, a fetcher the test can repoint, servers that misbehave
-// in ways the development issuer cannot, log capture and a secret scanner.
+// Loopback endpoints that misbehave in ways the development issuer cannot (for the provider
+// fault tests): a socket that refuses or never answers, and a small server with a canned answer
+// that records what it was asked. Time, the fetcher, logs and the secret scan are the test kit's.
 
-import Clocks
-import DevTokenIssuer
-import FleetTokenHTTP
-@testable import FleetTokenStore
 import Foundation
-import TestSupportKit
 import Hummingbird
-import InMemoryLogging
 import Logging
 import NIOCore
 import Synchronization
 #if canImport(Glibc)
 import Glibc
 #endif
-
-// MARK: - Time
-
-/// Scheduling time (a TestClock) and wall time moving together; the wall clock starts at the
-/// real time, because the development issuer signs with the real clock.
-final class SimulatedTime: Sendable {
-    let clock = TestClock()
-    let start: Date
-
-    init(start: Date = Date()) {
-        self.start = start
-    }
-
-    var now: Date {
-        let elapsed = TestClock<Duration>.Instant().duration(to: clock.now)
-        return start.addingTimeInterval(Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18)
-    }
-
-    var wall: @Sendable () -> Date { { [self] in self.now } }
-
-    func advance(by seconds: TimeInterval) async {
-        await clock.advance(by: .milliseconds(Int64((seconds * 1000).rounded(.up))))
-    }
-}
-
-/// Deterministic uniform values in 0...1 (SplitMix64), so jitter varies but runs repeat.
-final class SeededRandom: Sendable {
-    private let state: Mutex<UInt64>
-
-    init(seed: UInt64) { state = Mutex(seed) }
-
-    func next() -> Double {
-        let value = state.withLock { state -> UInt64 in
-            state &+= 0x9E37_79B9_7F4A_7C15
-            var z = state
-            z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-            z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-            return z ^ (z >> 31)
-        }
-        return Double(value >> 11) / Double(1 << 53)
-    }
-}
-
-// MARK: - Logs and secrets
-
-/// Token values that passed through a test, and the texts that must never contain them.
-final class SecretScanner: Sendable {
-    private let values = Mutex<Set<String>>([])
-
-    func add(_ value: String) { values.withLock { _ = $0.insert(value) } }
-
-    var count: Int { values.withLock { $0.count } }
-
-    /// What must not appear: each whole value and, for JWT-shaped ones, the payload and the
-    /// signature part (the header is the same in every token and not secret).
-    var needles: [String] {
-        values.withLock { values in
-            values.flatMap { value -> [String] in
-                let parts = value.split(separator: ".", omittingEmptySubsequences: false).map(String.init)
-                var needles = [value]
-                if parts.count == 3 { needles += [parts[1], parts[2]] }
-                return needles.filter { $0.count >= 16 }
-            }
-        }
-    }
-
-    /// The needles found in `text` (shortened, for the failure message).
-    func leaks(in text: String) -> [String] {
-        needles.filter { text.contains($0) }.map { String($0.prefix(24)) + "…" }
-    }
-}
-
-// MARK: - A fetcher the test can repoint
-
-/// The engine's fetcher: forwards to the current real `HTTPTokenFetcher`, so the test can point
-/// the engine at a faulty provider after a good fetch. Counts calls and records every token
-/// value a provider returned, for the secret scan. Adds no behaviour of its own.
-final class SwitchingFetcher: TokenFetcher, Sendable {
-    private let current: Mutex<HTTPTokenFetcher>
-    private let all: Mutex<[HTTPTokenFetcher]>
-    private let counter = Mutex(0)
-    let secrets: SecretScanner
-
-    init(_ initial: HTTPTokenFetcher, secrets: SecretScanner) {
-        current = Mutex(initial)
-        all = Mutex([initial])
-        self.secrets = secrets
-    }
-
-    func use(_ fetcher: HTTPTokenFetcher) {
-        current.withLock { $0 = fetcher }
-        all.withLock { $0.append(fetcher) }
-    }
-
-    var calls: Int { counter.withLock { $0 } }
-
-    func fetchToken(for key: TokenKey) async throws(TokenProviderError) -> FetchedToken {
-        counter.withLock { $0 += 1 }
-        let fetcher = current.withLock { $0 }
-        let fetched = try await fetcher.fetchToken(for: key)
-        secrets.add(fetched.value)
-        return fetched
-    }
-
-    func shutdown() async {
-        for fetcher in all.withLock({ $0 }) { await fetcher.shutdown() }
-    }
-}
 
 // MARK: - Misbehaving loopback endpoints
 
@@ -176,11 +62,17 @@ struct CannedAnswer: Sendable {
         /// `count` spaces in one buffer: the response declares its length up front.
         case spaces(count: Int)
     }
+
+    /// An opaque vehicle token valid for a minute, in the samples' JSON.
+    static let opaqueVehicleToken = CannedAnswer(body: .text(#"{"VEHICLE_TOKEN_KEY":"opaque","TOKEN_EXPIRATION":60}"#))
 }
 
-/// A minimal Hummingbird server (like `HeaderRecorder`) answering every request with the
-/// current canned answer, for faults the development issuer has no `?fault=` for.
+/// A minimal Hummingbird server answering every GET with the canned answer and recording each
+/// request's path and its `Authorization` and `X-Agent` headers: for faults the development
+/// issuer has no `?fault=` for, and for checking what a client sent.
 final class CannedServer: Sendable {
+    /// Every request so far: path, `Authorization`, `X-Agent`.
+    let seen = Mutex<[(path: String, authorization: String?, custom: String?)]>([])
     private let answer: Mutex<CannedAnswer>
     private let task: Mutex<Task<Void, any Error>?> = Mutex(nil)
     private let portBox = Mutex(0)
@@ -192,7 +84,10 @@ final class CannedServer: Sendable {
 
     func start() async throws {
         let router = Router()
-        router.get("**") { [self] _, _ -> Response in
+        router.get("**") { [self] request, _ -> Response in
+            self.seen.withLock {
+                $0.append((request.uri.path, request.headers[.authorization], request.headers[.init("X-Agent")!]))
+            }
             let answer = self.answer.withLock { $0 }
             var fields = HTTPFields()
             for header in answer.headers { fields[.init(header.name)!] = header.value }
@@ -225,20 +120,4 @@ final class CannedServer: Sendable {
         logger.logLevel = .critical
         return logger
     }()
-}
-
-// MARK: - Small helpers
-
-/// A JWT-shaped token (unsigned: random signature bytes) for canned answers.
-func cannedJWT(subject: String, issuedAt: Date, lifetime: TimeInterval = 3600, claim: String = "vehicleid") -> String {
-    func base64URL(_ data: Data) -> String {
-        data.base64EncodedString().replacingOccurrences(of: "+", with: "-")
-            .replacingOccurrences(of: "/", with: "_").replacingOccurrences(of: "=", with: "")
-    }
-    let iat = Int(issuedAt.timeIntervalSince1970)
-    // The subject as a JSON string: ids may hold quotes and backslashes.
-    let quoted = String(decoding: try! JSONSerialization.data(withJSONObject: subject, options: .fragmentsAllowed), as: UTF8.self)
-    let payload = #"{"iat":\#(iat),"exp":\#(iat + Int(lifetime)),"authorization":{"\#(claim)":\#(quoted)}}"#
-    let signature = Data((0..<256).map { _ in UInt8.random(in: 0...255) })
-    return [Data(#"{"alg":"RS256","typ":"JWT"}"#.utf8), Data(payload.utf8), signature].map(base64URL).joined(separator: ".")
 }

@@ -68,13 +68,11 @@ struct HTTPTokenFetcherTests {
 
     @Test("static headers are sent; a header file is re-read when it changes")
     func headers() async throws {
-        let server = HeaderRecorder()
+        let server = CannedServer(.opaqueVehicleToken)
         try await server.start()
         defer { Task { await server.stop() } }
-        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("fts-http-\(UUID().uuidString.prefix(8))").path
-        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(atPath: dir) }
-        let credential = dir + "/credential"
+        let scratch = Scratch()
+        let credential = scratch.file("credential")
         try "Bearer first\n".write(toFile: credential, atomically: true, encoding: .utf8)
 
         var policy = RefreshPolicy()
@@ -158,18 +156,10 @@ struct HTTPTokenFetcherTests {
         #expect(HTTPTokenFetcher.retryAfter(" 7 ") == 7)
         #expect(HTTPTokenFetcher.retryAfter("99999999999999999999") == 86_400)
         for bad in ["inf", "1e400", "-5", "nan", "12.5", "", "soon"] { #expect(HTTPTokenFetcher.retryAfter(bad) == nil, "\(bad)") }
-        let inTwoMinutes = HTTPTokenFetcher.retryAfter(Self.httpDate(Date().addingTimeInterval(120)))
+        let inTwoMinutes = HTTPTokenFetcher.retryAfter(httpDate(Date().addingTimeInterval(120)))
         #expect(inTwoMinutes.map { abs($0 - 120) < 2 } == true)
         // A description with a huge value must not trap.
         #expect(TokenProviderError.httpStatus(code: 503, retryAfter: .infinity).description.contains("503"))
-    }
-
-    static func httpDate(_ date: Date) -> String {
-        let formatter = DateFormatter()
-        formatter.locale = Locale(identifier: "en_US_POSIX")
-        formatter.timeZone = TimeZone(identifier: "GMT")
-        formatter.dateFormat = "EEE, dd MMM yyyy HH:mm:ss 'GMT'"
-        return formatter.string(from: date)
     }
 
     @Test("only literal loopback addresses count as loopback")
@@ -184,12 +174,10 @@ struct HTTPTokenFetcherTests {
         for value in ["Bearer a\u{0}b", "Bearer a\r\nX-Injected: 1", "Bearer \u{7F}", "Bearer \u{0C}x"] {
             #expect(throws: HTTPFetcherConfigurationError.self) { try fetcher("https://x/{id}") { $0.headers = [(name: "Authorization", value: value)] } }
         }
-        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("fts-cred-\(UUID().uuidString.prefix(8))").path
-        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let scratch = Scratch()
         let secret = "Bearer s3cr3t-\u{0C}-value"
-        try secret.write(toFile: dir + "/credential", atomically: true, encoding: .utf8)
-        let http = try fetcher("http://127.0.0.1:1/{kind}/{id}") { $0.headerFiles = [(name: "Authorization", path: dir + "/credential")] }
+        try secret.write(toFile: scratch.file("credential"), atomically: true, encoding: .utf8)
+        let http = try fetcher("http://127.0.0.1:1/{kind}/{id}") { $0.headerFiles = [(name: "Authorization", path: scratch.file("credential"))] }
         defer { Task { await http.shutdown() } }
         let error = await #expect(throws: TokenProviderError.self) { try await http.fetchToken(for: vehicle) }
         #expect(error?.description.contains("control character") == true)
@@ -214,13 +202,13 @@ struct HTTPTokenFetcherTests {
 
     @Test("a header file behind a swapped symlink (rotated secret) is re-read")
     func symlinkedHeaderFile() async throws {
-        let server = HeaderRecorder()
+        let server = CannedServer(.opaqueVehicleToken)
         try await server.start()
         defer { Task { await server.stop() } }
-        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("fts-link-\(UUID().uuidString.prefix(8))").path
+        let scratch = Scratch()
+        let dir = scratch.path
         try FileManager.default.createDirectory(atPath: dir + "/a", withIntermediateDirectories: true)
         try FileManager.default.createDirectory(atPath: dir + "/b", withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(atPath: dir) }
         try "Bearer one".write(toFile: dir + "/a/credential", atomically: true, encoding: .utf8)
         try "Bearer two".write(toFile: dir + "/b/credential", atomically: true, encoding: .utf8)
         try FileManager.default.createSymbolicLink(atPath: dir + "/data", withDestinationPath: dir + "/a")

@@ -203,7 +203,7 @@ struct KitTests {
 
     @Test("the proxy forwards absolute-form HTTP with Connection: close, refuses non-loopback targets (403) and malformed heads (400)")
     func plainForwardingAndRefusals() async throws {
-        let recorder = HeaderRecorder()
+        let recorder = CannedServer(.opaqueVehicleToken)
         try await recorder.start()
         let proxy = ConnectProxy()
         let closedPort = try SilentSocket(listening: false)

@@ -3,6 +3,7 @@
 // misbehaving server). Each test first gets a good token, then points the engine's fetcher at
 // the fault and moves the injected clock past the soft point so refreshes hit it.
 
+import FleetTokenStoreTesting
 import DevTokenIssuer
 @testable import FleetTokenHTTP
 @testable import FleetTokenStore
@@ -94,7 +95,7 @@ struct ProviderFault: Sendable, CustomTestStringConvertible {
             $0 == .missingData(field: "VEHICLE_TOKEN_KEY")
         },
         ProviderFault(name: "an expiration field that is no number", endpoint: .canned {
-            let token = cannedJWT(subject: subject, issuedAt: Date())
+            let token = TestJWT.make(kind: .vehicle, subject: subject, issuedAt: Date())
             return CannedAnswer(body: .text(#"{"VEHICLE_TOKEN_KEY":"\#(token)","TOKEN_EXPIRATION":"soon"}"#), secrets: [token])
         }, retryable: false) {
             $0 == .missingData(field: "TOKEN_EXPIRATION")
@@ -120,26 +121,21 @@ struct ProviderFault: Sendable, CustomTestStringConvertible {
             $0 == .bodyTooLarge(limitBytes: 1 << 20)
         },
     ]
-
-    static func httpDate(_ date: Date) -> String {
-        let formatter = DateFormatter()
-        formatter.locale = Locale(identifier: "en_US_POSIX")
-        formatter.timeZone = TimeZone(identifier: "GMT")
-        formatter.dateFormat = "EEE, dd MMM yyyy HH:mm:ss 'GMT'"
-        return formatter.string(from: date)
-    }
 }
 
 /// An engine on a fresh store file whose fetcher talks HTTP to a development issuer, and can be
-/// repointed at faulty endpoints.
+/// repointed at faulty endpoints (``use(_:)``). The fetcher counts calls and remembers every
+/// token value a provider returned, for the secret scan; it adds no behaviour of its own.
 final class FaultRig: Sendable {
     let issuer: DevTokenIssuer
-    let time: SimulatedTime
-    let log = RecordingLogger()
+    let time: TestTime
+    let log = LogRecorder()
     let secrets = SecretScanner()
-    let directory: String
+    let directory = Scratch()
     let store: SQLiteTokenRepository
-    let fetcher: SwitchingFetcher
+    let fetcher: ScriptedFetcher
+    /// Every HTTP fetcher the rig used, shut down at the end.
+    private let clients: Mutex<[HTTPTokenFetcher]>
     let engine: TokenSyncEngine
     let events: StreamRecorder<TokenSyncEvent>
     let policy: RefreshPolicy
@@ -155,14 +151,14 @@ final class FaultRig: Sendable {
         return policy
     }
 
-    init(issuer: DevTokenIssuer, time: SimulatedTime, seed: UInt64, policy: RefreshPolicy = FaultRig.defaultPolicy) throws {
+    init(issuer: DevTokenIssuer, time: TestTime, seed: UInt64, policy: RefreshPolicy = FaultRig.defaultPolicy) throws {
         self.issuer = issuer
         self.time = time
         self.policy = policy
-        directory = FileManager.default.temporaryDirectory.appendingPathComponent("fts-fault-\(UUID().uuidString.prefix(8))").path
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-        store = try SQLiteTokenRepository(path: directory + "/tokens.sqlite", logger: log.logger)
-        fetcher = SwitchingFetcher(try Self.http(issuer.urlTemplate, timeout: 10, logger: log.logger), secrets: secrets)
+        store = try SQLiteTokenRepository(path: directory.file("tokens.sqlite"), logger: log.logger)
+        let initial = try Self.http(issuer.urlTemplate, timeout: 10, logger: log.logger)
+        clients = Mutex([initial])
+        fetcher = ScriptedFetcher(secrets: secrets) { key, _ throws(TokenProviderError) in try await initial.fetchToken(for: key) }
         let random = SeededRandom(seed: seed)
         engine = TokenSyncEngine(repository: store, fetcher: fetcher, policy: policy, logger: log.logger,
                                  clock: time.clock, now: time.wall, random: { random.next() })
@@ -174,6 +170,12 @@ final class FaultRig: Sendable {
         configuration.totalTimeout = timeout
         configuration.connectTimeout = connectTimeout
         return try HTTPTokenFetcher(configuration: configuration, logger: logger)
+    }
+
+    /// Points the engine's fetcher at `client` for every later fetch.
+    func use(_ client: HTTPTokenFetcher) {
+        clients.withLock { $0.append(client) }
+        fetcher.setAnswer { key, _ throws(TokenProviderError) in try await client.fetchToken(for: key) }
     }
 
     /// Starts what `endpoint` needs and returns a fetcher for it.
@@ -188,7 +190,7 @@ final class FaultRig: Sendable {
             template = "http://127.0.0.1:\(socket.port)/token/{kind}/{id}"
         case .canned(let make):
             let answer = make()
-            answer.secrets.forEach(secrets.add)
+            secrets.remember(contentsOf: answer.secrets)
             let server = CannedServer(answer)
             try await server.start()
             cleanups.withLock { $0.append { await server.stop() } }
@@ -219,22 +221,22 @@ final class FaultRig: Sendable {
         }
         for text in texts {
             let leaks = secrets.leaks(in: text)
-            #expect(leaks.isEmpty, "\(comment): a token value or signature leaked: \(leaks)")
+            #expect(leaks.isEmpty, "\(comment): a token value, payload or signature leaked: \(leaks)")
         }
     }
 
     func shutdown() async {
         await engine.shutdown()
-        await fetcher.shutdown()
+        for client in clients.withLock({ $0 }) { await client.shutdown() }
         store.close()
         for cleanup in cleanups.withLock({ $0 }) { await cleanup() }
-        try? FileManager.default.removeItem(atPath: directory)
     }
 
     /// Runs `body` with a rig on a fresh issuer minting on the rig's simulated clock, cleaning
     /// up whatever happens.
     static func with(seed: UInt64, policy: RefreshPolicy = FaultRig.defaultPolicy, _ body: (FaultRig) async throws -> Void) async throws {
-        let time = SimulatedTime()
+        // The wall clock starts at the real time: the issuer's Date header is the real time.
+        let time = TestTime(start: Date())
         var configuration = DevTokenIssuer.Configuration()
         configuration.now = time.wall
         let issuer = try await DevTokenIssuer.start(configuration, logger: quietLogger)
@@ -270,24 +272,24 @@ struct ProviderFaultTests {
 
             // A good token first, committed to the store.
             let good = try await rig.engine.token(for: key)
-            #expect(rig.fetcher.calls == 1)
+            #expect(rig.fetcher.total == 1)
             #expect(await eventually { (try? await rig.store.entry(for: key))?.token?.value == good.value })
             let usableUntil = good.expiresAt.addingTimeInterval(-policy.floor(of: good))
 
             // Then the provider breaks, and time passes the soft point (at most 80% of the hour).
-            rig.fetcher.use(try await rig.fetcher(for: fault))
+            rig.use(try await rig.fetcher(for: fault))
             await rig.time.advance(by: 2900)
 
             var failures = 0
             while failures < fault.repeats {
-                let callsBefore = rig.fetcher.calls
+                let callsBefore = rig.fetcher.total
                 // Past the soft point (or a backoff): the good token, and one background refresh.
                 #expect(try await rig.engine.token(for: key) == good)
                 failures += 1
                 let reported = await eventually { rig.failures.count == failures }
                 try #require(reported, "\(fault.name): refresh \(failures) reported no failure")
                 let failure = rig.failures[failures - 1]
-                #expect(rig.fetcher.calls == callsBefore + 1, "\(fault.name): one fetch per attempt")
+                #expect(rig.fetcher.total == callsBefore + 1, "\(fault.name): one fetch per attempt")
 
                 // The right typed error.
                 #expect(fault.matches(failure.error), "\(fault.name): got \(failure.error)")
@@ -319,7 +321,7 @@ struct ProviderFaultTests {
                 await rig.time.advance(by: max(0, min(delay - 0.5, usableUntil.timeIntervalSince(rig.time.now) - 1)))
                 #expect(try await rig.engine.token(for: key) == good)
                 try await Task.sleep(for: .milliseconds(30))
-                #expect(rig.fetcher.calls == callsBefore + 1, "\(fault.name): fetched inside the backoff")
+                #expect(rig.fetcher.total == callsBefore + 1, "\(fault.name): fetched inside the backoff")
 
                 // No growth: one key in memory, one row in the store, however often it fails.
                 #expect(rig.engine.memory.keys == [key])
@@ -362,13 +364,13 @@ struct ProviderFaultTests {
             await rig.engine.track([key])
             #expect(await eventually { (try? await rig.store.entry(for: key))?.token != nil })
             let good = try #require(rig.engine.heldToken(for: key)?.token)
-            #expect(rig.fetcher.calls == 1)
+            #expect(rig.fetcher.total == 1)
 
             await rig.time.advance(by: 2870)
             try await Task.sleep(for: .milliseconds(50))
-            #expect(rig.fetcher.calls == 1, "refreshed before the soft point")
+            #expect(rig.fetcher.total == 1, "refreshed before the soft point")
 
-            rig.fetcher.use(try await rig.fetcher(for: ProviderFault(
+            rig.use(try await rig.fetcher(for: ProviderFault(
                 name: "503", endpoint: .issuer(query: "fault=status&status=503&retry_after=7"), retryable: true) { _ in true }))
             await rig.time.advance(by: 11) // past the soft point: the scheduler refreshes, no caller needed
             #expect(await eventually { rig.failures.count == 1 })
@@ -379,14 +381,14 @@ struct ProviderFaultTests {
             #expect(rig.engine.heldToken(for: key)?.token == good)
 
             // The provider recovers; the scheduler waits out Retry-After, then refetches once.
-            rig.fetcher.use(try FaultRig.http(rig.issuer.urlTemplate, timeout: 10, logger: rig.log.logger))
+            rig.use(try FaultRig.http(rig.issuer.urlTemplate, timeout: 10, logger: rig.log.logger))
             await rig.time.advance(by: failure.next.timeIntervalSince(rig.time.now) - 1)
             try await Task.sleep(for: .milliseconds(100))
-            #expect(rig.fetcher.calls == 2, "retried before Retry-After ended")
+            #expect(rig.fetcher.total == 2, "retried before Retry-After ended")
             await rig.time.advance(by: 1.5)
             #expect(await eventually { (try? await rig.store.entry(for: key))?.failure == nil })
             let entry = try await rig.store.entry(for: key)
-            #expect(rig.fetcher.calls == 3)
+            #expect(rig.fetcher.total == 3)
             #expect(entry?.token?.fingerprint != good.fingerprint)
             #expect(entry?.token?.fingerprint == rig.engine.heldToken(for: key)?.token.fingerprint)
             #expect(try await rig.engine.token(for: key) != good)

@@ -1,11 +1,11 @@
+// FleetTokenHTTPTests' support: a quiet logger, a development issuer for the length of a test,
+// an HTTP fetcher from a URL template, HTTP dates.
+
 import DevTokenIssuer
 import FleetTokenHTTP
 import FleetTokenStore
 import Foundation
-import Hummingbird
 import Logging
-import NIOCore
-import Synchronization
 
 let quietLogger: Logger = {
     var logger = Logger(label: "test")
@@ -34,35 +34,11 @@ func fetcher(_ template: String, _ configure: (inout HTTPTokenFetcherConfigurati
     return try HTTPTokenFetcher(configuration: configuration, logger: quietLogger)
 }
 
-/// A minimal recording server built on Hummingbird.
-final class HeaderRecorder: Sendable {
-    let seen = Mutex<[(path: String, authorization: String?, custom: String?)]>([])
-    private let task: Mutex<Task<Void, any Error>?> = Mutex(nil)
-    var port: Int { portBox.withLock { $0 } }
-    private let portBox = Mutex(0)
-
-    func start() async throws {
-        let router = Router()
-        router.get("**") { [self] request, _ -> Response in
-            self.seen.withLock {
-                $0.append((request.uri.path, request.headers[.authorization], request.headers[.init("X-Agent")!]))
-            }
-            return Response(status: .ok, headers: [.contentType: "application/json"],
-                            body: .init(byteBuffer: ByteBuffer(string: #"{"VEHICLE_TOKEN_KEY":"opaque","TOKEN_EXPIRATION":60}"#)))
-        }
-        let (stream, continuation) = AsyncStream<Int>.makeStream()
-        let app = Application(router: router, configuration: .init(address: .hostname("127.0.0.1", port: 0)),
-                              onServerRunning: { channel in
-                                  continuation.yield(channel.localAddress?.port ?? 0)
-                                  continuation.finish()
-                              }, logger: quietLogger)
-        task.withLock { $0 = Task { try await app.runService(gracefulShutdownSignals: []) } }
-        for await port in stream { portBox.withLock { $0 = port } }
-    }
-
-    func stop() async {
-        let running = task.withLock { $0 }
-        running?.cancel()
-        _ = try? await running?.value
-    }
+/// `date` as an HTTP date (`Retry-After`, `Date`): "Sun, 06 Nov 1994 08:49:37 GMT".
+func httpDate(_ date: Date) -> String {
+    let formatter = DateFormatter()
+    formatter.locale = Locale(identifier: "en_US_POSIX")
+    formatter.timeZone = TimeZone(identifier: "GMT")
+    formatter.dateFormat = "EEE, dd MMM yyyy HH:mm:ss 'GMT'"
+    return formatter.string(from: date)
 }

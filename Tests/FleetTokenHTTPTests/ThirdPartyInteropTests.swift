@@ -184,13 +184,13 @@ private struct ThirdPartyRig {
 
     /// Waits (bounded) until tinyproxy's log holds `text`.
     func proxyLogContains(_ text: String) async -> Bool {
-        await waitUntil(within: 5) { proxyLog.contains(text) }
+        await eventually(within: 5) { proxyLog.contains(text) }
     }
 
     /// nginx's access log lines once there are `count` of them (bounded wait).
     func nginxRequests(count: Int) async throws -> [String] {
         let lines = { nginxAccessLog.split(separator: "\n").map(String.init) }
-        guard await waitUntil(within: 5, { lines().count >= count }) else {
+        guard await eventually(within: 5, { lines().count >= count }) else {
             throw ProcessFailure(message: "nginx logged \(lines().count) requests, expected \(count): \(nginxAccessLog)")
         }
         return lines()
@@ -267,7 +267,7 @@ private func startNginx(scratch: Scratch, pki: TestPKI, upstreamPort: Int) async
         try writeFile(configuration, to: path, mode: 0o644)
         let process = try launchUnblocked(ThirdPartyTools.nginx, ["-e", errorLog, "-p", directory + "/", "-c", path,
                                                                   "-g", "daemon off; master_process off;"], scratch)
-        if await waitUntil(within: 10, { acceptsConnections(port: port) || !process.isRunning }), process.isRunning {
+        if await eventually(within: 10, { acceptsConnections(port: port) || !process.isRunning }), process.isRunning {
             return (process, port, accessLog)
         }
         await terminate([process])
@@ -301,7 +301,7 @@ private func startTinyproxy(scratch: Scratch, user: String, password: String, co
         let path = scratch.file("tinyproxy.conf")
         try writeFile(configuration, to: path, mode: 0o600)
         let process = try launchUnblocked(ThirdPartyTools.tinyproxy!, ["-d", "-c", path], scratch)
-        if await waitUntil(within: 10, { acceptsConnections(port: port) || !process.isRunning }), process.isRunning {
+        if await eventually(within: 10, { acceptsConnections(port: port) || !process.isRunning }), process.isRunning {
             return (process, port, log)
         }
         await terminate([process])
@@ -366,16 +366,6 @@ private func terminate(_ processes: [RunningProcess]) async {
         process.signal(SIGKILL)
         _ = await process.wait(upTo: 3)
     }
-}
-
-/// Polls `condition` every 25 ms for up to `seconds`.
-private func waitUntil(within seconds: Double, _ condition: () -> Bool) async -> Bool {
-    let deadline = Date().addingTimeInterval(seconds)
-    while Date() < deadline {
-        if condition() { return true }
-        try? await Task.sleep(for: .milliseconds(25))
-    }
-    return condition()
 }
 
 /// A loopback port nothing listens on right now (bound to port 0, read back, closed).

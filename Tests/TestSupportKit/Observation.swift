@@ -1,8 +1,7 @@
-// Shared by the test targets: waiting for a condition, collecting a stream, reading logs.
+// Shared by the test targets: waiting for a condition, collecting a stream. (Reading logs is
+// the test kit's LogRecorder, in FleetTokenStoreTesting.)
 
 import Foundation
-import InMemoryLogging
-import Logging
 import Synchronization
 
 /// Waits (polling every 20 ms, at most `seconds` of real time) until `condition` holds;
@@ -32,36 +31,4 @@ public final class StreamRecorder<Element: Sendable>: Sendable {
     public var elements: [Element] { items.withLock { $0 } }
 
     deinit { task.withLock { $0?.cancel() } }
-}
-
-/// A logger whose entries a test can read.
-public struct RecordingLogger: Sendable {
-    public let handler: InMemoryLogHandler
-    public let logger: Logger
-
-    public init(level: Logger.Level = .trace) {
-        let handler = InMemoryLogHandler()
-        var logger = Logger(label: "test", factory: { _ in handler })
-        logger.logLevel = level
-        self.handler = handler
-        self.logger = logger
-    }
-
-    /// The messages logged at `level`.
-    public func messages(at level: Logger.Level) -> [String] {
-        handler.entries.filter { $0.level == level }.map { $0.message.description }
-    }
-
-    /// Every level, message, metadata key and value, and attached error, for redaction checks.
-    public var allText: String {
-        handler.entries.map { entry in
-            var text = "\(entry.level) \(entry.message) "
-            text += entry.metadata.map { "\($0.key)=\($0.value)" }.joined(separator: " ")
-            if let error = entry.error { text += " error=\(error) \(String(reflecting: error))" }
-            return text
-        }.joined(separator: "\n")
-    }
-
-    /// How many entries were logged.
-    public var count: Int { handler.entries.count }
 }

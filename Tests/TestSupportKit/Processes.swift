@@ -10,15 +10,34 @@ import Glibc
 /// Where SwiftPM put this package's executables: beside the test bundle.
 public let productsDirectory = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().deletingLastPathComponent()
 
-/// A fresh directory, removed when released.
+/// A fresh directory under the system temporary directory, removed (with its contents) when
+/// released.
 public final class Scratch: Sendable {
+    /// The directory's absolute path.
     public let path: String
+
     public init() {
-        path = FileManager.default.temporaryDirectory.appendingPathComponent("fts-e2e-\(UUID().uuidString.prefix(8))").path
+        path = FileManager.default.temporaryDirectory.appendingPathComponent("fts-test-\(UUID().uuidString.prefix(8))").path
         try! FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
     }
+
     deinit { try? FileManager.default.removeItem(atPath: path) }
+
+    /// The path of `name` in the directory.
     public func file(_ name: String) -> String { "\(path)/\(name)" }
+
+    /// Names of the entries in the directory, sorted.
+    public var contents: [String] {
+        ((try? FileManager.default.contentsOfDirectory(atPath: path)) ?? []).sorted()
+    }
+}
+
+/// The permission bits (`0o7777`) of the file at `path`, following a symlink; nil when there
+/// is no file.
+public func fileMode(_ path: String) -> mode_t? {
+    var info = stat()
+    guard stat(path, &info) == 0 else { return nil }
+    return info.st_mode & 0o7777
 }
 
 /// One of this package's executables run as a real process, its output captured in files (no
@@ -48,6 +67,11 @@ public final class RunningProcess: @unchecked Sendable {
     public var pid: Int32 { process.processIdentifier }
     public var stdout: String { (try? String(contentsOfFile: stdoutPath, encoding: .utf8)) ?? "" }
     public var stderr: String { (try? String(contentsOfFile: stderrPath, encoding: .utf8)) ?? "" }
+
+    /// Its output so far, labelled "`label` stdout" and "`label` stderr" (for a secret scan).
+    public func outputs(labelled label: String) -> [(label: String, text: String)] {
+        [("\(label) stdout", stdout), ("\(label) stderr", stderr)]
+    }
     public var isRunning: Bool { process.isRunning }
 
     public func signal(_ signal: Int32) { kill(pid, signal) }
@@ -120,13 +144,31 @@ public final class IssuerProcess: Sendable {
     }
 }
 
-/// Runs stock sqlite3 on `path`. `readOnly` opens with `-readonly`, which leaves a crashed
-/// process's `-wal` as it was (a read-write shell checkpoints and deletes it on close).
+/// Runs a command (an absolute path, then its arguments) to completion and captures its output.
+/// - Throws: ``ProcessFailure`` when it cannot start, or takes longer than `timeout` seconds
+///   (it is killed).
+public func runCapturing(_ command: [String], timeout: TimeInterval = 30) throws -> (status: Int32, stdout: String, stderr: String) {
+    let process = try ChildProcess(command[0], Array(command.dropFirst()), stdout: .pipe, stderr: .pipe)
+    let output = try process.collectOutput(timeout: timeout)
+    return (process.terminationStatus, output.stdout, output.stderr)
+}
+
+/// The first of `candidates` that is an executable file.
+public func executable(_ candidates: [String]) -> String? {
+    candidates.first { FileManager.default.isExecutableFile(atPath: $0) }
+}
+
+/// The stock sqlite3 shell.
+public let sqlite3Path = executable(["/usr/bin/sqlite3", "/usr/local/bin/sqlite3"]) ?? "/usr/bin/sqlite3"
+
+/// Runs stock sqlite3 on `path` and returns its output, trimmed. `readOnly` opens with
+/// `-readonly` (waiting up to 5 s for a lock), which leaves a crashed process's `-wal` as it was
+/// (a read-write shell checkpoints and deletes it on close).
+/// - Throws: ``ProcessFailure`` with sqlite3's error output when it fails.
 public func sqlite3(_ path: String, _ sql: String, readOnly: Bool = false) throws -> String {
-    let process = try ChildProcess("/usr/bin/sqlite3", (readOnly ? ["-readonly", "-cmd", ".timeout 5000"] : []) + [path, sql], stdout: .pipe)
-    let data = process.standardOutput!.readDataToEndOfFile()
-    process.waitUntilExit()
-    return String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+    let result = try runCapturing([sqlite3Path] + (readOnly ? ["-readonly", "-cmd", ".timeout 5000"] : []) + [path, sql], timeout: 60)
+    guard result.status == 0 else { throw ProcessFailure(message: "sqlite3 exited with \(result.status): \(result.stderr)") }
+    return result.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
 }
 
 /// Parses `token-agent --once --json` output.

@@ -94,16 +94,6 @@ struct APIAgent {
     }
 }
 
-/// Polls `condition` every 50 ms for up to `seconds`.
-func eventually(_ seconds: Double, _ condition: () async throws -> Bool) async rethrows -> Bool {
-    let deadline = Date().addingTimeInterval(seconds)
-    while Date() < deadline {
-        if try await condition() { return true }
-        try? await Task.sleep(for: .milliseconds(50))
-    }
-    return try await condition()
-}
-
 /// Every line of Prometheus text format 0.0.4 is a comment or `name{labels} value`.
 func isPrometheusText(_ text: String) -> Bool {
     let sample = #"^[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\]|\\.)*",?)*\})? -?([0-9.e+-]+|NaN|\+Inf|-Inf)( [0-9]+)?$"#

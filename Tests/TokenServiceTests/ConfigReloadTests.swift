@@ -47,7 +47,7 @@ struct ConfigReloadTests {
         """.write(toFile: config, atomically: true, encoding: .utf8)
         let agent = try await APIAgent.start(scratch, provider: issuer.template, ["--config", config], logLevel: nil)
         defer { agent.process.signal(SIGKILL) }
-        #expect(await eventually(30) { SubjectReloadTests.refreshed(agent.process) == ["vehicle/gone", "vehicle/keep"] }, "\(agent.process.stdout)")
+        #expect(await eventually(within: 30) { SubjectReloadTests.refreshed(agent.process) == ["vehicle/gone", "vehicle/keep"] }, "\(agent.process.stdout)")
         let startPID = agent.process.pid
 
         let client = Client()
@@ -73,14 +73,14 @@ struct ConfigReloadTests {
             socket-mode: "0600"
             """.write(toFile: config, atomically: true, encoding: .utf8)
             agent.process.signal(SIGHUP)
-            #expect(await eventually(30) { Self.reloads(agent.process).count == 1 }, "\(agent.process.stderr)")
+            #expect(await eventually(within: 30) { Self.reloads(agent.process).count == 1 }, "\(agent.process.stderr)")
             #expect(Self.reloads(agent.process).first == ["event": "config_reloaded", "changed": "vehicle,log-level,allow",
                                                           "restart_needed": "retention,socket-mode"])
             let events = SubjectReloadTests.events(agent.process)
             #expect(events.contains(["event": "tracked", "kind": "vehicle", "id": "new"]))
             #expect(events.contains(["event": "untracked", "kind": "vehicle", "id": "gone"]))
-            #expect(await eventually(30) { SubjectReloadTests.refreshed(agent.process).contains("vehicle/new") })
-            #expect(await eventually(10) { agent.process.stderr.contains("token refreshed") }, "debug lines appear after the reload")
+            #expect(await eventually(within: 30) { SubjectReloadTests.refreshed(agent.process).contains("vehicle/new") })
+            #expect(await eventually(within: 10) { agent.process.stderr.contains("token refreshed") }, "debug lines appear after the reload")
             #expect(agent.process.stderr.contains("changed options take effect only after a restart"))
             #expect(agent.process.stderr.contains("options=retention,socket-mode"))
             #expect(try await api.send("/v1/token/trip/t-1").status == 200, "the new pattern allows trips")
@@ -103,7 +103,7 @@ struct ConfigReloadTests {
 
             // A broken file saved without SIGHUP is noticed by the file watch and refused the same way.
             try "vehicle: [keep]\nlog-level: {\n".write(toFile: config, atomically: true, encoding: .utf8)
-            #expect(await eventually(30) { SubjectReloadTests.events(agent.process).filter { $0["event"] == "reload_failed" }.count == 2 },
+            #expect(await eventually(within: 30) { SubjectReloadTests.events(agent.process).filter { $0["event"] == "reload_failed" }.count == 2 },
                     "\(agent.process.stderr)")
             #expect(try await SubjectReloadTests.tracked(api)["vehicle/new"] == true)
 
@@ -114,7 +114,7 @@ struct ConfigReloadTests {
             log-level: notice
             json: true
             """.write(toFile: config, atomically: true, encoding: .utf8)
-            #expect(await eventually(30) { Self.reloads(agent.process).count == 2 }, "\(agent.process.stderr)")
+            #expect(await eventually(within: 30) { Self.reloads(agent.process).count == 2 }, "\(agent.process.stderr)")
             #expect(Self.reloads(agent.process).last?["changed"] == "log-level,allow")
             #expect(Self.reloads(agent.process).last?["restart_needed"] == "", "retention and socket-mode are back to what runs")
             #expect(try await api.send("/v1/token/trip/t-3").status == 403, "the removed pattern stops matching at once")
@@ -139,10 +139,10 @@ struct ConfigReloadTests {
         let agent = try RunningProcess("token-agent", ["--db", scratch.file("tokens.sqlite"), "--config", config,
                                                        "--listen", "unix:\(scratch.file("api.sock"))"], in: scratch)
         defer { agent.signal(SIGKILL) }
-        #expect(await eventually(30) { SubjectReloadTests.refreshed(agent).count == 5 }, "\(agent.stderr)")
+        #expect(await eventually(within: 30) { SubjectReloadTests.refreshed(agent).count == 5 }, "\(agent.stderr)")
         try "json: true\nlog-level: info\n".write(toFile: config, atomically: true, encoding: .utf8)
         agent.signal(SIGHUP)
-        #expect(await eventually(30) { Self.reloads(agent).count == 1 }, "\(agent.stderr)")
+        #expect(await eventually(within: 30) { Self.reloads(agent).count == 1 }, "\(agent.stderr)")
         #expect(Self.reloads(agent).first?["changed"] == "log-level")
         #expect(!SubjectReloadTests.events(agent).contains { $0["event"] == "untracked" }, "\(agent.stdout)")
         agent.signal(SIGTERM)

@@ -28,11 +28,6 @@ struct FileSinkTests {
         FileManager.default.contents(atPath: path).map { String(decoding: $0, as: UTF8.self) }
     }
 
-    static func mode(_ path: String) -> mode_t? {
-        var info = stat()
-        return stat(path, &info) == 0 ? info.st_mode & 0o7777 : nil
-    }
-
     /// The JWT payload's `authorization` claim, when `text` is a whole JWT.
     static func authorization(of text: String) -> [String: String]? {
         let parts = text.split(separator: ".", omittingEmptySubsequences: false)
@@ -57,13 +52,13 @@ struct FileSinkTests {
         let arguments = ["--vehicle", "v-1", "--vehicle", "fleet/a b", "--trip", ".t 'x' %41 é"]
 
         let agent = try Self.startAgent(scratch, provider: issuer.template, arguments)
-        #expect(await eventually(15) { files.allSatisfy { FileManager.default.fileExists(atPath: $0) } }, "\(agent.stderr)")
+        #expect(await eventually(within: 15) { files.allSatisfy { FileManager.default.fileExists(atPath: $0) } }, "\(agent.stderr)")
         for ((kind, id), file) in zip(subjects, files) {
             let token = try #require(try await Self.revealed(scratch, kind, id))
             #expect(Self.contents(file) == token, "\(file) holds the stored token, without a newline")
-            #expect(Self.mode(file) == 0o640)
+            #expect(fileMode(file) == 0o640)
         }
-        #expect(Self.mode(sink + "/trip") == 0o750, "a directory the sink creates: 0750 (an existing one is left as it is)")
+        #expect(fileMode(sink + "/trip") == 0o750, "a directory the sink creates: 0750 (an existing one is left as it is)")
         #expect(!FileManager.default.fileExists(atPath: sink + "/vehicle/gone.jwt"), "a *.jwt of no tracked subject is removed")
         #expect(Self.contents(sink + "/vehicle/notes.txt") == "mine", "other files are left alone")
         #expect(try FileManager.default.contentsOfDirectory(atPath: sink + "/vehicle").sorted() == ["fleet%2Fa b.jwt", "notes.txt", "v-1.jwt"])
@@ -77,7 +72,7 @@ struct FileSinkTests {
         // A restart with 0600: the tokens come from the store (no fetch) and the files get the new mode.
         let issued = try await issuer.stats().issued
         let again = try Self.startAgent(scratch, provider: issuer.template, arguments + ["--sink-mode", "0600"])
-        #expect(await eventually(10) { files.allSatisfy { Self.mode($0) == 0o600 } }, "\(again.stderr)")
+        #expect(await eventually(within: 10) { files.allSatisfy { fileMode($0) == 0o600 } }, "\(again.stderr)")
         for ((kind, id), file) in zip(subjects, files) {
             #expect(Self.contents(file) == (try await Self.revealed(scratch, kind, id)))
         }
@@ -93,7 +88,7 @@ struct FileSinkTests {
         let issuer = try await IssuerProcess(scratch: scratch, lifetime: 2)
         let agent = try Self.startAgent(scratch, provider: issuer.template, ["--vehicle", "v-1"])
         let file = scratch.file("sink/vehicle/v-1.jwt")
-        #expect(await eventually(15) { FileManager.default.fileExists(atPath: file) }, "\(agent.stderr)")
+        #expect(await eventually(within: 15) { FileManager.default.fileExists(atPath: file) }, "\(agent.stderr)")
 
         let (reads, bad, distinct) = await Task {
             var reads = 0
@@ -133,14 +128,14 @@ struct FileSinkTests {
         // on a loaded machine (0.8 s was missed once in a full parallel run).
         let agent = try Self.startAgent(scratch, provider: issuer.template + "?fault=slow&delay_ms=3000", ["--vehicle", "v-1"])
         let file = scratch.file("sink/vehicle/v-1.jwt")
-        #expect(await eventually(20) { FileManager.default.fileExists(atPath: file) }, "\(agent.stderr)")
+        #expect(await eventually(within: 20) { FileManager.default.fileExists(atPath: file) }, "\(agent.stderr)")
         let first = try #require(Self.contents(file))
         try await Task.sleep(for: .seconds(1.1)) // the next token's iat is a later second: a different JWT
 
         let purge = try await runToEnd("tokenctl", ["--db", scratch.file("tokens.sqlite"), "purge", "--vehicle", "v-1"], in: scratch)
         #expect(purge.status == 0, "\(purge.stderr)")
-        #expect(await eventually(5) { !FileManager.default.fileExists(atPath: file) }, "the purged subject's file is removed")
-        #expect(await eventually(20) { Self.contents(file).map { $0 != first } == true }, "\(agent.stderr)")
+        #expect(await eventually(within: 5) { !FileManager.default.fileExists(atPath: file) }, "the purged subject's file is removed")
+        #expect(await eventually(within: 20) { Self.contents(file).map { $0 != first } == true }, "\(agent.stderr)")
         let second = try #require(Self.contents(file))
         #expect(Self.authorization(of: second)?["vehicleid"] == "v-1")
         #expect(second == (try await Self.revealed(scratch, "vehicle", "v-1")), "the file holds the refetched, stored token")
@@ -151,7 +146,7 @@ struct FileSinkTests {
         _ = await issuer.process.wait(upTo: 5)
         let again = try await runToEnd("tokenctl", ["--db", scratch.file("tokens.sqlite"), "purge", "--vehicle", "v-1"], in: scratch)
         #expect(again.status == 0, "\(again.stderr)")
-        #expect(await eventually(5) { !FileManager.default.fileExists(atPath: file) })
+        #expect(await eventually(within: 5) { !FileManager.default.fileExists(atPath: file) })
         try await Task.sleep(for: .seconds(1.5))
         #expect(!FileManager.default.fileExists(atPath: file), "no token, no file")
         #expect(agent.isRunning, "a failing provider does not stop the agent")
@@ -165,14 +160,14 @@ struct FileSinkTests {
         let issuer = try await IssuerProcess(scratch: scratch, lifetime: 2)
         let agent = try Self.startAgent(scratch, provider: issuer.template, ["--vehicle", "v-1"])
         let directory = scratch.file("sink/vehicle")
-        #expect(await eventually(15) { FileManager.default.fileExists(atPath: directory + "/v-1.jwt") }, "\(agent.stderr)")
+        #expect(await eventually(within: 15) { FileManager.default.fileExists(atPath: directory + "/v-1.jwt") }, "\(agent.stderr)")
         // The kind directory becomes a plain file (tests run as root: modes would not stop a write).
         try FileManager.default.moveItem(atPath: directory, toPath: scratch.file("moved"))
         #expect(FileManager.default.createFile(atPath: directory, contents: Data()))
-        #expect(await eventually(5) { agent.stderr.contains("could not write a token file") }, "\(agent.stderr)")
+        #expect(await eventually(within: 5) { agent.stderr.contains("could not write a token file") }, "\(agent.stderr)")
         #expect(agent.isRunning)
         try FileManager.default.removeItem(atPath: directory)
-        #expect(await eventually(5) { Self.authorization(of: Self.contents(directory + "/v-1.jwt") ?? "")?["vehicleid"] == "v-1" },
+        #expect(await eventually(within: 5) { Self.authorization(of: Self.contents(directory + "/v-1.jwt") ?? "")?["vehicleid"] == "v-1" },
                 "rewritten at the next refresh: \(agent.stderr)")
         let token = try #require(Self.contents(directory + "/v-1.jwt"))
         #expect(!agent.stderr.contains(token) && !agent.stderr.contains(String(token.split(separator: ".").last!)))

@@ -2,6 +2,7 @@
 // waits for a token's lifetime), and idle clients do not block new ones. In-process engine and
 // API on a real Unix socket and a real SQLite store.
 
+import FleetTokenStoreTesting
 import FleetTokenService
 import FleetTokenStore
 import Foundation
@@ -15,35 +16,24 @@ import Testing
 import Glibc
 #endif
 
-/// Opaque tokens valid for an hour from the test's wall clock, or failures when told.
-final class SwitchableFetcher: TokenFetcher {
-    let now: @Sendable () -> Date
-    let failing = Mutex(false)
-    let fetches = Mutex(0)
-
-    init(now: @escaping @Sendable () -> Date) { self.now = now }
-
-    func fetchToken(for key: TokenKey) async throws(TokenProviderError) -> FetchedToken {
-        fetches.withLock { $0 += 1 }
-        if failing.withLock({ $0 }) { throw .httpStatus(code: 503, retryAfter: nil) }
-        return FetchedToken(value: "opaque-\(key.subjectID)-\(UUID().uuidString)", statedExpiry: now().addingTimeInterval(3600))
-    }
-}
-
 @Suite("token API readiness on an injected clock", .exclusive)
 struct ReadinessClockTests {
     @Test("/readyz turns 503 once the provider has failed long enough for the token to pass the floor, and 200 again when it answers")
     func readinessFollowsTheFloor() async throws {
         let scratch = Scratch()
-        let wall = Mutex(Date())
-        let now: @Sendable () -> Date = { wall.withLock { $0 } }
-        let fetcher = SwitchableFetcher(now: now)
+        // Only the wall clock is the test's: it jumps past the soft point and the floor.
+        let time = TestTime(start: Date())
+        // Opaque tokens valid for an hour from the test's wall clock, or failures when told.
+        let opaque: ScriptedFetcher.Answer = { key, _ in
+            FetchedToken(value: "opaque-\(key.subjectID)-\(UUID().uuidString)", statedExpiry: time.now.addingTimeInterval(3600))
+        }
+        let fetcher = ScriptedFetcher(opaque)
         var policy = RefreshPolicy()
         policy.allowOpaqueTokens = true
         let logger = Logger(label: "readiness-test")
         let store = try SQLiteTokenRepository(path: scratch.file("tokens.sqlite"), logger: logger)
         defer { store.close() }
-        let engine = TokenSyncEngine(repository: store, fetcher: fetcher, policy: policy, logger: logger, now: now)
+        let engine = TokenSyncEngine(repository: store, fetcher: fetcher, policy: policy, logger: logger, now: time.wall)
         let key = try TokenKey.vehicle("v-1")
         await engine.track([key])
         let socket = scratch.file("api.sock")
@@ -56,25 +46,25 @@ struct ReadinessClockTests {
             tasks.addTask { try await group.run() }
             try await withAPIClient { client in
                 let api = APIClient.unix(socket, client)
-                #expect(await eventually(10) { listening.withLock { $0 } })
+                #expect(await eventually(within: 10) { listening.withLock { $0 } })
                 #expect(try await api.send("/v1/token/vehicle/v-1").status == 200)
                 #expect(try await api.send("/readyz").status == 200)
 
-                fetcher.failing.withLock { $0 = true }
+                fetcher.setAnswer { _, _ throws(TokenProviderError) in throw .httpStatus(code: 503, retryAfter: nil) }
                 // Past the soft point the held token is still served (and ready) while refreshes fail.
-                wall.withLock { $0 += 3600 * 0.9 }
+                time.jumpWallClock(by: 3600 * 0.9)
                 #expect(try await api.send("/v1/token/vehicle/v-1").status == 200)
                 #expect(try await api.send("/readyz").status == 200)
                 // Past the floor: nothing usable.
-                wall.withLock { $0 += 3600 * 0.099 }
+                time.jumpWallClock(by: 3600 * 0.099)
                 let ready = try await api.send("/readyz")
                 #expect(ready.status == 503)
                 #expect(ready.body.contains("vehicle/v-1 has no usable token"), "\(ready.body)")
                 #expect(try await api.send("/v1/token/vehicle/v-1").status == 503)
 
-                fetcher.failing.withLock { $0 = false }
-                wall.withLock { $0 += 600 }  // past any backoff
-                #expect(try await eventually(10) { try await api.send("/v1/token/vehicle/v-1").status == 200 })
+                fetcher.setAnswer(opaque)
+                time.jumpWallClock(by: 600)  // past any backoff
+                #expect(try await eventually(within: 10) { try await api.send("/v1/token/vehicle/v-1").status == 200 })
                 #expect(try await api.send("/readyz").status == 200)
             }
             await group.triggerGracefulShutdown()

@@ -21,7 +21,7 @@ struct SubjectReloadTests {
         try "# start\nvehicle:keep\nvehicle:gone\n".write(toFile: file, atomically: true, encoding: .utf8)
         let agent = try await APIAgent.start(scratch, provider: issuer.template, ["--subjects-file", file, "--trip", "fixed", "--json"])
         defer { agent.process.signal(SIGKILL) }
-        #expect(await eventually(30) { Self.refreshed(agent.process) == ["trip/fixed", "vehicle/gone", "vehicle/keep"] },
+        #expect(await eventually(within: 30) { Self.refreshed(agent.process) == ["trip/fixed", "vehicle/gone", "vehicle/keep"] },
                 "\(agent.process.stdout)")
         #expect(try await issuer.stats().issued == 3)
 
@@ -38,7 +38,7 @@ struct SubjectReloadTests {
             #expect(events.contains(["event": "tracked", "kind": "deliveryVehicle", "id": "new"]))
             #expect(events.contains(["event": "untracked", "kind": "vehicle", "id": "gone"]))
             #expect(events.contains(["event": "subjects_reloaded", "added": "1", "removed": "1", "subjects": "3"]))
-            #expect(await eventually(30) { Self.refreshed(agent.process).contains("deliveryVehicle/new") })
+            #expect(await eventually(within: 30) { Self.refreshed(agent.process).contains("deliveryVehicle/new") })
             #expect(try await issuer.stats().issued == 4, "only the added subject is fetched")
             #expect(agent.process.stderr.contains("SIGHUP: subjects file reloaded"))
             #expect(agent.process.stderr.contains("added_keys=deliveryVehicle/new"))
@@ -76,16 +76,16 @@ struct SubjectReloadTests {
             // is a failed reload too.
             try "trip:fixed\nvehicle:keep\ndeliveryVehicle:new\n".write(toFile: file, atomically: true, encoding: .utf8)
             agent.process.signal(SIGHUP)
-            #expect(await eventually(30) { Self.events(agent.process).filter { $0["event"] == "subjects_reloaded" }.count == 2 })
+            #expect(await eventually(within: 30) { Self.events(agent.process).filter { $0["event"] == "subjects_reloaded" }.count == 2 })
             try "vehicle:keep\ndeliveryVehicle:new\n".write(toFile: file, atomically: true, encoding: .utf8)
             agent.process.signal(SIGHUP)
-            #expect(await eventually(30) { Self.events(agent.process).filter { $0["event"] == "subjects_reloaded" }.count == 3 })
+            #expect(await eventually(within: 30) { Self.events(agent.process).filter { $0["event"] == "subjects_reloaded" }.count == 3 })
             let unchanged: [String: String] = ["event": "subjects_reloaded", "added": "0", "removed": "0", "subjects": "3"]
             #expect(Array(Self.events(agent.process).filter { $0["event"] == "subjects_reloaded" }.dropFirst()) == [unchanged, unchanged])
             #expect(try await Self.tracked(api)["trip/fixed"] == true)
             try FileManager.default.removeItem(atPath: file)
             agent.process.signal(SIGHUP)
-            #expect(await eventually(30) { Self.events(agent.process).filter { $0["event"] == "reload_failed" }.count == 2 })
+            #expect(await eventually(within: 30) { Self.events(agent.process).filter { $0["event"] == "reload_failed" }.count == 2 })
             #expect(try await Self.tracked(api) == ["trip/fixed": true, "vehicle/gone": false, "vehicle/keep": true, "deliveryVehicle/new": true])
         }
 
@@ -104,7 +104,7 @@ struct SubjectReloadTests {
         agent.process.signal(SIGHUP)
         #expect(await agent.process.waitForOutput("nothing to reload", within: 30), "\(agent.process.stderr)")
         agent.process.signal(SIGHUP)
-        #expect(await eventually(30) { agent.process.stderr.components(separatedBy: "nothing to reload").count == 3 })
+        #expect(await eventually(within: 30) { agent.process.stderr.components(separatedBy: "nothing to reload").count == 3 })
         #expect(agent.process.isRunning)
         #expect(await agent.stop() == 0, "\(agent.process.stderr)")
     }
@@ -139,7 +139,7 @@ struct SubjectReloadTests {
         defer { agent.process.signal(SIGKILL) }
         try "vehicle:late\n".write(toFile: empty, atomically: true, encoding: .utf8)
         agent.process.signal(SIGHUP)
-        #expect(await eventually(30) { Self.refreshed(agent.process).contains("vehicle/late") }, "\(agent.process.stdout)\(agent.process.stderr)")
+        #expect(await eventually(within: 30) { Self.refreshed(agent.process).contains("vehicle/late") }, "\(agent.process.stdout)\(agent.process.stderr)")
         #expect(await agent.stop() == 0)
     }
 

@@ -1,6 +1,7 @@
 // SystemdNotifier against real Unix datagram sockets (a socket file and an abstract name), read
 // by TestSupportKit's NotifySocketReceiver standing in for systemd. Waits are bounded receives.
 
+import FleetTokenStoreTesting
 import FleetTokenService
 import Foundation
 import Logging
@@ -14,7 +15,7 @@ import Glibc
 struct SystemdNotifierTests {
     static let wait = Duration.seconds(5)
 
-    static func notifier(_ environment: [String: String], _ log: RecordingLogger = RecordingLogger()) -> SystemdNotifier {
+    static func notifier(_ environment: [String: String], _ log: LogRecorder = LogRecorder()) -> SystemdNotifier {
         SystemdNotifier(environment: environment, logger: log.logger)
     }
 
@@ -28,7 +29,7 @@ struct SystemdNotifierTests {
     func pathSocket() async throws {
         let scratch = Scratch()
         let receiver = try NotifySocketReceiver(directory: scratch.path)
-        let log = RecordingLogger()
+        let log = LogRecorder()
         let notifier = Self.notifier(["NOTIFY_SOCKET": receiver.notifySocket], log)
         #expect(notifier.isEnabled)
         #expect(notifier.notifySocket == scratch.file("notify.sock"))
@@ -132,7 +133,7 @@ struct SystemdNotifierTests {
     func unwritableSocket(kind: Unwritable) {
         let scratch = Scratch()
         let (socket, reason) = kind.socket(in: scratch)
-        let log = RecordingLogger()
+        let log = LogRecorder()
         let notifier = Self.notifier(["NOTIFY_SOCKET": socket, "WATCHDOG_USEC": "30000000"], log)
         #expect(notifier.isEnabled)
         #expect(notifier.watchdogInterval == .seconds(15))
@@ -143,7 +144,7 @@ struct SystemdNotifierTests {
         #expect(!notifier.reloading())
         #expect(!notifier.stopping())
 
-        let warnings = log.handler.entries.filter { $0.level == .warning }
+        let warnings = log.entries.filter { $0.level == .warning }
         #expect(warnings.count == 1)
         let warning = warnings.map { "\($0.message) \($0.metadata)" }.joined()
         #expect(warning.contains(socket), "the warning names the socket: \(warning)")
@@ -157,7 +158,7 @@ struct SystemdNotifierTests {
     func recoversAfterFailure() async throws {
         let scratch = Scratch()
         let path = scratch.file("notify.sock")
-        let log = RecordingLogger()
+        let log = LogRecorder()
         let notifier = Self.notifier(["NOTIFY_SOCKET": path], log)
         #expect(!notifier.ready())
         #expect(log.messages(at: .warning).count == 1)
@@ -178,7 +179,7 @@ struct SystemdNotifierTests {
         [:], ["NOTIFY_SOCKET": ""], ["WATCHDOG_USEC": "30000000", "WATCHDOG_PID": "\(getpid())"],
     ] as [[String: String]])
     func disabled(environment: [String: String]) {
-        let log = RecordingLogger()
+        let log = LogRecorder()
         let notifier = Self.notifier(environment, log)
         #expect(!notifier.isEnabled)
         #expect(notifier.notifySocket == nil)

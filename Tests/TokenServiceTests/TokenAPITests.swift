@@ -81,7 +81,7 @@ struct TokenAPITests {
         let agent = try await APIAgent.start(scratch, provider: issuer.template, ["--vehicle", "v-1"])
         try await withAPIClient { client in
             let api = APIClient.unix(agent.socket, client)
-            #expect(try await eventually(20) { try await api.send("/readyz").status == 200 })
+            #expect(try await eventually(within: 20) { try await api.send("/readyz").status == 200 })
             let before = try await api.send("/metrics", marked: false)
             #expect(before.status == 200)
             #expect(before.headers.first(name: "Content-Type")?.hasPrefix("text/plain; version=0.0.4") == true)
@@ -104,7 +104,7 @@ struct TokenAPITests {
                                              ["--vehicle", "v-0", "--allow", "vehicle:*"])
         try await withAPIClient { client in
             let api = APIClient.unix(agent.socket, client)
-            #expect(try await eventually(20) { try await api.send("/readyz").status == 200 })
+            #expect(try await eventually(within: 20) { try await api.send("/readyz").status == 200 })
             let issuedBefore = try await issuer.stats().issued
             let answers = try await withThrowingTaskGroup(of: APIClient.Answer.self) { group in
                 for _ in 0..<1000 { group.addTask { try await api.send("/v1/token/vehicle/new-1") } }
@@ -125,7 +125,7 @@ struct TokenAPITests {
         let agent = try await APIAgent.start(scratch, provider: issuer.template, ["--vehicle", "v-1"])
         try await withAPIClient { client in
             let api = APIClient.unix(agent.socket, client)
-            #expect(try await eventually(20) { try await api.send("/readyz").status == 200 })
+            #expect(try await eventually(within: 20) { try await api.send("/readyz").status == 200 })
             let first = try await api.send("/v1/token/vehicle/v-1").headers.first(name: "Fleet-Token-Fingerprint")
             let issuedBefore = try await issuer.stats().issued
             #expect(try await api.send("/v1/invalidate/vehicle/v-1", method: .POST).status == 204)

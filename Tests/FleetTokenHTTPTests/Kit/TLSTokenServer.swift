@@ -1,6 +1,7 @@
 // Test kit (issue 14): a real HTTPS/1.1 token server on 127.0.0.1 (SwiftNIO + NIOSSL), optionally
 // requiring a client certificate, recording every request and every failed handshake.
 
+import FleetTokenStoreTesting
 import Foundation
 import NIOCore
 import NIOHTTP1
@@ -59,14 +60,14 @@ final class TLSTokenServer: LoopbackService {
     typealias Respond = @Sendable (RecordedRequest) async -> Answer
 
     /// Answers with the samples' JSON `{"VEHICLE_TOKEN_KEY": <JWT>, "TOKEN_EXPIRATION": <epoch s>}`,
-    /// the JWT minted by `cannedJWT` (FaultSupport.swift) for `subject(request)` (default: the
-    /// last path segment), issued now. Minted values are added to `secrets` when given.
+    /// the test kit's vehicle JWT (`TestJWT`) for `subject(request)` (default: the last path
+    /// segment), issued now. Minted values are remembered by `secrets` when given.
     static func fleetEngineToken(lifetime: TimeInterval = 3600, secrets: SecretScanner? = nil,
                                  subject: @escaping @Sendable (RecordedRequest) -> String = { $0.lastPathComponent }) -> Respond {
         { request in
             let now = Date()
-            let token = cannedJWT(subject: subject(request), issuedAt: now, lifetime: lifetime)
-            secrets?.add(token)
+            let token = TestJWT.make(kind: .vehicle, subject: subject(request), issuedAt: now, lifetime: lifetime)
+            secrets?.remember(token)
             let expiration = Int(now.timeIntervalSince1970) + Int(lifetime)
             return Answer(body: #"{"VEHICLE_TOKEN_KEY":"\#(token)","TOKEN_EXPIRATION":\#(expiration)}"#)
         }

@@ -1,3 +1,4 @@
+import FleetTokenStoreTesting
 import Foundation
 #if canImport(Glibc)
 import Glibc
@@ -25,7 +26,7 @@ final class SQLiteShell {
             if chunk.isEmpty { break }
             collected += String(decoding: chunk, as: UTF8.self)
         }
-        guard collected.contains(marker) else { throw ShellError(message: "sqlite3 did not answer: \(collected)") }
+        guard collected.contains(marker) else { throw ProcessFailure(message: "sqlite3 did not answer: \(collected)") }
         return collected.replacingOccurrences(of: marker, with: "").trimmingCharacters(in: .whitespacesAndNewlines)
     }
 
@@ -47,7 +48,7 @@ final class SQLiteShell {
 
 @Suite("Sharing a store with other connections and processes", .exclusive)
 struct CrossProcessTests {
-    let dir = TemporaryDirectory()
+    let dir = Scratch()
     var path: String { dir.file("tokens.sqlite") }
 
     @Test("a second pool's upserts and purges reach subscribers within 1 s; own writes are not echoed")
@@ -87,7 +88,7 @@ struct CrossProcessTests {
 
     @Test("close() beside another process reading the store returns at once, without a warning")
     func closeBesideReader() async throws {
-        let log = RecordingLogger()
+        let log = LogRecorder()
         let store = try openStore(path, logger: log.logger)
         try await store.upsert(token(try .vehicle("truck-7"), expiresIn: 600))
         let shell = try SQLiteShell(path: path)

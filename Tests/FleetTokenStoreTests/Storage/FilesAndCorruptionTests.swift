@@ -1,3 +1,4 @@
+import FleetTokenStoreTesting
 import Foundation
 import TestSupportKit
 import GRDB
@@ -9,18 +10,18 @@ import Testing
 struct FilesAndCorruptionTests {
     @Test("looser modes on an existing store are tightened with a warning; read-only opens only warn")
     func modesTightened() async throws {
-        let dir = TemporaryDirectory()
+        let dir = Scratch()
         let path = dir.file("tokens.sqlite")
         try openStore(path).close()
         chmod(path, 0o644)
 
-        let readOnlyLog = RecordingLogger()
+        let readOnlyLog = LogRecorder()
         let reader = try openStore(path, mode: .readOnly, logger: readOnlyLog.logger)
         reader.close()
         #expect(fileMode(path) == 0o644)
         #expect(readOnlyLog.messages(at: .warning).contains { $0.contains("too open") })
 
-        let log = RecordingLogger()
+        let log = LogRecorder()
         let store = try openStore(path, logger: log.logger)
         #expect(fileMode(path) == 0o600)
         #expect(store.openReport.tightenedFiles.contains(path))
@@ -30,7 +31,7 @@ struct FilesAndCorruptionTests {
 
     @Test("a missing directory is an error when creation is off; a file in the way is 'not writable'")
     func directoryErrors() throws {
-        let dir = TemporaryDirectory()
+        let dir = Scratch()
         let missing = dir.file("absent/tokens.sqlite")
         let error = #expect(throws: TokenStoreError.self) {
             try openStore(missing) { $0.createParentDirectories = false }
@@ -49,14 +50,14 @@ struct FilesAndCorruptionTests {
 
     @Test("a directory at the store path is refused")
     func directoryAtStorePath() throws {
-        let dir = TemporaryDirectory()
+        let dir = Scratch()
         try FileManager.default.createDirectory(atPath: dir.file("tokens.sqlite"), withIntermediateDirectories: false)
         #expect(throws: TokenStoreError.notAFile(path: dir.file("tokens.sqlite"))) { try openStore(dir.file("tokens.sqlite")) }
     }
 
     @Test("read-only and admin opens never create a store")
     func readOnlyDoesNotCreate() throws {
-        let dir = TemporaryDirectory()
+        let dir = Scratch()
         let path = dir.file("tokens.sqlite")
         for mode in [StoreOpenMode.readOnly, .adminReadWrite] {
             let error = #expect(throws: TokenStoreError.self) { try openStore(path, mode: mode) }
@@ -91,7 +92,7 @@ struct FilesAndCorruptionTests {
         }
     }
 
-    static func makeDamagedStore(_ damage: Damage, in dir: TemporaryDirectory) async throws -> String {
+    static func makeDamagedStore(_ damage: Damage, in dir: Scratch) async throws -> String {
         let path = dir.file("tokens.sqlite")
         let store = try openStore(path)
         try await store.upsert((0..<300).map { token(try! .vehicle("v\($0)"), expiresIn: 600, value: fakeToken("v\($0)", length: 600)) })
@@ -103,10 +104,10 @@ struct FilesAndCorruptionTests {
     @Test("the agent quarantines a corrupt store, keeps its bytes, logs an error and starts fresh",
           arguments: Damage.allCases)
     func quarantine(_ damage: Damage) async throws {
-        let dir = TemporaryDirectory()
+        let dir = Scratch()
         let path = try await Self.makeDamagedStore(damage, in: dir)
         var damagedHash = sha256(ofFile: path)
-        let log = RecordingLogger()
+        let log = LogRecorder()
 
         if damage == .corruptPage {
             // Damage inside the b-trees needs the full scan, which a cleanly closed store gets
@@ -140,7 +141,7 @@ struct FilesAndCorruptionTests {
 
     @Test("read-only and admin opens report corruption and change nothing", arguments: Damage.allCases)
     func readOnlyReportsCorruption(_ damage: Damage) async throws {
-        let dir = TemporaryDirectory()
+        let dir = Scratch()
         let path = try await Self.makeDamagedStore(damage, in: dir)
         let hash = sha256(ofFile: path)
         for mode in [StoreOpenMode.readOnly, .adminReadWrite, .migrate] {
@@ -164,7 +165,7 @@ struct FilesAndCorruptionTests {
     // close() alone, and a loaded machine closes a small store in milliseconds.
     @Test("close() does not wait for a background check that has not started yet")
     func closeDoesNotWaitForPendingCheck() async throws {
-        let dir = TemporaryDirectory()
+        let dir = Scratch()
         let path = dir.file("tokens.sqlite")
         let seed = try openStore(path)
         try await seed.upsert(token(try .vehicle("v"), expiresIn: 600))
@@ -189,7 +190,7 @@ struct FilesAndCorruptionTests {
 
     @Test("a sound store opened after a clean close is not scanned at start-up; after a crash it is")
     func fullCheckOnlyWhenNeeded() async throws {
-        let dir = TemporaryDirectory()
+        let dir = Scratch()
         let path = dir.file("tokens.sqlite")
         let store = try openStore(path)
         try await store.upsert(token(try .vehicle("v"), expiresIn: 600))

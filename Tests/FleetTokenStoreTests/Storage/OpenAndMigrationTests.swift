@@ -1,3 +1,4 @@
+import FleetTokenStoreTesting
 import FleetTokenMigrations
 import Foundation
 import TestSupportKit
@@ -10,7 +11,7 @@ import Testing
 struct OpenAndMigrationTests {
     @Test("a fresh store gets the whole schema, WAL, synchronous=NORMAL, a 5 s busy timeout and private modes")
     func freshStore() async throws {
-        let dir = TemporaryDirectory()
+        let dir = Scratch()
         let path = dir.file("nested/deeper/tokens.sqlite")
         let store = try openStore(path)
         #expect(store.openReport.created)
@@ -37,7 +38,7 @@ struct OpenAndMigrationTests {
 
     @Test("reopening a current store applies nothing: same migrations, schema and rows")
     func reopenIsNoOp() async throws {
-        let dir = TemporaryDirectory()
+        let dir = Scratch()
         let path = dir.file("tokens.sqlite")
         let first = try openStore(path)
         try await first.upsert(token(try .vehicle("v1"), expiresIn: 600))
@@ -55,11 +56,11 @@ struct OpenAndMigrationTests {
 
     @Test("a store made by the first schema is upgraded and keeps its entries")
     func upgradeFromFixture() async throws {
-        let dir = TemporaryDirectory()
+        let dir = Scratch()
         let path = dir.file("tokens.sqlite")
         let fixture = try #require(Bundle.module.path(forResource: "store-v1", ofType: "sqlite", inDirectory: "Fixtures"))
         try FileManager.default.copyItem(atPath: fixture, toPath: path)
-        let logger = RecordingLogger()
+        let logger = LogRecorder()
 
         let store = try openStore(path, logger: logger.logger)
         #expect(store.openReport.schemaVersionBefore == 1)
@@ -80,7 +81,7 @@ struct OpenAndMigrationTests {
 
     @Test("a store written by a newer release is refused as newer, naming both versions, byte for byte untouched")
     func newerStoreRefused() async throws {
-        let dir = TemporaryDirectory()
+        let dir = Scratch()
         let path = dir.file("tokens.sqlite")
         let store = try openStore(path)
         try await store.upsert(token(try .trip("t1"), expiresIn: 600))
@@ -106,7 +107,7 @@ struct OpenAndMigrationTests {
 
     @Test("a failing migration rolls back whole and leaves the previous schema usable")
     func failingMigrationRollsBack() async throws {
-        let dir = TemporaryDirectory()
+        let dir = Scratch()
         let path = dir.file("tokens.sqlite")
         let store = try openStore(path)
         try await store.upsert(token(try .vehicle("kept"), expiresIn: 600))
@@ -140,7 +141,7 @@ struct OpenAndMigrationTests {
 
     @Test("several openers migrating one old store at once all succeed; each migration runs once")
     func concurrentMigration() async throws {
-        let dir = TemporaryDirectory()
+        let dir = Scratch()
         let path = dir.file("tokens.sqlite")
         let fixture = try #require(Bundle.module.path(forResource: "store-v1", ofType: "sqlite", inDirectory: "Fixtures"))
         try FileManager.default.copyItem(atPath: fixture, toPath: path)

@@ -1,3 +1,4 @@
+import TestSupportKit
 import Foundation
 import GRDB
 import Testing
@@ -5,7 +6,7 @@ import Testing
 
 @Suite("SQLiteTokenRepository: reads, writes, filters")
 struct RepositoryTests {
-    let dir = TemporaryDirectory()
+    let dir = Scratch()
     var path: String { dir.file("tokens.sqlite") }
 
     /// 3 valid vehicles, 2 expired vehicles, 2 valid trips, 1 expired trip, 1 trip with only failure state.

@@ -1,3 +1,4 @@
+import TestSupportKit
 import Foundation
 import GRDB
 import Testing
@@ -16,7 +17,7 @@ struct StoreOwnershipTests {
     static let canChown = geteuid() == 0
 
     /// A sound, cleanly closed store holding one entry.
-    static func makeStore(in dir: TemporaryDirectory, name: String = "tokens.sqlite") async throws -> String {
+    static func makeStore(in dir: Scratch, name: String = "tokens.sqlite") async throws -> String {
         let path = dir.file(name)
         let store = try openStore(path)
         try await store.upsert(token(try .vehicle("v"), expiresIn: 600))
@@ -32,7 +33,7 @@ struct StoreOwnershipTests {
     @Test("a store owned by another user, mode 0666, is refused in every mode and left as it was",
           .enabled(if: canChown, "only root can give a file to another user"))
     func foreignStore() async throws {
-        let dir = TemporaryDirectory()
+        let dir = Scratch()
         let path = try await Self.makeStore(in: dir)
         #expect(chown(path, Self.otherUser, gid_t(Self.otherUser)) == 0)
         #expect(chmod(path, 0o666) == 0)
@@ -51,7 +52,7 @@ struct StoreOwnershipTests {
     @Test("a -wal or -shm file planted by another user is refused",
           .enabled(if: canChown, "only root can give a file to another user"), arguments: ["-wal", "-shm"])
     func foreignSideFile(suffix: String) async throws {
-        let dir = TemporaryDirectory()
+        let dir = Scratch()
         let path = try await Self.makeStore(in: dir)
         let planted = path + suffix
         #expect(FileManager.default.createFile(atPath: planted, contents: nil))
@@ -64,7 +65,7 @@ struct StoreOwnershipTests {
 
     @Test("a store that is a symbolic link is refused by default, and the link's target is untouched")
     func symlinkedStoreRefused() async throws {
-        let dir = TemporaryDirectory()
+        let dir = Scratch()
         let target = try await Self.makeStore(in: dir, name: "real.sqlite")
         let link = dir.file("tokens.sqlite")
         #expect(symlink(target, link) == 0)
@@ -80,7 +81,7 @@ struct StoreOwnershipTests {
 
     @Test("a -wal file that is a symbolic link is refused")
     func symlinkedSideFileRefused() async throws {
-        let dir = TemporaryDirectory()
+        let dir = Scratch()
         let path = try await Self.makeStore(in: dir)
         let elsewhere = dir.file("elsewhere")
         #expect(FileManager.default.createFile(atPath: elsewhere, contents: nil))
@@ -92,7 +93,7 @@ struct StoreOwnershipTests {
 
     @Test("with allowsSymlinkedStore the link's target is the store: its owner and mode are checked, its side files live beside it")
     func symlinkedStoreOptIn() async throws {
-        let dir = TemporaryDirectory()
+        let dir = Scratch()
         let target = try await Self.makeStore(in: dir, name: "real.sqlite")
         #expect(chmod(target, 0o644) == 0)
         let link = dir.file("tokens.sqlite")
@@ -117,7 +118,7 @@ struct StoreOwnershipTests {
 
     @Test("inspectFiles reports what opening would refuse or tighten, and changes nothing")
     func inspectFiles() async throws {
-        let dir = TemporaryDirectory()
+        let dir = Scratch()
         let path = try await Self.makeStore(in: dir)
         let sound = SQLiteTokenRepository.inspectFiles(at: path)
         #expect(sound.problems.isEmpty)
@@ -145,7 +146,7 @@ struct StoreOwnershipTests {
 
     @Test("a connection SQLite opened through a link at the last component is refused (a link swapped in after the checks)")
     func connectionThroughLinkRefused() async throws {
-        let dir = TemporaryDirectory()
+        let dir = Scratch()
         let target = try await Self.makeStore(in: dir, name: "real.sqlite")
         let link = dir.file("tokens.sqlite")
         #expect(symlink(target, link) == 0)

@@ -3,14 +3,11 @@ import Testing
 import TestSupportKit
 @testable import FleetTokenStore
 
-/// Where SwiftPM put this package's executables: beside the test bundle.
-let productsDirectory = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().deletingLastPathComponent()
-
 @Suite("Processes sharing one store", .exclusive)
 struct CrossProcessEngineTests {
     @Test("two processes asking for the same missing key at once fetch it once between them")
     func twoProcessesOneFetch() async throws {
-        let dir = TemporaryDirectory()
+        let dir = Scratch()
         let store = dir.file("tokens.sqlite")
         let fetchLog = dir.file("fetches.log")
         FileManager.default.createFile(atPath: fetchLog, contents: nil)
@@ -18,13 +15,13 @@ struct CrossProcessEngineTests {
         let probe = productsDirectory.appendingPathComponent("token-engine-probe").path
         #expect(FileManager.default.isExecutableFile(atPath: probe))
 
-        async let first = Task.detached { try run(probe, [store, "vehicle", "shared-1", fetchLog, "5000"]) }.value
+        async let first = Task.detached { try runCapturing([probe, store, "vehicle", "shared-1", fetchLog, "5000"], timeout: 60) }.value
         // The second starts once the first's fetch has begun; the first holds it for 5 s, so the
         // second meets its lease even when starting a process takes seconds on a loaded machine.
         #expect(await eventually(within: 20) {
             ((try? String(contentsOfFile: fetchLog, encoding: .utf8)) ?? "").contains("shared-1")
         })
-        async let second = Task.detached { try run(probe, [store, "vehicle", "shared-1", fetchLog, "5000"]) }.value
+        async let second = Task.detached { try runCapturing([probe, store, "vehicle", "shared-1", fetchLog, "5000"], timeout: 60) }.value
         let (a, b) = try await (first, second)
         #expect(a.status == 0, "\(a.stderr)")
         #expect(b.status == 0, "\(b.stderr)")
@@ -40,13 +37,13 @@ struct CrossProcessEngineTests {
     func concurrentFirstOpens() async throws {
         let probe = productsDirectory.appendingPathComponent("token-engine-probe").path
         for round in 0..<20 {
-            let dir = TemporaryDirectory()
+            let dir = Scratch()
             let store = dir.file("tokens.sqlite")
             let fetchLog = dir.file("fetches.log")
             FileManager.default.createFile(atPath: fetchLog, contents: nil)
             let results = try await withThrowingTaskGroup(of: (status: Int32, stdout: String, stderr: String).self) { group in
                 for index in 0..<6 {
-                    group.addTask { try await Task.detached { try run(probe, [store, "vehicle", "v\(index)", fetchLog, "10"]) }.value }
+                    group.addTask { try await Task.detached { try runCapturing([probe, store, "vehicle", "v\(index)", fetchLog, "10"], timeout: 60) }.value }
                 }
                 return try await group.reduce(into: []) { $0.append($1) }
             }

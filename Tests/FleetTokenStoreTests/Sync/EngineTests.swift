@@ -1,3 +1,4 @@
+import FleetTokenStoreTesting
 import Foundation
 import Logging
 import Testing
@@ -11,7 +12,7 @@ struct EngineTests {
     @Test("a fresh token is served from memory: one fetch, no store access on hits")
     func freshFromMemory() async throws {
         let time = TestTime()
-        let dir = TemporaryDirectory()
+        let dir = Scratch()
         let counting = CountingRepository(try openStore(dir.file("tokens.sqlite")))
         let fetcher = ScriptedFetcher.minting(time)
         let engine = TokenSyncEngine(repository: counting, fetcher: fetcher, logger: Logger(label: "t"),

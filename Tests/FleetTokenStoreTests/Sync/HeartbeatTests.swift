@@ -2,6 +2,7 @@
 // The rule is plain arithmetic on elapsed time; the engine test drives the loop with a test
 // clock, so no test waits for the interval itself.
 
+import FleetTokenStoreTesting
 import Foundation
 import Logging
 import Synchronization
@@ -29,7 +30,7 @@ struct HeartbeatTests {
 
     @Test("the running engine's scheduler beats once per interval of its clock, with nothing to refresh; not after it stops")
     func engineBeats() async throws {
-        let dir = TemporaryDirectory()
+        let dir = Scratch()
         let time = TestTime()
         let store = try openStore(dir.file("tokens.sqlite"))
         let fetcher = ScriptedFetcher.minting(time)

@@ -1,30 +1,10 @@
+import FleetTokenStoreTesting
 import Foundation
 import Logging
 import Synchronization
 import Testing
 import TestSupportKit
 @testable import FleetTokenStore
-
-/// A provider that answers after a real delay, counting fetches per key and noting when each
-/// answer left it.
-final class SlowProvider: TokenFetcher, Sendable {
-    let delay: Duration
-    private let state = Mutex<(counts: [TokenKey: Int], answeredAt: [TokenKey: Date])>(([:], [:]))
-
-    init(delay: Duration) { self.delay = delay }
-
-    func count(_ key: TokenKey) -> Int { state.withLock { $0.counts[key] ?? 0 } }
-    var total: Int { state.withLock { $0.counts.values.reduce(0, +) } }
-    func answeredAt(_ key: TokenKey) -> Date? { state.withLock { $0.answeredAt[key] } }
-
-    func fetchToken(for key: TokenKey) async throws(TokenProviderError) -> FetchedToken {
-        state.withLock { $0.counts[key, default: 0] += 1 }
-        try? await Task.sleep(for: delay)
-        let token = TestJWT.make(for: key, issuedAt: Date(), lifetime: 3600)
-        state.withLock { $0.answeredAt[key] = Date() }
-        return FetchedToken(value: token)
-    }
-}
 
 /// The README's promises under contention, clock steps and long uptime (issue 12, items 1-7).
 @Suite("Promises under contention, clock steps and months of uptime", .exclusive)
@@ -33,12 +13,19 @@ struct PromiseTests {
 
     @Test("two running engines on one store, 100 keys, a provider slower than the lease: one fetch per key, waiters end with the holder's answer")
     func twoRunningEnginesFetchEachKeyOnce() async throws {
-        let dir = TemporaryDirectory()
+        let dir = Scratch()
         var policy = RefreshPolicy()
         policy.leaseDuration = 1 // shorter than the provider's answer: the holder must renew it
-        let provider = SlowProvider(delay: .milliseconds(1500))
+        // A provider that answers after a real delay, noting when each answer left it.
+        let answeredAt = Mutex<[TokenKey: Date]>([:])
+        let provider = ScriptedFetcher { key, _ in
+            try? await Task.sleep(for: .milliseconds(1500))
+            let token = TestJWT.make(for: key, issuedAt: Date(), lifetime: 3600)
+            answeredAt.withLock { $0[key] = Date() }
+            return FetchedToken(value: token)
+        }
         let keys = try (0..<100).map { try TokenKey.vehicle("truck-\($0)") }
-        let logA = RecordingLogger(), logB = RecordingLogger()
+        let logA = LogRecorder(), logB = LogRecorder()
         let storeA = try openStore(dir.file("tokens.sqlite")), storeB = try openStore(dir.file("tokens.sqlite"))
         defer { storeA.close(); storeB.close() }
         let a = TokenSyncEngine(repository: storeA, fetcher: provider, policy: policy, logger: logA.logger)
@@ -57,7 +44,7 @@ struct PromiseTests {
         let twice = keys.filter { provider.count($0) != 1 }
         #expect(twice.isEmpty, "fetched other than once: \(twice.map { "\($0)=\(provider.count($0))" })")
         for (key, gotAt) in waits {
-            guard let answered = provider.answeredAt(key) else { continue }
+            guard let answered = answeredAt.withLock({ $0[key] }) else { continue }
             #expect(gotAt.timeIntervalSince(answered) < 1.5, "a caller of \(key) waited \(gotAt.timeIntervalSince(answered)) s past the provider's answer")
         }
         for log in [logA, logB] {
@@ -68,7 +55,7 @@ struct PromiseTests {
 
     @Test("a waiter whose holder gave up its lease without a result fetches at once instead of waiting out the lease")
     func leaseReleasedWithoutResult() async throws {
-        let dir = TemporaryDirectory()
+        let dir = Scratch()
         let key = try TokenKey.vehicle("truck-1")
         let held = ScriptedFetcher { key, _ in FetchedToken(value: TestJWT.make(for: key, issuedAt: Date())) }
         held.close()

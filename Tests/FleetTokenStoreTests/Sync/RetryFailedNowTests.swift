@@ -2,6 +2,7 @@
 // the agent calls TokenSyncEngine.retryFailedNow() so that failing keys are tried at once, not
 // at the end of a backoff of up to five minutes. Driven by a test clock: no waiting.
 
+import FleetTokenStoreTesting
 import Foundation
 import Logging
 import Synchronization
@@ -13,7 +14,7 @@ import TestSupportKit
 struct RetryFailedNowTests {
     @Test("a tracked key refused with 403 backs off; retryFailedNow fetches it again without the clock moving; its failure count stays")
     func retryAfterFix() async throws {
-        let dir = TemporaryDirectory()
+        let dir = Scratch()
         let time = TestTime()
         let store = try openStore(dir.file("tokens.sqlite"))
         let refused = try TokenKey.vehicle("refused")
@@ -59,7 +60,7 @@ struct RetryFailedNowTests {
 
     @Test("a backoff the provider asked for with Retry-After is kept")
     func retryAfterKept() async throws {
-        let dir = TemporaryDirectory()
+        let dir = Scratch()
         let time = TestTime()
         let store = try openStore(dir.file("tokens.sqlite"))
         let key = try TokenKey.vehicle("busy")

@@ -1,3 +1,4 @@
+import FleetTokenStoreTesting
 import Foundation
 import Testing
 @testable import FleetTokenStore
