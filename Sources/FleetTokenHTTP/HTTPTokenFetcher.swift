@@ -23,7 +23,7 @@ import Glibc
 /// defer { Task { await fetcher.shutdown() } }
 /// ```
 ///
-/// Errors are ``TokenProviderError``s: unreachable, timeout, HTTP status (with `Retry-After`),
+/// Errors are `TokenProviderError`s: unreachable, timeout, HTTP status (with `Retry-After`),
 /// not JSON, a missing field (`missingData`), a body over the limit. The engine then validates
 /// the token itself.
 public final class HTTPTokenFetcher: TokenFetcher, Sendable {
@@ -80,7 +80,7 @@ public final class HTTPTokenFetcher: TokenFetcher, Sendable {
     }
 
     /// Fetches a token for `key`.
-    /// - Throws: ``TokenProviderError``.
+    /// - Throws: `TokenProviderError`.
     public func fetchToken(for key: TokenKey) async throws(TokenProviderError) -> FetchedToken {
         var request = HTTPClientRequest(url: url(for: key))
         request.method = configuration.method == .post ? .POST : .GET
@@ -143,7 +143,7 @@ public final class HTTPTokenFetcher: TokenFetcher, Sendable {
     }
 
     /// Reads the provider's JSON answer (exposed for tests and fuzzing).
-    /// - Throws: ``TokenProviderError/notJSON(detail:)`` or ``TokenProviderError/missingData(field:)``.
+    /// - Throws: `TokenProviderError.notJSON` or `TokenProviderError.missingData`.
     public func parse(_ data: Data, for key: TokenKey, now: Date, providerDate: Date? = nil) throws(TokenProviderError) -> FetchedToken {
         try ProviderResponseParser(configuration: configuration, logger: logger, skewWarned: skewWarned)
             .parse(data, for: key, now: now, providerDate: providerDate)

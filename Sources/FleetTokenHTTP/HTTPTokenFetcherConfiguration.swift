@@ -3,7 +3,7 @@ public import Foundation
 
 /// How ``HTTPTokenFetcher`` asks the customer's token provider and reads its answer.
 public struct HTTPTokenFetcherConfiguration: Sendable {
-    /// How `TOKEN_EXPIRATION` is written (see ``ProviderResponseFormat/ExpirationFormat``).
+    /// How `TOKEN_EXPIRATION` is written (see `ProviderResponseFormat.ExpirationFormat`).
     public typealias ExpirationFormat = ProviderResponseFormat.ExpirationFormat
 
     /// The provider URL with `{kind}` and `{id}` placeholders; `{id}` is percent-encoded. It may
@@ -35,7 +35,7 @@ public struct HTTPTokenFetcherConfiguration: Sendable {
     /// The request body with `{kind}` and `{id}` filled in per subject, and its content type;
     /// `POST` only. Nil sends no body.
     public var body: RequestBodyTemplate?
-    /// The forward proxy, if any. Default ``ProxySettings/direct``: the library does not read the
+    /// The forward proxy, if any. Default `ProxySettings/direct`: the library does not read the
     /// environment by itself; pass `try ProxySettings.fromEnvironment(ProcessInfo.processInfo.environment)`
     /// to honour `HTTPS_PROXY`, `HTTP_PROXY` and `NO_PROXY` as token-agent does.
     public var proxy: ProxySettings = .direct
@@ -50,7 +50,7 @@ public struct HTTPTokenFetcherConfiguration: Sendable {
         ProviderResponseFormat(tokenKey: tokenKey, expirationKey: expirationKey, expirationFormat: expirationFormat)
     }
 
-    /// The token field for `kind` (see ``ProviderResponseFormat/tokenField(for:)``).
+    /// The token field for `kind` (see `ProviderResponseFormat.tokenField(for:)`).
     public func tokenField(for kind: TokenKind) -> String {
         responseFormat.tokenField(for: kind)
     }

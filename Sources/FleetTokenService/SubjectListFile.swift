@@ -17,9 +17,9 @@ import Foundation
 /// task:task-55
 /// ```
 ///
-/// - Each line is `KIND:ID`. The kind is a ``TokenKind`` raw value (`vehicle`, `trip`,
+/// - Each line is `KIND:ID`. The kind is a `TokenKind` raw value (`vehicle`, `trip`,
 ///   `deliveryVehicle`, `task`); the id is everything after the first colon, checked by
-///   ``TokenKey/init(kind:subjectID:)``. There are no spaces around the colon.
+///   `TokenKey.init(kind:subjectID:)`. There are no spaces around the colon.
 /// - Whitespace around a line (including a Windows `\r`) is ignored, and so are blank lines.
 /// - `#` starts a comment only as the first non-blank character of a line. There are no
 ///   trailing comments: an id may contain `#`, so `vehicle:truck-7 # spare` cannot be read

@@ -41,7 +41,9 @@ public final class SecretScanner: Sendable {
     public var count: Int { tokens.withLock { $0.count } }
 
     /// Where a remembered token, or its payload or signature, appears in `text`.
-    /// - Parameter label: Names `text` in the findings.
+    /// - Parameters:
+    ///   - text: What to search, such as a process's output.
+    ///   - label: Names `text` in the findings.
     public func leaks(in text: String, label: String = "text") -> [SecretLeak] {
         leaks(in: [(label, text)])
     }

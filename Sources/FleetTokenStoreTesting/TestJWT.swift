@@ -25,6 +25,9 @@ public enum TestJWT {
 
     /// A token for `key`, issued at `issuedAt`, expiring `lifetime` seconds later.
     /// - Parameters:
+    ///   - key: The subject, and the kind whose claim names it.
+    ///   - issuedAt: The `iat` claim.
+    ///   - lifetime: Seconds from `iat` to `exp`.
     ///   - authorizationSubject: The id in the `authorization` claim, when it should differ
     ///     from the key's (a wrong subject, or `*`).
     ///   - includeAuthorization: False leaves the `authorization` claim out.
@@ -40,6 +43,10 @@ public enum TestJWT {
     /// A token whose `authorization` claim names `subject` under `kind`'s claim, for any
     /// subject text (a provider that answers for whatever id a request names).
     /// - Parameters:
+    ///   - kind: The kind whose claim (`vehicleid`, `tripid`, …) names the subject.
+    ///   - subject: The id in the `authorization` claim.
+    ///   - issuedAt: The `iat` claim.
+    ///   - lifetime: Seconds from `iat` to `exp`.
     ///   - includeAuthorization: False leaves the `authorization` claim out.
     ///   - extraClaims: JSON text appended to the payload object, starting with a comma.
     public static func make(kind: TokenKind, subject: String, issuedAt: Date, lifetime: TimeInterval = 3600,

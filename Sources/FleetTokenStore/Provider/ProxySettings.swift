@@ -150,7 +150,9 @@ extension ProxySettings {
         /// curl's default); IPv6 addresses go in brackets. The user information runs up to the
         /// last `@`, splits at its first `:`, and is percent-decoded (`%40` for `@`, `%3A` for `:`).
         ///
-        /// - Parameter source: where the text came from (`HTTPS_PROXY`, `--proxy`), for the error.
+        /// - Parameters:
+        ///   - text: The proxy URL.
+        ///   - source: Where the text came from (`HTTPS_PROXY`, `--proxy`), for the error.
         /// - Throws: ``ProxySettingsError``: an `https://` proxy (TLS to the proxy is not
         ///   supported), another scheme, a bad host or port, a path, or bad percent-encoding. Its
         ///   text shows the URL with the password as `***`.

@@ -168,7 +168,7 @@ public final class SQLiteTokenRepository: TokenRepository {
 
     /// Takes the refresh lease of `key` unless another holder has an unexpired one. A lease whose
     /// holder is a process of this machine that has exited is taken over at once (see
-    /// ``RefreshLeaseHolder``): a crashed agent must not hold up its restarted successor.
+    /// `RefreshLeaseHolder`): a crashed agent must not hold up its restarted successor.
     /// - Throws: ``TokenStoreError``.
     public func acquireRefreshLease(for key: TokenKey, holder: String, now: Date,
                                     duration: TimeInterval) async throws(TokenStoreError) -> RefreshLease {

@@ -3,7 +3,7 @@ public import Foundation
 /// How to open a token store: what the opener may create, change or repair.
 ///
 /// The presets match the store's users: the agent (``agent``) creates, migrates and
-/// quarantines; admin reads (``readOnly``) change nothing; admin writes (``adminReadWrite``)
+/// quarantines; admin reads (``StoreOpenMode/readOnly-type.property``) change nothing; admin writes (``adminReadWrite``)
 /// need an existing, current store; `tokenctl migrate` uses ``migrate``.
 public struct StoreOpenMode: Sendable, Equatable {
     /// Create the store file (and its missing parent directories, mode 0700) when absent.
