@@ -3,8 +3,8 @@
 
 import PackageDescription
 
-/// Strict settings for the library and tools: Swift 6 mode is the package default; these add
-/// checks that keep the public surface honest.
+/// Strict settings for every library and executable target: Swift 6 mode is the package
+/// default; these add checks that keep the public surface honest.
 let strictSettings: [SwiftSetting] = [
     .enableUpcomingFeature("ExistentialAny"),
     .enableUpcomingFeature("InternalImportsByDefault"),
@@ -133,7 +133,8 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
-            path: "tools/dev-token-server/Sources/DevTokenIssuer"
+            path: "tools/dev-token-server/Sources/DevTokenIssuer",
+            swiftSettings: strictSettings
         ),
         .executableTarget(
             name: "dev-token-server",
@@ -142,7 +143,8 @@ let package = Package(
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ],
-            path: "tools/dev-token-server/Sources/dev-token-server"
+            path: "tools/dev-token-server/Sources/dev-token-server",
+            swiftSettings: strictSettings
         ),
         .executableTarget(
             name: "token-agent",
@@ -161,7 +163,8 @@ let package = Package(
                 .product(name: "Yams", package: "Yams"),
                 .product(name: "SystemPackage", package: "swift-system"),
             ],
-            path: "tools/token-agent"
+            path: "tools/token-agent",
+            swiftSettings: strictSettings
         ),
         .executableTarget(
             name: "tokenctl",
@@ -170,7 +173,8 @@ let package = Package(
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ],
-            path: "tools/tokenctl"
+            path: "tools/tokenctl",
+            swiftSettings: strictSettings
         ),
         // A helper process for tests of several processes sharing one store.
         .executableTarget(

@@ -3,6 +3,7 @@ import FleetTokenStore
 import Foundation
 import Logging
 import ServiceLifecycle
+import UnixSignals
 #if canImport(Glibc)
 import Glibc
 #endif

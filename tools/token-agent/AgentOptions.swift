@@ -2,6 +2,8 @@
 // (`--provider-url`), the environment (`TOKEN_AGENT_PROVIDER_URL`) and the config file
 // (`provider-url:`). The README's flag table is therefore also the file's reference.
 
+import Foundation
+
 /// One option of token-agent: its key (the long flag without dashes), what it holds, and how
 /// it behaves on a reload.
 struct AgentOption: Sendable {

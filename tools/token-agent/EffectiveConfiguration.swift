@@ -4,6 +4,7 @@
 
 import FleetTokenService
 import FleetTokenStore
+import Foundation
 
 /// The printable form of ``AgentSettings``.
 struct EffectiveConfiguration {

@@ -1,14 +1,14 @@
 // token-agent: the reference long-lived agent. Keeps every given subject's token fresh in the
 // store until SIGTERM/SIGINT, or (--once) makes sure each has a usable token and exits.
 
-import ArgumentParser
+public import ArgumentParser
 import Configuration
 import DevTokenIssuer
-import FleetTokenHTTP
-import FleetTokenService
+public import FleetTokenHTTP
+public import FleetTokenService
 import FleetTokenStore
 import Foundation
-import Logging
+public import Logging
 import Metrics
 import Prometheus
 import ServiceLifecycle

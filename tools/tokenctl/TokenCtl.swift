@@ -1,6 +1,6 @@
 // tokenctl: list, show, purge, count, check and migrate a token store, safely beside a live agent.
 
-import ArgumentParser
+public import ArgumentParser
 import FleetTokenStore
 import Foundation
 import Logging

@@ -1,5 +1,6 @@
 import Crypto
 import Foundation
+import Synchronization
 import Hummingbird
 import JWTKit
 import NIOCore

@@ -2,7 +2,7 @@
 //
 //   swift run dev-token-server --port 8080
 
-import ArgumentParser
+public import ArgumentParser
 import DevTokenIssuer
 import Foundation
 import Logging
