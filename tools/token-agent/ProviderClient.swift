@@ -26,11 +26,6 @@ final class ProviderClient: TokenFetcher {
         state = Mutex(State(current: 0, generations: [0: Generation(fetcher: fetcher)]))
     }
 
-    /// The configuration of the fetcher in force.
-    var configuration: HTTPTokenFetcherConfiguration {
-        state.withLock { $0.generations[$0.current]!.fetcher.configuration }
-    }
-
     func fetchToken(for key: TokenKey) async throws(TokenProviderError) -> FetchedToken {
         let (id, fetcher) = state.withLock { state in
             state.generations[state.current]!.inFlight += 1
