@@ -107,8 +107,11 @@ struct AgentReloader: Sendable {
         } catch {
             throw Refusal(path: place, message: error.description)
         }
-        let restartNeeded = AgentOption.all.filter { !$0.live && settings.values[$0.key] != proposed.values[$0.key] }.map(\.key)
-        let changed = AgentOption.all.filter { $0.live && settings.values[$0.key] != proposed.values[$0.key] }.map(\.key)
+        // Each side's values once: `values` builds a dictionary of every option.
+        let (inForce, wanted) = (settings.values, proposed.values)
+        let differing = AgentOption.all.filter { inForce[$0.key] != wanted[$0.key] }
+        let restartNeeded = differing.filter { !$0.live }.map(\.key)
+        let changed = differing.filter(\.live).map(\.key)
 
         var fileSubjects: [TokenKey] = []
         if let path = applied.subjectsFile {
