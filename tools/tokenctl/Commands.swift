@@ -213,13 +213,14 @@ struct Check: AsyncParsableCommand {
 
     func run() async throws {
         try await reportingFailures {
-            let report = await StoreCheck.run(path: store.path, options: store)
+            let report = await SQLiteTokenRepository.check(path: store.path, logger: store.logger)
+            let view = CheckView(report: report)
             if json {
-                printJSON(report.json)
+                printJSON(view.json)
             } else {
-                for line in report.lines { print(line) }
+                for line in view.lines { print(line) }
             }
-            if !report.ok { throw ExitCode(1) }
+            if !report.isHealthy { throw ExitCode(1) }
         }
     }
 }

@@ -33,10 +33,15 @@ struct StoreOptions: ParsableArguments {
         db ?? ProcessInfo.processInfo.environment["TOKEN_STORE_DB"] ?? "./tokens.sqlite"
     }
 
-    /// Opens the store as `mode` allows, turning store errors into an operator message and exit 1.
-    func open(_ mode: StoreOpenMode) throws -> SQLiteTokenRepository {
+    /// Warnings and errors on stderr (a mode too open, say); never a token.
+    var logger: Logger {
         var logger = Logger(label: "tokenctl") { StreamLogHandler.standardError(label: $0) }
         logger.logLevel = .warning
+        return logger
+    }
+
+    /// Opens the store as `mode` allows, turning store errors into an operator message and exit 1.
+    func open(_ mode: StoreOpenMode) throws -> SQLiteTokenRepository {
         do {
             return try SQLiteTokenRepository(path: path, mode: mode, logger: logger)
         } catch {

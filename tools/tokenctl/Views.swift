@@ -65,48 +65,38 @@ enum Table {
     }
 }
 
-/// What `check` found.
-struct StoreCheck {
-    var ok = true
-    var lines: [String] = []
-    var json: [String: Any] = [:]
+/// What `check` found, as `check` prints it: the library's report (``StoreCheckReport``),
+/// formatted and nothing more.
+struct CheckView {
+    let report: StoreCheckReport
 
-    static func run(path: String, options: StoreOptions) async -> StoreCheck {
-        var report = StoreCheck()
-        var problems: [String] = []
-        report.json["store"] = path
-        report.json["build_schema_version"] = SQLiteTokenRepository.buildSchemaVersion
-        // The files judged by the rules every open applies (links, owner, modes), so check and
-        // the library never disagree; a refusal among them is also what opening reports.
-        let files = SQLiteTokenRepository.inspectFiles(at: path)
-        let fileProblems = files.problems.map(\.description)
-        problems += fileProblems
-        do {
-            let repository = try options.open(.readOnly)
-            defer { repository.close() }
-            let version = try await repository.schemaVersion()
-            report.json["schema_version"] = version
-            let integrity = try await repository.integrityProblems()
-            report.json["integrity"] = integrity.isEmpty ? "ok" : integrity
-            if !integrity.isEmpty {
-                problems.append("integrity_check failed: \(integrity.prefix(3).joined(separator: "; ")); stop the agent and move the file aside (the agent starts a fresh store and refetches)")
-            }
-            report.lines.append("integrity       \(integrity.isEmpty ? "ok" : "FAILED")")
-            report.lines.append("schema version  \(version) (this build: \(SQLiteTokenRepository.buildSchemaVersion))")
-        } catch let failure as Failure {
-            if !fileProblems.contains(failure.description) { problems.append(failure.description) }
-        } catch {
-            problems.append(String(describing: error))
+    var json: [String: Any] {
+        var object: [String: Any] = [
+            "store": report.storePath, "build_schema_version": report.buildSchemaVersion,
+            "modes": modes, "problems": report.problems, "ok": report.isHealthy,
+        ]
+        if let version = report.schemaVersion { object["schema_version"] = version }
+        if let integrity = report.integrityProblems {
+            object["integrity"] = integrity.isEmpty ? "ok" : integrity
         }
-        let modes = Dictionary(files.files.map { (($0.path as NSString).lastPathComponent, String($0.mode, radix: 8)) },
-                               uniquingKeysWith: { first, _ in first })
-        report.json["modes"] = modes
-        report.lines.append("file modes      " + modes.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " "))
-        report.json["problems"] = problems
-        report.ok = problems.isEmpty
-        report.json["ok"] = report.ok
-        report.lines += problems.map { "problem: \($0)" }
-        report.lines.append(report.ok ? "ok" : "NOT OK")
-        return report
+        return object
+    }
+
+    var lines: [String] {
+        var lines: [String] = []
+        if let integrity = report.integrityProblems, let version = report.schemaVersion {
+            lines.append("integrity       \(integrity.isEmpty ? "ok" : "FAILED")")
+            lines.append("schema version  \(version) (this build: \(report.buildSchemaVersion))")
+        }
+        lines.append("file modes      " + modes.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " "))
+        lines += report.problems.map { "problem: \($0)" }
+        lines.append(report.isHealthy ? "ok" : "NOT OK")
+        return lines
+    }
+
+    /// File name to octal mode, e.g. `tokens.sqlite` to `600`.
+    private var modes: [String: String] {
+        Dictionary((report.files?.files ?? []).map { (($0.path as NSString).lastPathComponent, String($0.mode, radix: 8)) },
+                   uniquingKeysWith: { first, _ in first })
     }
 }

@@ -46,6 +46,7 @@ actor RefreshCoordinator {
 
     nonisolated let events = EventBroadcaster()
     private let repository: any TokenRepository
+    private let leases: any RefreshLeaseStore
     private let fetcher: any TokenFetcher
     private let policy: RefreshPolicy
     private let validator: TokenValidator
@@ -80,10 +81,12 @@ actor RefreshCoordinator {
     /// The supervisor's liveness signal, when one is set.
     private var heartbeat: SchedulerHeartbeat?
 
-    init(repository: any TokenRepository, fetcher: any TokenFetcher, policy: RefreshPolicy, logger: Logger,
+    init(repository: any TokenRepository, leases: any RefreshLeaseStore, fetcher: any TokenFetcher,
+         policy: RefreshPolicy, logger: Logger,
          clock: any Clock<Duration>, now: @escaping @Sendable () -> Date, random: @escaping @Sendable () -> Double,
          metrics: SyncMetrics, memory: TokenMemory) {
         self.repository = repository
+        self.leases = leases
         self.fetcher = fetcher
         self.policy = policy
         self.validator = TokenValidator(policy: policy)
@@ -318,8 +321,7 @@ actor RefreshCoordinator {
     private func takeLease(_ key: TokenKey, startedFrom: StoredToken?) async -> LeaseDecision {
         let outcome: RefreshLease
         do {
-            outcome = try await repository.acquireRefreshLease(for: key, holder: holder, now: now(),
-                                                              duration: policy.leaseDuration)
+            outcome = try await acquireLease(key)
         } catch {
             logger.warning("could not take the refresh lease; fetching without it", metadata: [
                 "key": .string(key.description), "error": .string(error.description),
@@ -440,8 +442,7 @@ actor RefreshCoordinator {
         while !Task.isCancelled {
             do { try await clock.sleep(for: interval) } catch { return }
             do {
-                if case .heldElsewhere(let other, _, _) = try await repository.acquireRefreshLease(
-                    for: key, holder: holder, now: now(), duration: policy.leaseDuration) {
+                if case .heldElsewhere(let other, _, _) = try await acquireLease(key) {
                     logger.warning("another process took over the refresh lease while this fetch ran", metadata: [
                         "key": .string(key.description), "holder": .string(other),
                     ])
@@ -472,9 +473,23 @@ actor RefreshCoordinator {
         return true
     }
 
+    /// Takes or renews `key`'s lease. A lease held by a process of this machine that has
+    /// exited is taken over at once (see ``RefreshLeaseHolder``), from exactly that holder: a
+    /// crashed agent must not hold up its restarted successor.
+    private func acquireLease(_ key: TokenKey) async throws(TokenStoreError) -> RefreshLease {
+        let outcome = try await leases.acquireRefreshLease(for: key, holder: holder, now: now(),
+                                                           duration: policy.leaseDuration)
+        guard case .heldElsewhere(let other, _, _) = outcome, RefreshLeaseHolder.isDeadProcess(other) else { return outcome }
+        logger.debug("the refresh lease's holder has exited; taking the lease over", metadata: [
+            "key": .string(key.description), "holder": .string(other),
+        ])
+        return try await leases.takeOverRefreshLease(for: key, from: other, holder: holder, now: now(),
+                                                     duration: policy.leaseDuration)
+    }
+
     private func releaseLease(_ key: TokenKey) async {
         guard leasedKeys.remove(key) != nil else { return }
-        try? await repository.releaseRefreshLeases(for: [key], holder: holder)
+        try? await leases.releaseRefreshLeases(for: [key], holder: holder)
     }
 
     // MARK: - Fetch concurrency bound
@@ -525,7 +540,7 @@ actor RefreshCoordinator {
                 // A key with a new flight running holds a new lease (same holder): leave it.
                 let keys = batch.map(\.key).filter { leasedKeys.contains($0) && inFlight[$0] == nil }
                 leasedKeys.subtract(keys)
-                try? await repository.releaseRefreshLeases(for: keys, holder: holder)
+                try? await leases.releaseRefreshLeases(for: keys, holder: holder)
                 for token in batch {
                     logger.debug("token committed to the store", metadata: [
                         "key": .string(token.key.description), "fingerprint": .string(token.fingerprint.description),
@@ -846,7 +861,7 @@ actor RefreshCoordinator {
         }
         await flushTask?.value
         if !leasedKeys.isEmpty {
-            try? await repository.releaseRefreshLeases(for: Array(leasedKeys), holder: holder)
+            try? await leases.releaseRefreshLeases(for: Array(leasedKeys), holder: holder)
             leasedKeys.removeAll()
         }
         events.finish()

@@ -28,10 +28,12 @@ public final class TokenSyncEngine: Service, Sendable {
     let wallClock: @Sendable () -> Date
     let logger: Logger
 
-    /// Creates an engine.
+    /// Creates an engine on a store that keeps tokens and refresh leases alike, such as
+    /// ``SQLiteTokenRepository``.
     ///
     /// - Parameters:
-    ///   - repository: Where tokens persist (normally ``SQLiteTokenRepository``).
+    ///   - repository: Where tokens persist and refresh leases are kept (normally
+    ///     ``SQLiteTokenRepository``).
     ///   - fetcher: Gets tokens from the provider.
     ///   - policy: Refresh rules; the defaults suit Fleet Engine.
     ///   - logger: Receives refresh, failure and clock-skew logs. Never a token value.
@@ -39,7 +41,30 @@ public final class TokenSyncEngine: Service, Sendable {
     ///   - now: The wall clock expiry is judged by; inject it together with `clock` in tests.
     ///     Defaults to ``coarseWallClock``.
     ///   - random: Uniform values in 0...1 for jitter; injectable for tests.
-    public init(repository: any TokenRepository, fetcher: any TokenFetcher,
+    public convenience init(repository: some TokenRepository & RefreshLeaseStore, fetcher: any TokenFetcher,
+                            policy: RefreshPolicy = RefreshPolicy(), logger: Logger,
+                            clock: any Clock<Duration> = ContinuousClock(),
+                            now: @escaping @Sendable () -> Date = TokenSyncEngine.coarseWallClock,
+                            random: @escaping @Sendable () -> Double = { Double.random(in: 0...1) }) {
+        self.init(repository: repository, leases: repository, fetcher: fetcher, policy: policy, logger: logger,
+                  clock: clock, now: now, random: random)
+    }
+
+    /// Creates an engine whose tokens and refresh leases may live in different stores.
+    ///
+    /// - Parameters:
+    ///   - repository: Where tokens persist (normally ``SQLiteTokenRepository``).
+    ///   - leases: Where the refresh leases that make one process fetch each key live; every
+    ///     process sharing `repository` must share these too (normally the same
+    ///     ``SQLiteTokenRepository``).
+    ///   - fetcher: Gets tokens from the provider.
+    ///   - policy: Refresh rules; the defaults suit Fleet Engine.
+    ///   - logger: Receives refresh, failure and clock-skew logs. Never a token value.
+    ///   - clock: Schedules proactive refreshes and retries; inject a test clock in tests.
+    ///   - now: The wall clock expiry is judged by; inject it together with `clock` in tests.
+    ///     Defaults to ``coarseWallClock``.
+    ///   - random: Uniform values in 0...1 for jitter; injectable for tests.
+    public init(repository: any TokenRepository, leases: any RefreshLeaseStore, fetcher: any TokenFetcher,
                 policy: RefreshPolicy = RefreshPolicy(), logger: Logger,
                 clock: any Clock<Duration> = ContinuousClock(),
                 now: @escaping @Sendable () -> Date = TokenSyncEngine.coarseWallClock,
@@ -50,7 +75,7 @@ public final class TokenSyncEngine: Service, Sendable {
         let memory = TokenMemory(policy: policy, random: random)
         self.memory = memory
         self.coordinator = RefreshCoordinator(
-            repository: repository, fetcher: fetcher, policy: policy, logger: logger, clock: clock,
+            repository: repository, leases: leases, fetcher: fetcher, policy: policy, logger: logger, clock: clock,
             now: now, random: random, metrics: metrics, memory: memory)
     }
 

@@ -118,6 +118,10 @@ struct FilesAndCorruptionTests {
             #expect(!first.openReport.checkedBeforeOpening)
             let finding = first.backgroundIntegrityFinding(waitingUpTo: 20)
             #expect(finding != nil, "the background check did not find the damage")
+            // The admin check reports it beside its own scan's findings.
+            let report = await first.check()
+            #expect(report.backgroundIntegrityFinding == finding)
+            #expect(report.problems.contains { $0.contains("background integrity check found damage") }, "\(report.problems)")
             #expect(FileManager.default.fileExists(atPath: path + ".needs-check"))
             #expect(log.messages(at: .error).contains { $0.contains("background integrity check") })
             first.close()

@@ -8,8 +8,9 @@ import Logging
 import Synchronization
 @testable import FleetTokenStore
 
-/// A repository that counts calls before forwarding them, to prove the hot path does no I/O.
-final class CountingRepository: TokenRepository, Sendable {
+/// A repository that counts the engine's store and lease calls before forwarding them, to
+/// prove the hot path does no I/O. It forwards only what the engine uses.
+final class CountingRepository: TokenRepository, RefreshLeaseStore, Sendable {
     let base: SQLiteTokenRepository
     private let counter = Mutex(0)
 
@@ -20,24 +21,24 @@ final class CountingRepository: TokenRepository, Sendable {
 
     func entry(for key: TokenKey) async throws(TokenStoreError) -> TokenEntry? { tick(); return try await base.entry(for: key) }
     func entries(for keys: [TokenKey]) async throws(TokenStoreError) -> [TokenKey: TokenEntry] { tick(); return try await base.entries(for: keys) }
-    func acquireRefreshLease(for key: TokenKey, holder: String, now: Date, duration: TimeInterval) async throws(TokenStoreError) -> RefreshLease {
-        tick(); return try await base.acquireRefreshLease(for: key, holder: holder, now: now, duration: duration)
-    }
-    func removeToken(for key: TokenKey) async throws(TokenStoreError) { tick(); try await base.removeToken(for: key) }
-    func releaseRefreshLeases(for keys: [TokenKey], holder: String) async throws(TokenStoreError) { tick(); try await base.releaseRefreshLeases(for: keys, holder: holder) }
     func upsert(_ token: StoredToken, clearFailure: Bool) async throws(TokenStoreError) { tick(); try await base.upsert(token, clearFailure: clearFailure) }
     func upsert(_ tokens: [StoredToken], clearFailure: Bool) async throws(TokenStoreError) { tick(); try await base.upsert(tokens, clearFailure: clearFailure) }
-    func list(_ filter: TokenFilter, page: TokenPage) async throws(TokenStoreError) -> [TokenEntry] { tick(); return try await base.list(filter, page: page) }
-    func purge(_ filter: TokenFilter, scope: PurgeScope) async throws(TokenStoreError) -> Int { tick(); return try await base.purge(filter, scope: scope) }
+    func removeToken(for key: TokenKey) async throws(TokenStoreError) { tick(); try await base.removeToken(for: key) }
+    func recordFailure(_ failure: RefreshFailureState, for key: TokenKey) async throws(TokenStoreError) { tick(); try await base.recordFailure(failure, for: key) }
     func retiredKeys(before cutoff: Date, after: TokenKey?, limit: Int) async throws(TokenStoreError) -> [TokenKey] {
         tick(); return try await base.retiredKeys(before: cutoff, after: after, limit: limit)
     }
     func deleteRetired(_ keys: [TokenKey], before cutoff: Date) async throws(TokenStoreError) -> Int { tick(); return try await base.deleteRetired(keys, before: cutoff) }
-    func deleteExpired(before date: Date) async throws(TokenStoreError) -> Int { tick(); return try await base.deleteExpired(before: date) }
-    func recordFailure(_ failure: RefreshFailureState, for key: TokenKey) async throws(TokenStoreError) { tick(); try await base.recordFailure(failure, for: key) }
-    func clearFailure(for key: TokenKey) async throws(TokenStoreError) { tick(); try await base.clearFailure(for: key) }
-    func stats(at now: Date, policy: RefreshPolicy) async throws(TokenStoreError) -> TokenStoreStats { tick(); return try await base.stats(at: now, policy: policy) }
     func changes() -> AsyncStream<TokenStoreChange> { base.changes() }
+
+    func acquireRefreshLease(for key: TokenKey, holder: String, now: Date, duration: TimeInterval) async throws(TokenStoreError) -> RefreshLease {
+        tick(); return try await base.acquireRefreshLease(for: key, holder: holder, now: now, duration: duration)
+    }
+    func takeOverRefreshLease(for key: TokenKey, from deadHolder: String, holder: String, now: Date,
+                              duration: TimeInterval) async throws(TokenStoreError) -> RefreshLease {
+        tick(); return try await base.takeOverRefreshLease(for: key, from: deadHolder, holder: holder, now: now, duration: duration)
+    }
+    func releaseRefreshLeases(for keys: [TokenKey], holder: String) async throws(TokenStoreError) { tick(); try await base.releaseRefreshLeases(for: keys, holder: holder) }
 }
 
 /// An engine on a fresh store in a temporary directory, with a test clock.

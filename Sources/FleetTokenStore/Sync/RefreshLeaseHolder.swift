@@ -1,3 +1,5 @@
+// Sync layer: how the engine names itself in refresh leases, and its judgement that a lease's
+// holder has died (so the lease is taken over at once, through RefreshLeaseStore's take-over).
 import Foundation
 #if canImport(Glibc)
 import Glibc
@@ -14,7 +16,9 @@ import Darwin
 /// keys. With short-lived tokens that wait is longer than the time left before the floor.
 ///
 /// The name is `pid-<pid>-<random>@<machine>`, where `<machine>` is the kernel's boot id and the
-/// PID namespace, so a PID is only ever judged in the namespace it was taken in.
+/// PID namespace, so a PID is only ever judged in the namespace it was taken in. The store only
+/// keeps lease records: the engine judges a holder with ``isDeadProcess(_:)`` and then asks the
+/// store to take the lease over from exactly that holder.
 enum RefreshLeaseHolder {
     /// A new holder name for this process.
     static func make() -> String {
