@@ -186,9 +186,10 @@ let package = Package(
             ],
             path: "Tests/EngineProbe"
         ),
-        // Test support shared by the test targets.
+        // Test support shared by the test targets, with the repository contract every store runs.
         .target(
             name: "TestSupportKit",
+            dependencies: ["FleetTokenStore"],
             path: "Tests/TestSupportKit",
             swiftSettings: testSettings
         ),

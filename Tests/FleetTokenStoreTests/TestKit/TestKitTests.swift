@@ -9,7 +9,7 @@ import Synchronization
 import Testing
 import TestSupportKit
 
-@Suite("Test kit: time, scripted fetcher, JWTs, log recorder, secret scanner")
+@Suite("Test kit: time, scripted fetcher, JWTs, log recorder, secret scanner, in-memory repository")
 struct TestKitTests {
     @Test("TestTime: advancing moves both clocks and wakes sleepers; a jump moves only the wall clock")
     func time() async throws {
@@ -130,6 +130,36 @@ struct TestKitTests {
         #expect(fetcher.count(key) >= 1)
         time.jumpWallClock(by: -3600)                           // an NTP step: only the wall clock moves
         #expect(secrets.leaks(in: log).isEmpty)                 // no token, payload or signature logged
+        await engine.shutdown()
+    }
+
+    @Test("InMemoryTokenRepository: an engine on it stores what it fetches and adopts what another view stores")
+    func inMemoryRepository() async throws {
+        let time = TestTime()
+        let fetcher = ScriptedFetcher.minting(time)
+        let store = InMemoryTokenRepository()
+        let otherProcess = store.makeView()
+        defer { store.close(); otherProcess.close() }
+        let engine = TokenSyncEngine(repository: store, fetcher: fetcher, logger: Logger(label: "test"),
+                                     clock: time.clock, now: time.wall)
+        let running = Task { try await engine.run() }
+        defer { running.cancel() }
+        let key = try TokenKey.vehicle("truck-7")
+
+        let first = try await engine.token(for: key)
+        #expect(await eventually(within: 5) { (try? await otherProcess.entry(for: key))?.token?.value == first.value })
+        // Another process stores a newer token: the engine adopts it from the change feed, no fetch.
+        // (Newer and newer ones until the engine's follower, which starts with run(), reports one.)
+        var adopted = false
+        for attempt in 1...50 where !adopted {
+            let issued = time.now + Double(attempt)
+            let newer = StoredToken(key: key, value: TestJWT.make(for: key, issuedAt: issued), expiresAt: issued + 3600,
+                                    issuedAt: issued, fetchedAt: time.now)
+            try await otherProcess.upsert(newer)
+            adopted = await eventually(within: 0.2) { (try? await engine.token(for: key))?.value == newer.value }
+        }
+        #expect(adopted)
+        #expect(fetcher.total == 1)
         await engine.shutdown()
     }
 }
