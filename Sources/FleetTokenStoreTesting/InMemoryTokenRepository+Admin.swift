@@ -89,8 +89,8 @@ extension InMemoryTokenRepository {
     // MARK: - RefreshLeaseStore
 
     /// Takes the refresh lease of `key` for `holder` unless another holder has one past `now`;
-    /// see ``RefreshLeaseStore/acquireRefreshLease(for:holder:now:duration:)``.
-    /// - Throws: ``TokenStoreError/closed(path:)`` after ``close()``.
+    /// see `RefreshLeaseStore.acquireRefreshLease(for:holder:now:duration:)`.
+    /// - Throws: `TokenStoreError.closed(path:)` after ``close()``.
     public func acquireRefreshLease(for key: TokenKey, holder: String, now: Date,
                                     duration: TimeInterval) async throws(TokenStoreError) -> RefreshLease {
         try claimLease(key, holder: holder, replacing: nil, now: now, duration: duration)
@@ -98,15 +98,15 @@ extension InMemoryTokenRepository {
 
     /// Takes the refresh lease of `key` for `holder` from `deadHolder` if that holder still has
     /// it (or the lease is free); see
-    /// ``RefreshLeaseStore/takeOverRefreshLease(for:from:holder:now:duration:)``.
-    /// - Throws: ``TokenStoreError/closed(path:)`` after ``close()``.
+    /// `RefreshLeaseStore.takeOverRefreshLease(for:from:holder:now:duration:)`.
+    /// - Throws: `TokenStoreError.closed(path:)` after ``close()``.
     public func takeOverRefreshLease(for key: TokenKey, from deadHolder: String, holder: String, now: Date,
                                      duration: TimeInterval) async throws(TokenStoreError) -> RefreshLease {
         try claimLease(key, holder: holder, replacing: deadHolder, now: now, duration: duration)
     }
 
     /// Gives up `holder`'s leases on `keys`; others' leases stay.
-    /// - Throws: ``TokenStoreError/closed(path:)`` after ``close()``.
+    /// - Throws: `TokenStoreError.closed(path:)` after ``close()``.
     public func releaseRefreshLeases(for keys: [TokenKey], holder: String) async throws(TokenStoreError) {
         try checkOpen()
         storage.state.withLock { state in
@@ -130,20 +130,20 @@ extension InMemoryTokenRepository {
     // MARK: - TokenStoreAdmin
 
     /// Entries matching `filter` in key order, one page at a time.
-    /// - Throws: ``TokenStoreError/closed(path:)`` after ``close()``.
+    /// - Throws: `TokenStoreError.closed(path:)` after ``close()``.
     public func list(_ filter: TokenFilter, page: TokenPage = TokenPage()) async throws(TokenStoreError) -> [TokenEntry] {
         try read { state in Array(state.sortedEntries(after: page.after).filter(filter.matches).prefix(max(0, page.limit))) }
     }
 
     /// How many entries a purge of `filter` with `scope` would remove.
-    /// - Throws: ``TokenStoreError/closed(path:)`` after ``close()``.
+    /// - Throws: `TokenStoreError.closed(path:)` after ``close()``.
     public func count(_ filter: TokenFilter, scope: PurgeScope) async throws(TokenStoreError) -> Int {
         try read { state in state.entries.values.filter { Self.purges($0, filter, scope) }.count }
     }
 
     /// Removes what `scope` names from the entries matching `filter`; returns how many entries
-    /// lost a token (``PurgeScope/tokens``) or went (``PurgeScope/tokensAndFailureState``).
-    /// - Throws: ``TokenStoreError/closed(path:)`` after ``close()``; nothing was deleted then.
+    /// lost a token (`PurgeScope.tokens`) or went (`PurgeScope.tokensAndFailureState`).
+    /// - Throws: `TokenStoreError.closed(path:)` after ``close()``; nothing was deleted then.
     public func purge(_ filter: TokenFilter, scope: PurgeScope = .tokens) async throws(TokenStoreError) -> Int {
         try write { transaction in
             let matching = transaction.entries.values.filter { Self.purges($0, filter, scope) }
@@ -157,7 +157,7 @@ extension InMemoryTokenRepository {
 
     /// Counts by kind and status at `now` under `policy`, and the expiry range; schema version
     /// and size are 0.
-    /// - Throws: ``TokenStoreError/closed(path:)`` after ``close()``.
+    /// - Throws: `TokenStoreError.closed(path:)` after ``close()``.
     public func stats(at now: Date = Date(), policy: RefreshPolicy = RefreshPolicy()) async throws(TokenStoreError) -> TokenStoreStats {
         try read { state in
             var counts: [TokenKind: [TokenStatus: Int]] = [:]
@@ -171,7 +171,7 @@ extension InMemoryTokenRepository {
     }
 
     /// Deletes the entries whose token expired before `date`; returns how many went.
-    /// - Throws: ``TokenStoreError/closed(path:)`` after ``close()``.
+    /// - Throws: `TokenStoreError.closed(path:)` after ``close()``.
     public func deleteExpired(before date: Date) async throws(TokenStoreError) -> Int {
         try write { transaction in
             let expired = transaction.entries.values.filter { ($0.token?.expiresAt).map { $0 < date } ?? false }
@@ -181,7 +181,7 @@ extension InMemoryTokenRepository {
     }
 
     /// Forgets the failure state of `key`; removes the entry when it holds no token.
-    /// - Throws: ``TokenStoreError/closed(path:)`` after ``close()``.
+    /// - Throws: `TokenStoreError.closed(path:)` after ``close()``.
     public func clearFailure(for key: TokenKey) async throws(TokenStoreError) {
         try write { transaction in
             guard var entry = transaction.entries[key] else { return }
@@ -191,7 +191,7 @@ extension InMemoryTokenRepository {
     }
 
     /// 0: an in-memory store has no schema.
-    /// - Throws: ``TokenStoreError/closed(path:)`` after ``close()``.
+    /// - Throws: `TokenStoreError.closed(path:)` after ``close()``.
     public func schemaVersion() async throws(TokenStoreError) -> Int {
         try checkOpen()
         return 0

@@ -9,7 +9,7 @@ public import Foundation
 import Synchronization
 
 /// A token store in memory, for tests of code built on the engine or on the repository
-/// protocols: ``TokenRepository``, ``RefreshLeaseStore`` and ``TokenStoreAdmin``, with the
+/// protocols: `TokenRepository`, `RefreshLeaseStore` and `TokenStoreAdmin`, with the
 /// behaviour of `SQLiteTokenRepository` (the repository contract suite runs against both) and
 /// no files.
 ///
@@ -29,7 +29,7 @@ import Synchronization
 ///
 /// Like the SQLite schema, the store refuses a key whose subject id is empty or longer than
 /// `TokenKey.maximumSubjectIDLength` bytes (which only unchecked test code can build): the
-/// write fails whole with a ``TokenStoreError``. An in-memory store has no schema:
+/// write fails whole with a `TokenStoreError`. An in-memory store has no schema:
 /// ``schemaVersion()`` is 0.
 public final class InMemoryTokenRepository: TokenRepository, RefreshLeaseStore, TokenStoreAdmin, Sendable {
     /// What errors and check reports name as the store's path.
@@ -59,7 +59,7 @@ public final class InMemoryTokenRepository: TokenRepository, RefreshLeaseStore, 
     }
 
     /// Closes this view: its ``changes()`` streams end, and later calls through it throw
-    /// ``TokenStoreError/closed(path:)``. Other views and the stored data are unaffected.
+    /// `TokenStoreError.closed(path:)`. Other views and the stored data are unaffected.
     public func close() {
         closed.withLock { $0 = true }
         storage.finishStreams(of: viewID)
@@ -68,13 +68,13 @@ public final class InMemoryTokenRepository: TokenRepository, RefreshLeaseStore, 
     // MARK: - Engine reads
 
     /// The entry for `key`, or nil.
-    /// - Throws: ``TokenStoreError/closed(path:)`` after ``close()``.
+    /// - Throws: `TokenStoreError.closed(path:)` after ``close()``.
     public func entry(for key: TokenKey) async throws(TokenStoreError) -> TokenEntry? {
         try read { $0.entries[key] }
     }
 
     /// The entries for `keys` that exist.
-    /// - Throws: ``TokenStoreError/closed(path:)`` after ``close()``.
+    /// - Throws: `TokenStoreError.closed(path:)` after ``close()``.
     public func entries(for keys: [TokenKey]) async throws(TokenStoreError) -> [TokenKey: TokenEntry] {
         try read { state in
             var found: [TokenKey: TokenEntry] = [:]
@@ -84,8 +84,8 @@ public final class InMemoryTokenRepository: TokenRepository, RefreshLeaseStore, 
     }
 
     /// Keys dead since before `cutoff`, in key order after `after`, at most `limit` (see
-    /// ``TokenRepository/retiredKeys(before:after:limit:)``).
-    /// - Throws: ``TokenStoreError/closed(path:)`` after ``close()``.
+    /// `TokenRepository.retiredKeys(before:after:limit:)`).
+    /// - Throws: `TokenStoreError.closed(path:)` after ``close()``.
     public func retiredKeys(before cutoff: Date, after: TokenKey?, limit: Int) async throws(TokenStoreError) -> [TokenKey] {
         try read { state in
             Array(state.sortedEntries(after: after).filter { Self.isRetired($0, before: cutoff) }.prefix(max(0, limit)).map(\.key))
@@ -101,15 +101,15 @@ public final class InMemoryTokenRepository: TokenRepository, RefreshLeaseStore, 
     // MARK: - Engine writes
 
     /// Stores `token` unless the key's token expires later (see
-    /// ``TokenRepository/upsert(_:clearFailure:)``).
-    /// - Throws: ``TokenStoreError`` for a key the store refuses, or after ``close()``; nothing
+    /// `TokenRepository.upsert(_:clearFailure:)`).
+    /// - Throws: `TokenStoreError` for a key the store refuses, or after ``close()``; nothing
     ///   was written then.
     public func upsert(_ token: StoredToken, clearFailure: Bool = true) async throws(TokenStoreError) {
         try await upsert([token], clearFailure: clearFailure)
     }
 
     /// Stores `tokens`, each as the single upsert would: all or nothing.
-    /// - Throws: ``TokenStoreError`` for a key the store refuses, or after ``close()``; nothing
+    /// - Throws: `TokenStoreError` for a key the store refuses, or after ``close()``; nothing
     ///   was written then.
     public func upsert(_ tokens: [StoredToken], clearFailure: Bool = true) async throws(TokenStoreError) {
         try write { (transaction: inout Transaction) throws(TokenStoreError) in
@@ -126,7 +126,7 @@ public final class InMemoryTokenRepository: TokenRepository, RefreshLeaseStore, 
     }
 
     /// Removes the token of `key`, keeping its failure state; the entry goes when it has none.
-    /// - Throws: ``TokenStoreError/closed(path:)`` after ``close()``.
+    /// - Throws: `TokenStoreError.closed(path:)` after ``close()``.
     public func removeToken(for key: TokenKey) async throws(TokenStoreError) {
         try write { transaction in
             guard var entry = transaction.entries[key] else { return }
@@ -136,7 +136,7 @@ public final class InMemoryTokenRepository: TokenRepository, RefreshLeaseStore, 
     }
 
     /// Records a failed refresh of `key`, creating its entry when needed.
-    /// - Throws: ``TokenStoreError`` for a key the store refuses, or after ``close()``.
+    /// - Throws: `TokenStoreError` for a key the store refuses, or after ``close()``.
     public func recordFailure(_ failure: RefreshFailureState, for key: TokenKey) async throws(TokenStoreError) {
         try write { (transaction: inout Transaction) throws(TokenStoreError) in
             try checkKey(key)
@@ -149,7 +149,7 @@ public final class InMemoryTokenRepository: TokenRepository, RefreshLeaseStore, 
     }
 
     /// Deletes the entries of `keys` still dead since before `cutoff`; returns how many went.
-    /// - Throws: ``TokenStoreError/closed(path:)`` after ``close()``.
+    /// - Throws: `TokenStoreError.closed(path:)` after ``close()``.
     public func deleteRetired(_ keys: [TokenKey], before cutoff: Date) async throws(TokenStoreError) -> Int {
         try write { transaction in
             var deleted = 0
