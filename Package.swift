@@ -189,7 +189,7 @@ let package = Package(
         // Test support shared by the test targets, with the repository contract every store runs.
         .target(
             name: "TestSupportKit",
-            dependencies: ["FleetTokenStore"],
+            dependencies: ["FleetTokenStore", "FleetTokenStoreTesting"],
             path: "Tests/TestSupportKit",
             swiftSettings: testSettings
         ),

@@ -10,16 +10,16 @@ extension RepositoryContract {
         let key = try TokenKey.vehicle("truck-7")
         #expect(try await store.entry(for: key) == nil)
         #expect(try await store.entries(for: [key]).isEmpty)
-        let first = Self.token(key, expiresIn: 600)
+        let first = token(key, expiresIn: 600)
         try await store.upsert(first)
         #expect(try await store.entry(for: key)?.token == first)
-        let second = Self.token(key, expiresIn: 3000, value: Self.fakeToken("second", length: 900))
+        let second = token(key, expiresIn: 3000, value: fakeToken("second", length: 900))
         try await store.upsert(second)
         #expect(try await store.entry(for: key)?.token == second)
         #expect(try await store.list(.all).count == 1)
 
         let trip = try TokenKey.trip("trip-1"), absent = try TokenKey.task("absent")
-        let tripToken = Self.token(trip, expiresIn: 900)
+        let tripToken = token(trip, expiresIn: 900)
         try await store.upsert(tripToken)
         #expect(try await store.entries(for: [key, trip, absent]) == [
             key: TokenEntry(key: key, token: second, failure: nil),
@@ -30,37 +30,37 @@ extension RepositoryContract {
 
     func laterExpiringTokenWins(_ store: any ContractRepository) async throws {
         let key = try TokenKey.trip("t")
-        let newer = Self.token(key, expiresIn: 3000, value: Self.fakeToken("newer"))
+        let newer = token(key, expiresIn: 3000, value: fakeToken("newer"))
         try await store.upsert(newer)
-        try await store.upsert(Self.token(key, expiresIn: 1000, value: Self.fakeToken("older")))
+        try await store.upsert(token(key, expiresIn: 1000, value: fakeToken("older")))
         #expect(try await store.entry(for: key)?.token == newer)
-        try await store.upsert([Self.token(key, expiresIn: 2000, value: Self.fakeToken("older in a batch"))])
+        try await store.upsert([token(key, expiresIn: 2000, value: fakeToken("older in a batch"))])
         #expect(try await store.entry(for: key)?.token == newer)
         // A losing write changes nothing, failure state included.
         let failure = Self.failure(1, retryIn: 5)
         try await store.recordFailure(failure, for: key)
-        try await store.upsert(Self.token(key, expiresIn: 1000), clearFailure: true)
+        try await store.upsert(token(key, expiresIn: 1000), clearFailure: true)
         #expect(try await store.entry(for: key) == TokenEntry(key: key, token: newer, failure: failure))
         // The same expiry replaces (a re-fetch that got the same lifetime).
-        let same = Self.token(key, expiresIn: 3000, value: Self.fakeToken("same expiry"))
+        let same = token(key, expiresIn: 3000, value: fakeToken("same expiry"))
         try await store.upsert(same)
         #expect(try await store.entry(for: key) == TokenEntry(key: key, token: same, failure: nil))
     }
 
     func groupUpsertAllOrNothing(_ store: any ContractRepository) async throws {
-        let batch = (0..<500).map { Self.token(try! .trip("trip-\($0)"), expiresIn: 900) }
+        let batch = (0..<500).map { token(try! .trip("trip-\($0)"), expiresIn: 900) }
         try await store.upsert(batch)
         #expect(try await store.list(.all, page: .everything).count == 500)
         try await store.upsert([])
         #expect(try await store.list(.all, page: .everything).count == 500)
 
         // A row the store refuses (a subject id TokenKey never builds) fails the batch whole.
-        var poisoned = (0..<100).map { Self.token(try! .vehicle("poison-\($0)"), expiresIn: 900) }
-        poisoned.insert(Self.token(subject.refusedKey, expiresIn: 900), at: 50)
+        var poisoned = (0..<100).map { token(try! .vehicle("poison-\($0)"), expiresIn: 900) }
+        poisoned.insert(token(subject.refusedKey, expiresIn: 900), at: 50)
         await #expect(throws: TokenStoreError.self) { try await store.upsert(poisoned) }
         #expect(try await store.list(TokenFilter(kind: .vehicle)).isEmpty)
         // Replacements in a failed batch are undone too.
-        let replacing = [Self.token(try .trip("trip-0"), expiresIn: 1900), Self.token(subject.refusedKey, expiresIn: 900)]
+        let replacing = [token(try .trip("trip-0"), expiresIn: 1900), token(subject.refusedKey, expiresIn: 900)]
         await #expect(throws: TokenStoreError.self) { try await store.upsert(replacing) }
         #expect(try await store.entry(for: try .trip("trip-0"))?.token == batch[0])
     }
@@ -75,7 +75,7 @@ extension RepositoryContract {
         try await store.clearFailure(for: key) // nothing to clear: no error, no entry
         #expect(try await store.entry(for: key) == nil)
 
-        let stored = Self.token(key, expiresIn: 600)
+        let stored = token(key, expiresIn: 600)
         try await store.upsert(stored)
         try await store.recordFailure(failure, for: key)
         #expect(try await store.entry(for: key) == TokenEntry(key: key, token: stored, failure: failure))
@@ -97,14 +97,14 @@ extension RepositoryContract {
 
     func removeTokenKeepsFailureState(_ store: any ContractRepository) async throws {
         let key = try TokenKey.trip("t")
-        try await store.upsert(Self.token(key, expiresIn: 3000))
+        try await store.upsert(token(key, expiresIn: 3000))
         let failure = Self.failure(2, retryIn: 4)
         try await store.recordFailure(failure, for: key)
         try await store.removeToken(for: key)
         #expect(try await store.entry(for: key) == TokenEntry(key: key, token: nil, failure: failure))
         // Without failure state the entry goes entirely.
         let other = try TokenKey.trip("u")
-        try await store.upsert(Self.token(other, expiresIn: 100))
+        try await store.upsert(token(other, expiresIn: 100))
         try await store.removeToken(for: other)
         #expect(try await store.entry(for: other) == nil)
         try await store.removeToken(for: try .trip("never-stored"))
@@ -165,7 +165,7 @@ extension RepositoryContract {
         // Purging a failing key's token keeps its backoff; naming the failure state removes it too.
         let key = try TokenKey.vehicle("truck-7")
         let failure = Self.failure(3, retryIn: 240, kind: "httpStatus")
-        try await store.upsert(Self.token(key, expiresIn: -60))
+        try await store.upsert(token(key, expiresIn: -60))
         try await store.recordFailure(failure, for: key)
         #expect(try await store.purge(TokenFilter(validity: .expired(asOf: now))) == 1)
         let kept = try await store.entry(for: key)
@@ -180,11 +180,11 @@ extension RepositoryContract {
     func retiredKeys(_ store: any ContractRepository) async throws {
         let cutoff = Self.now
         let old = try (0..<5).map { try TokenKey.trip("old-\($0)") }
-        try await store.upsert(old.map { Self.token($0, expiresIn: -3600) })
+        try await store.upsert(old.map { token($0, expiresIn: -3600) })
         let fresh = try TokenKey.trip("fresh"), failing = try TokenKey.trip("failing-recently")
         let backingOff = try TokenKey.trip("backing-off")
-        try await store.upsert([Self.token(fresh, expiresIn: 60), Self.token(failing, expiresIn: -3600),
-                                Self.token(backingOff, expiresIn: -7200)])
+        try await store.upsert([token(fresh, expiresIn: 60), token(failing, expiresIn: -3600),
+                                token(backingOff, expiresIn: -7200)])
         try await store.recordFailure(Self.failure(1, retryIn: 30, at: 1), for: failing)
         // Failed long ago, but its Retry-After runs past the cutoff: its backoff must survive.
         try await store.recordFailure(Self.failure(4, retryIn: 600, kind: "httpStatus", at: -3000), for: backingOff)
@@ -193,7 +193,7 @@ extension RepositoryContract {
         #expect(try await store.retiredKeys(before: cutoff, after: firstPage.last, limit: 3) == Array(old.suffix(2)))
         #expect(try await store.retiredKeys(before: cutoff, after: nil, limit: 0).isEmpty)
         // A key refreshed since it was listed is not deleted.
-        try await store.upsert(Self.token(old[0], expiresIn: 600))
+        try await store.upsert(token(old[0], expiresIn: 600))
         #expect(try await store.deleteRetired(old + [fresh, failing, backingOff], before: cutoff) == 4)
         #expect(try await store.list(.all).map(\.key).sorted { $0.subjectID < $1.subjectID } == [backingOff, failing, fresh, old[0]])
         #expect(try await store.deleteRetired([], before: cutoff) == 0)
@@ -203,8 +203,8 @@ extension RepositoryContract {
         let expired = try TokenKey.vehicle("expired"), expiredFailing = try TokenKey.vehicle("expired-failing")
         let failureOnly = try TokenKey.vehicle("failure-only"), valid = try TokenKey.vehicle("valid")
         let atTheDate = try TokenKey.vehicle("expires-at-the-date")
-        try await store.upsert([Self.token(expired, expiresIn: -10), Self.token(expiredFailing, expiresIn: -10),
-                                Self.token(valid, expiresIn: 10), Self.token(atTheDate, expiresIn: 0)])
+        try await store.upsert([token(expired, expiresIn: -10), token(expiredFailing, expiresIn: -10),
+                                token(valid, expiresIn: 10), token(atTheDate, expiresIn: 0)])
         try await store.recordFailure(Self.failure(1, retryIn: 60), for: expiredFailing)
         try await store.recordFailure(Self.failure(1, retryIn: -60, at: -100), for: failureOnly)
         #expect(try await store.deleteExpired(before: Self.now) == 2)
@@ -215,8 +215,8 @@ extension RepositoryContract {
     func stats(_ store: any ContractRepository) async throws {
         try await Self.seed(store)
         // Add refresh-due and backoff-with-token entries.
-        try await store.upsert(Self.token(try .vehicle("v-due"), expiresIn: 300)) // 3600 s lifetime, 92% used
-        try await store.upsert(Self.token(try .vehicle("v-backoff"), expiresIn: 1200))
+        try await store.upsert(token(try .vehicle("v-due"), expiresIn: 300)) // 3600 s lifetime, 92% used
+        try await store.upsert(token(try .vehicle("v-backoff"), expiresIn: 1200))
         try await store.recordFailure(Self.failure(1, retryIn: 5), for: try .vehicle("v-backoff"))
         let now = Self.now
         for time in [now, now + 10, now + 1000, now + 4000] {

@@ -11,7 +11,7 @@ extension RepositoryContract {
         let now = Self.now
         let key = try TokenKey.vehicle("truck-7")
         #expect(try await store.acquireRefreshLease(for: key, holder: "A", now: now, duration: 30) == .acquired(current: nil))
-        let token = Self.token(key, expiresIn: 600)
+        let token = token(key, expiresIn: 600)
         try await store.upsert(token)
         let entry = TokenEntry(key: key, token: token, failure: nil)
         // Another holder is refused while the lease runs, and sees the entry read with the answer.
@@ -67,7 +67,7 @@ extension RepositoryContract {
     func leaseTakeOver(_ store: any ContractRepository, _ other: any ContractRepository) async throws {
         let now = Self.now
         let key = try TokenKey.vehicle("truck-7")
-        let token = Self.token(key, expiresIn: 600)
+        let token = token(key, expiresIn: 600)
         try await store.upsert(token)
         let entry = TokenEntry(key: key, token: token, failure: nil)
         #expect(try await store.acquireRefreshLease(for: key, holder: "A", now: now, duration: 30) == .acquired(current: entry))
@@ -98,14 +98,14 @@ extension RepositoryContract {
         let probe = try TokenKey.task("feed-probe")
         var live = false
         for attempt in 1...40 where !live {
-            try await other.upsert(Self.token(probe, expiresIn: 600 + Double(attempt)))
+            try await other.upsert(token(probe, expiresIn: 600 + Double(attempt)))
             live = await eventually(within: 0.25) { recorder.elements.contains(.upserted(probe)) }
         }
         try #require(live, "the change feed never reported another view's write")
 
         let own = try TokenKey.vehicle("own"), theirs = try TokenKey.vehicle("theirs")
-        try await store.upsert(Self.token(own, expiresIn: 600))
-        try await other.upsert(Self.token(theirs, expiresIn: 600))
+        try await store.upsert(token(own, expiresIn: 600))
+        try await other.upsert(token(theirs, expiresIn: 600))
         #expect(await eventually(within: 10) { recorder.elements.contains(.upserted(theirs)) })
         // Changes arrive in commit order: what this view wrote before would have come first.
         #expect(!recorder.elements.contains(.upserted(own)))
@@ -119,22 +119,22 @@ extension RepositoryContract {
         // Failure bookkeeping is no news: a token change after it arrives, it does not.
         let failing = try TokenKey.trip("failing"), marker = try TokenKey.trip("marker")
         try await other.recordFailure(Self.failure(1, retryIn: 30), for: failing)
-        try await other.upsert(Self.token(marker, expiresIn: 600))
+        try await other.upsert(token(marker, expiresIn: 600))
         #expect(await eventually(within: 10) { recorder.elements.contains(.upserted(marker)) })
         #expect(!recorder.elements.contains { $0 == .upserted(failing) || $0 == .removed(failing) })
 
         // This view's own removal is not reported back either.
-        try await store.upsert(Self.token(own, expiresIn: 900))
+        try await store.upsert(token(own, expiresIn: 900))
         #expect(await eventually(within: 10) { (try? await other.entry(for: own)) != nil })
         try await store.removeToken(for: own)
-        try await other.upsert(Self.token(marker, expiresIn: 900))
+        try await other.upsert(token(marker, expiresIn: 900))
         #expect(await eventually(within: 10) { recorder.elements.filter { $0 == .upserted(marker) }.count == 2 })
         #expect(recorder.elements.filter { $0 == .removed(own) }.count == 1)
         #expect(!recorder.elements.contains(.unknown))
     }
 
     func healthCheck(_ store: any ContractRepository) async {
-        try? await store.upsert(Self.token(try! .vehicle("v"), expiresIn: 600))
+        try? await store.upsert(token(try! .vehicle("v"), expiresIn: 600))
         let report = await store.check()
         #expect(report.isHealthy, "\(report.problems)")
         #expect(report.problems.isEmpty)

@@ -125,24 +125,8 @@ public struct RepositoryContract: Sendable {
 
     // MARK: - Shared data
 
-    /// The time the checks' tokens and leases are relative to (a whole number of seconds, so
-    /// every store keeps it exactly).
-    static let now = Date(timeIntervalSince1970: 1_800_000_000)
-
-    /// A plausible token value (not a signed JWT; storage does not validate).
-    static func fakeToken(_ seed: String, length: Int = 120) -> String {
-        var text = "eyJhbGciOiJSUzI1NiJ9.\(Data(seed.utf8).base64EncodedString())."
-        while text.count < length { text += "x" }
-        return text
-    }
-
-    /// A token of `key` expiring `seconds` after ``now``, issued `lifetime` before its expiry.
-    static func token(_ key: TokenKey, expiresIn seconds: TimeInterval, lifetime: TimeInterval = 3600,
-                      value: String? = nil) -> StoredToken {
-        let expires = now.addingTimeInterval(seconds)
-        return StoredToken(key: key, value: value ?? fakeToken("\(key)-\(seconds)"), expiresAt: expires,
-                           issuedAt: expires.addingTimeInterval(-lifetime), fetchedAt: expires.addingTimeInterval(-lifetime))
-    }
+    /// The time the checks' tokens and leases are relative to.
+    static var now: Date { referenceNow }
 
     /// A failure state recorded at `now + at`, retrying `retryIn` seconds after ``now``.
     static func failure(_ count: Int, retryIn: TimeInterval, kind: String = "timeout", message: String? = nil,
@@ -151,9 +135,9 @@ public struct RepositoryContract: Sendable {
                             lastErrorMessage: message, lastFailureAt: now + at)
     }
 
-    /// 3 valid vehicles, 2 expired vehicles, 2 valid trips, 1 expired trip, 1 trip with only
-    /// failure state.
-    static func seed(_ store: any ContractRepository) async throws {
+    /// Fills `store` with 3 valid vehicles, 2 expired vehicles, 2 valid trips, 1 expired trip
+    /// and 1 trip with only failure state, relative to `referenceNow`.
+    public static func seed(_ store: any ContractRepository) async throws {
         var tokens: [StoredToken] = []
         for i in 0..<3 { tokens.append(token(try .vehicle("v-valid-\(i)"), expiresIn: 1800)) }
         for i in 0..<2 { tokens.append(token(try .vehicle("v-expired-\(i)"), expiresIn: -60)) }

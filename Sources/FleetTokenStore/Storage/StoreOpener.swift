@@ -1,3 +1,4 @@
+import FleetTokenMigrations
 import Foundation
 import GRDB
 import Logging

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import TestSupportKit
 import FleetTokenStore
 
 @Suite("Relative time descriptions")

@@ -10,18 +10,11 @@ struct RepositoryTests {
     let dir = Scratch()
     var path: String { dir.file("tokens.sqlite") }
 
-    /// 3 valid vehicles, 2 expired vehicles, 2 valid trips, 1 expired trip, 1 trip with only failure state.
+    /// The contract's seed: 3 valid vehicles, 2 expired vehicles, 2 valid trips, 1 expired
+    /// trip, 1 trip with only failure state.
     func seeded() async throws -> SQLiteTokenRepository {
         let store = try openStore(path)
-        var tokens: [StoredToken] = []
-        for i in 0..<3 { tokens.append(token(try .vehicle("v-valid-\(i)"), expiresIn: 1800)) }
-        for i in 0..<2 { tokens.append(token(try .vehicle("v-expired-\(i)"), expiresIn: -60)) }
-        for i in 0..<2 { tokens.append(token(try .trip("t-valid-\(i)"), expiresIn: 1800)) }
-        tokens.append(token(try .trip("t-expired-0"), expiresIn: -1))
-        try await store.upsert(tokens)
-        try await store.recordFailure(RefreshFailureState(consecutiveFailures: 2, nextAttemptAt: referenceNow + 30,
-                                                          lastErrorKind: "timeout", lastFailureAt: referenceNow),
-                                      for: try .trip("t-failing"))
+        try await RepositoryContract.seed(store)
         return store
     }
 

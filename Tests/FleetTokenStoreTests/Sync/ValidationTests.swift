@@ -1,6 +1,7 @@
 import FleetTokenStoreTesting
 import Foundation
 import Testing
+import TestSupportKit
 @testable import FleetTokenStore
 
 @Suite("Validation of every fetched token")
