@@ -109,7 +109,20 @@ public final class TokenSyncEngine: Service, Sendable {
     /// refresh past its soft point; nil on a miss.
     @usableFromInline
     func tokenFromMemory(_ key: TokenKey) -> StoredToken? {
-        switch memory.lookup(key, localNow: wallClock()) {
+        let localNow = wallClock()
+        if let token = memory.freshToken(key, localNow: localNow) {
+            metrics.hits.increment()
+            return token
+        }
+        return tokenPastSoftPoint(key, localNow: localNow)
+    }
+
+    /// The rest of ``tokenFromMemory(_:)``, decided afresh under the lock: a token past its soft
+    /// point (counted, its refresh started by the first caller), or nil on a miss. Out of line,
+    /// so that the fresh path's frame stays small (inlined, the task creation cost every hit).
+    @inline(never)
+    func tokenPastSoftPoint(_ key: TokenKey, localNow: Date) -> StoredToken? {
+        switch memory.lookup(key, localNow: localNow) {
         case .fresh(let token):
             metrics.hits.increment()
             return token
