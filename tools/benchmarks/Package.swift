@@ -75,6 +75,15 @@ let package = Package(
             ],
             path: "Sources/BareRoute"
         ),
+        // The hit ratio's figure: hit and baseline in alternating blocks, median of the rounds' ratios.
+        .executableTarget(
+            name: "token-store-hit-pair",
+            dependencies: [
+                "BenchmarkSupport",
+                .product(name: "FleetTokenStore", package: "FleetTokenStore"),
+            ],
+            path: "Sources/HitPair"
+        ),
         // One path in a loop, for counting its instructions under valgrind's callgrind.
         .executableTarget(
             name: "token-store-profile",

@@ -163,3 +163,23 @@ public final class RawSQLite: @unchecked Sendable {
         return Int(sqlite3_changes(handle))
     }
 }
+
+/// A store file, a repository and an engine holding fresh tokens for `key` and 1,000 other keys,
+/// beside the hit baseline: a locked dictionary of token strings as large, the seed samples'
+/// approach. Shared by the package-benchmark pair and `token-store-hit-pair`.
+public final class HitFixture: Sendable {
+    public let engine: TokenSyncEngine
+    public let key = try! TokenKey.vehicle("hot-vehicle")
+    public let store: SQLiteTokenRepository
+    public let dictionary: Mutex<[TokenKey: String]>
+
+    public init() async throws {
+        store = try SQLiteTokenRepository(path: scratchDirectory("hit") + "/tokens.sqlite", logger: quietLogger)
+        engine = TokenSyncEngine(repository: store, fetcher: MintingFetcher(), logger: quietLogger)
+        let token = try await engine.token(for: key)
+        var map: [TokenKey: String] = [key: token.value]
+        for other in vehicleKeys(1000) { map[other] = token.value }
+        dictionary = Mutex(map)
+        for other in vehicleKeys(1000) { _ = try await engine.token(for: other) }
+    }
+}

@@ -3,6 +3,7 @@
 //
 //   valgrind --tool=callgrind .build/release/token-store-profile hit 100000
 //
+// (see the README's "Profiling a missed goal" for the debug-information step valgrind 3.19 needs).
 // Modes: hit, hit-baseline, persist, persist-raw, persist-raw-shape, open <path>.
 
 import BenchmarkSupport
@@ -18,83 +19,100 @@ guard let mode = arguments.first else {
 let count = arguments.dropFirst().first.flatMap(Int.init) ?? 10_000
 let key = try! TokenKey.vehicle("hot-vehicle")
 
-switch mode {
-case "hit", "hit-baseline":
-    let store = try SQLiteTokenRepository(path: scratchDirectory("profile-hit") + "/tokens.sqlite", logger: quietLogger)
-    let engine = TokenSyncEngine(repository: store, fetcher: MintingFetcher(), logger: quietLogger)
-    let first = try await engine.token(for: key)
-    let dictionary = Mutex([key: first.value])
-    // Off the main actor, as a server's tasks are: a main-actor caller would hop on every call.
-    try await Task.detached {
-        let start = ContinuousClock.now
-        if mode == "hit" {
-            for _ in 0..<count { blackHoleValue(try await engine.token(for: key)) }
-        } else {
-            for _ in 0..<count { blackHoleValue(dictionary.withLock { $0[key] }) }
-        }
-        let elapsed = ContinuousClock.now - start
-        print("\(mode): \(Double(elapsed.components.attoseconds) / 1e9 / Double(count) + Double(elapsed.components.seconds) * 1e9 / Double(count)) ns per call")
-    }.value
-case "persist-harness", "persist-raw-harness":
-    // Each write in a fresh task started from a dispatch thread, timed inside the task, the way
-    // package-benchmark runs an async benchmark's iterations.
-    let directory = scratchDirectory("profile-harness")
-    let store = try SQLiteTokenRepository(path: directory + "/tokens.sqlite", logger: quietLogger)
-    try SQLiteTokenRepository(path: directory + "/raw.sqlite", logger: quietLogger).close()
-    let raw = RawSQLite(path: directory + "/raw.sqlite")
-    let value = realisticJWT(for: key, issuedAt: Date())
-    let total = Accumulator()
-    let throughRepository = mode == "persist-harness"
-    for n in 0..<count {
-        let now = Date(timeIntervalSince1970: 1_800_000_000 + Double(n))
-        let token = StoredToken(key: key, value: value, expiresAt: now + 3600, issuedAt: now, fetchedAt: now)
-        let done = DispatchSemaphore(value: 0)
-        DispatchQueue.global(qos: .userInitiated).async {
-            Task {
-                let start = ContinuousClock.now
-                if throughRepository { try? await store.upsert(token) } else { raw.upsert(token) }
-                let elapsed = ContinuousClock.now - start
-                total.value.withLock { $0 += elapsed }
-                total.samples.withLock { $0.append(elapsed) }
-                done.signal()
-            }
-        }
-        done.wait()
+// A synchronous main that blocks on a semaphore, not an async one: once an async main awaits,
+// the main thread parks in libdispatch's `rt_sigsuspend` with its mask in read-only memory,
+// and valgrind 3.19, which writes to that mask, crashes (VALGRIND INTERNAL ERROR, SIGSEGV).
+let finished = DispatchSemaphore(value: 0)
+Task.detached {
+    do {
+        try await profile(mode: mode, count: count)
+    } catch {
+        FileHandle.standardError.write(Data("token-store-profile: \(error)\n".utf8))
+        exit(1)
     }
-    let sorted = total.samples.withLock { $0.sorted() }
-    print("\(mode): p50 \(sorted[sorted.count / 2])")
-    let elapsed = total.value.withLock { $0 }
-    print("\(mode): \(Double(elapsed.components.seconds) * 1e6 / Double(count) + Double(elapsed.components.attoseconds) / 1e12 / Double(count)) µs per upsert")
-case "persist", "persist-raw", "persist-raw-shape":
-    let directory = scratchDirectory("profile-persist")
-    let store = try SQLiteTokenRepository(path: directory + "/tokens.sqlite", logger: quietLogger)
-    let raw = RawSQLite(path: directory + "/tokens.sqlite")
-    let value = realisticJWT(for: key, issuedAt: Date())
-    try await Task.detached {
-        let start = ContinuousClock.now
+    finished.signal()
+}
+finished.wait()
+
+func profile(mode: String, count: Int) async throws {
+    switch mode {
+    case "hit", "hit-baseline":
+        let store = try SQLiteTokenRepository(path: scratchDirectory("profile-hit") + "/tokens.sqlite", logger: quietLogger)
+        let engine = TokenSyncEngine(repository: store, fetcher: MintingFetcher(), logger: quietLogger)
+        let first = try await engine.token(for: key)
+        let dictionary = Mutex([key: first.value])
+        // Off the main actor, as a server's tasks are: a main-actor caller would hop on every call.
+        try await Task.detached {
+            let start = ContinuousClock.now
+            if mode == "hit" {
+                for _ in 0..<count { blackHoleValue(try await engine.token(for: key)) }
+            } else {
+                for _ in 0..<count { blackHoleValue(dictionary.withLock { $0[key] }) }
+            }
+            let elapsed = ContinuousClock.now - start
+            print("\(mode): \(Double(elapsed.components.attoseconds) / 1e9 / Double(count) + Double(elapsed.components.seconds) * 1e9 / Double(count)) ns per call")
+        }.value
+    case "persist-harness", "persist-raw-harness":
+        // Each write in a fresh task started from a dispatch thread, timed inside the task, the way
+        // package-benchmark runs an async benchmark's iterations.
+        let directory = scratchDirectory("profile-harness")
+        let store = try SQLiteTokenRepository(path: directory + "/tokens.sqlite", logger: quietLogger)
+        try SQLiteTokenRepository(path: directory + "/raw.sqlite", logger: quietLogger).close()
+        let raw = RawSQLite(path: directory + "/raw.sqlite")
+        let value = realisticJWT(for: key, issuedAt: Date())
+        let total = Accumulator()
+        let throughRepository = mode == "persist-harness"
         for n in 0..<count {
             let now = Date(timeIntervalSince1970: 1_800_000_000 + Double(n))
             let token = StoredToken(key: key, value: value, expiresAt: now + 3600, issuedAt: now, fetchedAt: now)
-            switch mode {
-            case "persist": try await store.upsert(token)
-            case "persist-raw": raw.upsert(token)
-            default: raw.upsertInTransactionShape(token)
+            let done = DispatchSemaphore(value: 0)
+            DispatchQueue.global(qos: .userInitiated).async {
+                Task {
+                    let start = ContinuousClock.now
+                    if throughRepository { try? await store.upsert(token) } else { raw.upsert(token) }
+                    let elapsed = ContinuousClock.now - start
+                    total.value.withLock { $0 += elapsed }
+                    total.samples.withLock { $0.append(elapsed) }
+                    done.signal()
+                }
             }
+            done.wait()
         }
-        let elapsed = ContinuousClock.now - start
+        let sorted = total.samples.withLock { $0.sorted() }
+        print("\(mode): p50 \(sorted[sorted.count / 2])")
+        let elapsed = total.value.withLock { $0 }
         print("\(mode): \(Double(elapsed.components.seconds) * 1e6 / Double(count) + Double(elapsed.components.attoseconds) / 1e12 / Double(count)) µs per upsert")
-    }.value
-case "open":
-    let path = String(arguments.dropFirst().first ?? "tokens.sqlite")
-    for _ in 0..<3 {
-        let store = try SQLiteTokenRepository(path: path, logger: quietLogger)
-        let engine = TokenSyncEngine(repository: store, fetcher: MintingFetcher(), logger: quietLogger)
-        blackHoleValue(try await engine.token(for: .vehicle("v500")))
-        store.close()
+    case "persist", "persist-raw", "persist-raw-shape":
+        let directory = scratchDirectory("profile-persist")
+        let store = try SQLiteTokenRepository(path: directory + "/tokens.sqlite", logger: quietLogger)
+        let raw = RawSQLite(path: directory + "/tokens.sqlite")
+        let value = realisticJWT(for: key, issuedAt: Date())
+        try await Task.detached {
+            let start = ContinuousClock.now
+            for n in 0..<count {
+                let now = Date(timeIntervalSince1970: 1_800_000_000 + Double(n))
+                let token = StoredToken(key: key, value: value, expiresAt: now + 3600, issuedAt: now, fetchedAt: now)
+                switch mode {
+                case "persist": try await store.upsert(token)
+                case "persist-raw": raw.upsert(token)
+                default: raw.upsertInTransactionShape(token)
+                }
+            }
+            let elapsed = ContinuousClock.now - start
+            print("\(mode): \(Double(elapsed.components.seconds) * 1e6 / Double(count) + Double(elapsed.components.attoseconds) / 1e12 / Double(count)) µs per upsert")
+        }.value
+    case "open":
+        let path = String(arguments.dropFirst().first ?? "tokens.sqlite")
+        for _ in 0..<3 {
+            let store = try SQLiteTokenRepository(path: path, logger: quietLogger)
+            let engine = TokenSyncEngine(repository: store, fetcher: MintingFetcher(), logger: quietLogger)
+            blackHoleValue(try await engine.token(for: .vehicle("v500")))
+            store.close()
+        }
+    default:
+        FileHandle.standardError.write(Data("unknown mode \(mode)\n".utf8))
+        exit(64)
     }
-default:
-    FileHandle.standardError.write(Data("unknown mode \(mode)\n".utf8))
-    exit(64)
 }
 
 @inline(never) func blackHoleValue<T>(_ value: T) { withExtendedLifetime(value) {} }
