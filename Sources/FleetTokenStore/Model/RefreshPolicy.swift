@@ -78,4 +78,16 @@ public struct RefreshPolicy: Sendable, Equatable {
         let nominal = nominalBackoff(afterFailures: failures, retryable: retryable)
         return nominal / 2 + nominal / 2 * min(max(random, 0), 1)
     }
+
+    /// Longest `Retry-After` honoured, so a hostile or broken header cannot stop refreshes for days.
+    static let maximumRetryAfter: TimeInterval = 3600
+
+    /// The delay before the next attempt after `failures` failures in a row: the jittered
+    /// backoff, or the provider's `Retry-After` (up to ``maximumRetryAfter``) when longer.
+    func retryDelay(afterFailures failures: Int, retryable: Bool, retryAfter: TimeInterval?,
+                    random: Double) -> TimeInterval {
+        let delay = jitteredBackoff(afterFailures: failures, retryable: retryable, random: random)
+        guard let retryAfter else { return delay }
+        return max(delay, min(retryAfter, Self.maximumRetryAfter))
+    }
 }

@@ -17,6 +17,15 @@ struct MemoryEntry: Sendable {
 }
 
 extension MemoryEntry {
+    /// No usable token any more (none stored, expired, removed); `failure` stays.
+    mutating func clearToken(keeping failure: RefreshFailureState?) {
+        token = nil
+        softPoint = .distantPast
+        usableUntil = .distantPast
+        self.failure = failure
+        refreshRequested = false
+    }
+
     /// The hot-path decision for this entry at provider-corrected `now`, recording the use.
     mutating func hit(now: Date, localNow: Date) -> MemoryLookup {
         guard let token else { return .miss }
@@ -150,12 +159,19 @@ final class TokenMemory: Sendable {
             var entry = state[entry: key] ?? MemoryEntry(
                 token: nil, source: .store, softPoint: .distantPast, usableUntil: .distantPast,
                 failure: nil, lastError: nil, lastUsed: .distantPast, refreshRequested: false)
-            entry.token = nil
-            entry.softPoint = .distantPast
-            entry.usableUntil = .distantPast
-            entry.failure = failure
-            entry.refreshRequested = false
+            entry.clearToken(keeping: failure)
             state[entry: key] = entry
+        }
+    }
+
+    /// Like ``installEmpty(_:failure:)``, only while memory still holds `expected` for `key`;
+    /// returns whether it did (a flight may have installed a newer token meanwhile).
+    func installEmpty(_ key: TokenKey, failure: RefreshFailureState?, ifHolding expected: StoredToken?) -> Bool {
+        state.withLock { state in
+            guard var entry = state[entry: key], entry.token == expected else { return false }
+            entry.clearToken(keeping: failure)
+            state[entry: key] = entry
+            return true
         }
     }
 

@@ -244,7 +244,7 @@ public final class TokenSyncEngine: Service, Sendable {
     /// loop is wedged stops calling it, so the supervisor can restart the process. `beat` runs
     /// on the engine's actor: it must be quick and must not wait.
     public func setHeartbeat(every interval: Duration, _ beat: @escaping @Sendable () -> Void) async {
-        await coordinator.setHeartbeat(every: interval, beat)
+        coordinator.parts.scheduler.setHeartbeat(every: interval, beat)
     }
 
     // MARK: - Service

@@ -22,11 +22,19 @@ public struct TokenValidator: Sendable {
     /// returns it ready to store.
     /// - Throws: ``TokenValidationError``.
     public func validate(_ fetched: FetchedToken, for key: TokenKey, now: Date) throws(TokenValidationError) -> StoredToken {
-        let value = fetched.value
-        var expiry = fetched.statedExpiry
+        try validate(ProviderAnswer(fetched), for: key, now: now, previous: nil)
+    }
+
+    /// Validates a decoded answer; with `previous` (the token held), a token that expires no
+    /// later than it is refused as ``TokenValidationError/noProgress(expiresAt:)``: a provider
+    /// that caches tokens must not cause a refresh loop.
+    func validate(_ answer: ProviderAnswer, for key: TokenKey, now: Date,
+                  previous: StoredToken?) throws(TokenValidationError) -> StoredToken {
+        let value = answer.fetched.value
+        var expiry = answer.fetched.statedExpiry
         var issuedAt: Date?
-        if JWTClaims.hasJWTShape(value) || value.contains(".") {
-            let claims = try JWTClaims.decode(value)
+        if let decoded = answer.claims {
+            let claims = try decoded.get()
             issuedAt = claims.issuedAt
             if let exp = claims.expiresAt { expiry = min(expiry ?? exp, exp) }
             if issuedAt == nil && !policy.allowOpaqueTokens { throw .missingIssuedAt }
@@ -48,6 +56,7 @@ public struct TokenValidator: Sendable {
         }
         let token = StoredToken(key: key, value: value, expiresAt: expiresAt, issuedAt: issuedAt, fetchedAt: now)
         if expiresAt.timeIntervalSince(now) <= policy.floor(of: token) { throw .expired(expiresAt: expiresAt) }
+        if let previous, expiresAt <= previous.expiresAt { throw .noProgress(expiresAt: previous.expiresAt) }
         return token
     }
 
@@ -62,4 +71,26 @@ public struct TokenValidator: Sendable {
             throw .subjectMismatch(expected: key.subjectID, claim: claim, found: found ?? "(absent)")
         }
     }
+}
+
+/// A provider's answer with its JWT decoded once, on the way from the fetcher to validation:
+/// the engine learns the provider's clock from the same claims the validator checks.
+struct ProviderAnswer: Sendable {
+    let fetched: FetchedToken
+    /// The decoded claims, or why they could not be decoded; nil when the value is not JWT-shaped
+    /// (an opaque token).
+    let claims: Result<JWTClaims, TokenValidationError>?
+
+    init(_ fetched: FetchedToken) {
+        self.fetched = fetched
+        let value = fetched.value
+        if JWTClaims.hasJWTShape(value) || value.contains(".") {
+            do throws(TokenValidationError) { claims = .success(try JWTClaims.decode(value)) } catch { claims = .failure(error) }
+        } else {
+            claims = nil
+        }
+    }
+
+    /// The JWT's `iat`, when it has one.
+    var issuedAt: Date? { try? claims?.get().issuedAt }
 }

@@ -1,0 +1,200 @@
+// Sync layer: single flight across processes sharing a store. Takes, renews and releases each
+// key's refresh lease, takes over a dead holder's, and waits on the change feed for a live one.
+import Foundation
+import Logging
+import Synchronization
+
+/// This process's side of the refresh leases in a ``RefreshLeaseStore``.
+///
+/// A flight holds its key's lease from before the fetch until its token is stored; the flight
+/// then hands it to the group commit (``handOver(_:)``), which releases it after the write
+/// (``releaseHandedOver(_:)``) unless a new flight of the key has taken it again meanwhile.
+final class CrossProcessLease: Sendable {
+    /// The lease store's answer, with the dead-holder decision made.
+    enum Answer: Sendable, Equatable {
+        case granted(current: TokenEntry?)
+        case busy(holder: String, holderIsDead: Bool, until: Date, current: TokenEntry?)
+        case unavailable
+    }
+
+    private struct Held: Sendable {
+        var keys: Set<TokenKey> = []
+        /// Held keys whose flight is over, waiting for their token's commit.
+        var handedOver: Set<TokenKey> = []
+    }
+
+    /// Names this process in leases, so others can tell when it died.
+    let holder = RefreshLeaseHolder.make()
+    private let store: any RefreshLeaseStore
+    private let changes: @Sendable () -> AsyncStream<TokenStoreChange>
+    private let duration: TimeInterval
+    private let clock: any Clock<Duration>
+    private let now: @Sendable () -> Date
+    private let logger: Logger
+    private let held = Mutex(Held())
+
+    init(store: any RefreshLeaseStore, changes: @escaping @Sendable () -> AsyncStream<TokenStoreChange>,
+         duration: TimeInterval, clock: any Clock<Duration>, now: @escaping @Sendable () -> Date, logger: Logger) {
+        self.store = store
+        self.changes = changes
+        self.duration = duration
+        self.clock = clock
+        self.now = now
+        self.logger = logger
+    }
+
+    /// One attempt at `key`'s lease.
+    func take(_ key: TokenKey) async -> Answer {
+        do {
+            return note(key, try await store.acquireRefreshLease(for: key, holder: holder, now: now(), duration: duration))
+        } catch {
+            logger.warning("could not take the refresh lease; fetching without it", metadata: [
+                "key": .string(key.description), "error": .string(error.description),
+            ])
+            return .unavailable
+        }
+    }
+
+    /// Takes `key`'s lease from `deadHolder`, a process of this machine that no longer exists,
+    /// if it still holds it.
+    func takeOver(_ key: TokenKey, from deadHolder: String) async -> Answer {
+        do {
+            let answer = try await store.takeOverRefreshLease(for: key, from: deadHolder, holder: holder, now: now(),
+                                                              duration: duration)
+            if case .acquired = answer {
+                logger.notice("took over the refresh lease of a process that died", metadata: [
+                    "key": .string(key.description), "holder": .string(deadHolder),
+                ])
+            }
+            return note(key, answer)
+        } catch {
+            logger.warning("could not take over a dead process's refresh lease; fetching without it", metadata: [
+                "key": .string(key.description), "error": .string(error.description),
+            ])
+            return .unavailable
+        }
+    }
+
+    private func note(_ key: TokenKey, _ lease: RefreshLease) -> Answer {
+        switch lease {
+        case .acquired(let current):
+            held.withLock { held in
+                held.keys.insert(key)
+                held.handedOver.remove(key)
+            }
+            return .granted(current: current)
+        case .heldElsewhere(let other, let until, let current):
+            logger.debug("another process is refreshing this key; waiting for its result", metadata: [
+                "key": .string(key.description), "holder": .string(other),
+            ])
+            return .busy(holder: other, holderIsDead: RefreshLeaseHolder.isDeadProcess(other), until: until, current: current)
+        }
+    }
+
+    func holds(_ key: TokenKey) -> Bool {
+        held.withLock { $0.keys.contains(key) }
+    }
+
+    /// Runs `fetch`, renewing `key`'s lease every third of its duration meanwhile when held (a
+    /// slow provider must not let the lease lapse and another process fetch the same key).
+    func renewing<T: Sendable>(_ key: TokenKey, _ fetch: @escaping @Sendable () async -> T) async -> T {
+        guard holds(key) else { return await fetch() }
+        return await withTaskGroup(of: T?.self) { group in
+            group.addTask { await fetch() }
+            group.addTask { await self.renewUntilCancelled(key); return nil }
+            while let next = await group.next() {
+                if let next {
+                    group.cancelAll()
+                    return next
+                }
+            }
+            preconditionFailure("the fetch child always returns a value")
+        }
+    }
+
+    private func renewUntilCancelled(_ key: TokenKey) async {
+        let interval = Duration.milliseconds(Int64(max(duration / 3, 0.01) * 1000))
+        while !Task.isCancelled {
+            do { try await clock.sleep(for: interval) } catch { return }
+            do {
+                if case .heldElsewhere(let other, _, _) = try await store.acquireRefreshLease(
+                    for: key, holder: holder, now: now(), duration: duration) {
+                    logger.warning("another process took over the refresh lease while this fetch ran", metadata: [
+                        "key": .string(key.description), "holder": .string(other),
+                    ])
+                    return
+                }
+            } catch {
+                logger.debug("could not renew the refresh lease; will retry", metadata: [
+                    "key": .string(key.description), "error": .string(error.description),
+                ])
+            }
+        }
+    }
+
+    /// Waits up to `seconds` for the change feed to mention `key` (another process's fetch
+    /// stored or failed): true when it did; false when the time passed or the feed ended
+    /// (a closing or feedless repository), which is no signal either way.
+    func waitForChange(of key: TokenKey, seconds: TimeInterval) async -> Bool {
+        let clock = self.clock
+        // A stream per wait: cancelling its reader below ends it.
+        let changes = self.changes()
+        return await withTaskGroup(of: Bool?.self) { group in
+            group.addTask {
+                for await change in changes {
+                    switch change {
+                    case .upserted(let changed), .removed(let changed): if changed == key { return true }
+                    case .unknown: return true
+                    }
+                }
+                return nil
+            }
+            group.addTask {
+                try? await clock.sleep(for: .milliseconds(Int64((seconds * 1000).rounded(.up))))
+                return false
+            }
+            var first = await group.next() ?? false
+            if first == nil { first = await group.next() ?? false }
+            group.cancelAll()
+            return first ?? false
+        }
+    }
+
+    /// A flight's token goes to the group commit: the lease stays until it is stored.
+    func handOver(_ key: TokenKey) {
+        held.withLock { held in
+            if held.keys.contains(key) { held.handedOver.insert(key) }
+        }
+    }
+
+    /// Releases the leases of `keys` handed over and not taken again since.
+    func releaseHandedOver(_ keys: [TokenKey]) async {
+        let released = held.withLock { held in
+            let released = keys.filter { held.handedOver.remove($0) != nil }
+            held.keys.subtract(released)
+            return released
+        }
+        guard !released.isEmpty else { return }
+        try? await store.releaseRefreshLeases(for: released, holder: holder)
+    }
+
+    /// Releases `key`'s lease when held.
+    func release(_ key: TokenKey) async {
+        let had = held.withLock { held in
+            held.handedOver.remove(key)
+            return held.keys.remove(key) != nil
+        }
+        guard had else { return }
+        try? await store.releaseRefreshLeases(for: [key], holder: holder)
+    }
+
+    /// Shutdown: releases every lease still held.
+    func releaseAll() async {
+        let keys = held.withLock { held in
+            defer { held = Held() }
+            return Array(held.keys)
+        }
+        guard !keys.isEmpty else { return }
+        try? await store.releaseRefreshLeases(for: keys, holder: holder)
+    }
+}

@@ -1,0 +1,89 @@
+// Sync layer: what the coordinator and its flights share: memory, the schedule, the lease, the
+// fetch slots, the group commit, the clocks and the reporting. Plain references, no logic of
+// its own beyond the few memory operations both sides perform.
+import CoreMetrics
+import Foundation
+import Logging
+import Synchronization
+
+/// Set once when the engine starts shutting down; flights check it between steps.
+final class ShutdownFlag: Sendable {
+    private let flag = Atomic<Bool>(false)
+
+    init() {}
+
+    var isSet: Bool { flag.load(ordering: .acquiring) }
+
+    func set() { flag.store(true, ordering: .releasing) }
+}
+
+/// The engine's collaborators, shared by ``RefreshCoordinator`` and each ``RefreshFlight``.
+struct EngineParts: Sendable {
+    let policy: RefreshPolicy
+    let memory: TokenMemory
+    let repository: any TokenRepository
+    let fetcher: any TokenFetcher
+    let validator: TokenValidator
+    let lease: CrossProcessLease
+    let slots: FetchSlots
+    let scheduler: RefreshScheduler
+    let committer: GroupCommitter
+    let skew: ClockSkewTracker
+    let health: StoreHealth
+    let events: EventBroadcaster
+    let metrics: SyncMetrics
+    let logger: Logger
+    let now: @Sendable () -> Date
+    let random: @Sendable () -> Double
+    let shutdown: ShutdownFlag
+
+    /// The time now, local and provider-corrected.
+    var moment: RefreshMoment {
+        let local = now()
+        return RefreshMoment(corrected: memory.correctedNow(local), local: local)
+    }
+
+    /// Schedules `key` at its soft point, at its next attempt while backing off, or now when it
+    /// holds no usable token. When it comes due, an idle untracked key is evicted instead.
+    func scheduleNextRefresh(_ key: TokenKey) {
+        scheduler.schedule(key, at: RefreshDecision.nextRefresh(of: memory.entry(key), at: moment))
+    }
+
+    /// Installs a token another process stored when it is newer than ours, and reports and
+    /// reschedules the key; a flight of the key queued for a fetch slot is let go.
+    @discardableResult
+    func adoptIfNewer(_ token: StoredToken, failure: RefreshFailureState?) -> Bool {
+        guard RefreshDecision.shouldAdopt(token, over: memory.entry(token.key)?.token) else { return false }
+        memory.install(token, source: .otherProcess, failure: failure)
+        slots.endWait(for: token.key)
+        logger.info("adopted a token another process stored", metadata: [
+            "key": .string(token.key.description), "fingerprint": .string(token.fingerprint.description),
+        ])
+        events.emit(.refreshed(key: token.key, fingerprint: token.fingerprint, expiresAt: token.expiresAt, source: .otherProcess))
+        scheduleNextRefresh(token.key)
+        return true
+    }
+
+    /// Reads the stored entries of `keys` into memory; keys the store lacks are remembered as
+    /// empty so a miss does not read the store again.
+    func load(_ keys: [TokenKey]) async {
+        guard !keys.isEmpty else { return }
+        let found: [TokenKey: TokenEntry]
+        do {
+            found = try await repository.entries(for: keys)
+        } catch {
+            logger.warning("could not read stored tokens; they will be fetched", metadata: ["error": .string(error.description)])
+            return
+        }
+        let corrected = moment.corrected
+        for key in keys where memory.entry(key) == nil {
+            let entry = found[key]
+            if let token = entry?.token, RefreshDecision.isUsable(token, at: corrected, policy: policy) {
+                memory.install(token, source: .store, failure: entry?.failure)
+                metrics.storeReuses.increment()
+            } else {
+                memory.installEmpty(key, failure: entry?.failure)
+            }
+        }
+    }
+}

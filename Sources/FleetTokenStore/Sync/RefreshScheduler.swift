@@ -1,0 +1,91 @@
+// Sync layer: when each key is next refreshed. A deadline-ordered queue, a sleep on the
+// injected clock that an earlier deadline or a finished flight cuts short, and the heartbeat.
+import Foundation
+import Synchronization
+
+/// The proactive-refresh schedule: one sleeping loop (the coordinator's) over a deadline queue,
+/// however many keys are tracked. Deadlines are provider-corrected times.
+final class RefreshScheduler: Sendable {
+    private struct State: Sendable {
+        var queue = DeadlineQueue()
+        var heartbeat: SchedulerHeartbeat?
+    }
+
+    /// Longest uninterrupted sleep; bounds the effect of wall-clock jumps.
+    static let maximumSleep: TimeInterval = 30
+
+    private let state = Mutex(State())
+    /// Something changed since the loop last looked: it must look again before sleeping.
+    private let wakes = WakeSignal()
+    private let clock: any Clock<Duration>
+    private let elapsed: @Sendable () -> Duration
+
+    init(clock: any Clock<Duration>) {
+        self.clock = clock
+        elapsed = Self.elapsedReader(clock)
+    }
+
+    /// Sets `key`'s deadline, waking the loop when it is the new earliest.
+    func schedule(_ key: TokenKey, at due: Date) {
+        if state.withLock({ $0.queue.schedule(key, at: due) }) { wake() }
+    }
+
+    func cancel(_ key: TokenKey) {
+        state.withLock { $0.queue.cancel(key) }
+    }
+
+    func deadline(of key: TokenKey) -> Date? {
+        state.withLock { $0.queue.deadline(of: key) }
+    }
+
+    /// Removes and returns up to `limit` keys due at `now`, earliest first.
+    func popDue(at now: Date, limit: Int) -> [TokenKey] {
+        state.withLock { $0.queue.popDue(at: now, limit: limit) }
+    }
+
+    var earliest: Date? { state.withLock { $0.queue.earliest } }
+
+    /// Makes the loop look again now (ends its sleep, or keeps it from starting one).
+    func wake() {
+        wakes.signal()
+    }
+
+    /// Whether a wake was requested since the last call; clears the request.
+    func takeWakeRequest() -> Bool {
+        wakes.take()
+    }
+
+    /// Calls `beat` from the loop at least every `interval`.
+    func setHeartbeat(every interval: Duration, _ beat: @escaping @Sendable () -> Void) {
+        state.withLock { $0.heartbeat = SchedulerHeartbeat(interval: interval, beat: beat) }
+        wake()
+    }
+
+    /// Beats when due; returns how long the loop may sleep before the next beat (nil: no heartbeat).
+    func beatIfDue() -> Duration? {
+        let now = elapsed()
+        // The beat is quick by contract (one datagram), so it may run under the lock.
+        return state.withLock { state in
+            guard var heartbeat = state.heartbeat else { return nil }
+            defer { state.heartbeat = heartbeat }
+            return heartbeat.beatIfDue(at: now)
+        }
+    }
+
+    /// Sleeps `seconds` on the injected clock, or until ``wake()`` or cancellation.
+    func sleep(seconds: TimeInterval) async {
+        let clock = self.clock
+        let duration = Duration.milliseconds(Int64((seconds * 1000).rounded(.up)))
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask { _ = try? await clock.sleep(for: duration) }
+            group.addTask { await self.wakes.wait() }
+            await group.next()
+            group.cancelAll()
+        }
+    }
+
+    private static func elapsedReader<C: Clock>(_ clock: C) -> @Sendable () -> Duration where C.Duration == Duration {
+        let origin = clock.now
+        return { origin.duration(to: clock.now) }
+    }
+}
