@@ -1,14 +1,14 @@
-// Token service, policy layer: at most one forced refetch per key per interval.
+// Service layer: the token API's policy of at most one forced refetch per key per interval.
 
-public import FleetTokenStore
-public import Foundation
+import FleetTokenStore
+import Foundation
 import Synchronization
 
 /// Limits `POST /v1/invalidate` to one forced fetch per key per ``interval``, so a client that
 /// loops on a rejected token cannot turn the agent into a fetch loop against the provider.
-public final class InvalidationLimiter: Sendable {
+final class InvalidationLimiter: Sendable {
     /// What the limiter decided.
-    public enum Decision: Sendable, Equatable {
+    enum Decision: Sendable, Equatable {
         /// Invalidate now.
         case allowed
         /// Refused: the last forced fetch of the key was less than an interval ago; retry after this many seconds.
@@ -16,17 +16,17 @@ public final class InvalidationLimiter: Sendable {
     }
 
     /// The shortest time between two forced fetches of one key.
-    public let interval: TimeInterval
+    let interval: TimeInterval
     private let last = Mutex<[TokenKey: ContinuousClock.Instant]>([:])
 
     /// A limiter allowing one invalidation per key per `interval` seconds.
-    public init(interval: TimeInterval) {
+    init(interval: TimeInterval) {
         self.interval = interval
     }
 
     /// Decides for `key` at `now` (monotonic, so a wall-clock step neither blocks nor frees a
     /// key), recording an allowed invalidation.
-    public func admit(_ key: TokenKey, now: ContinuousClock.Instant) -> Decision {
+    func admit(_ key: TokenKey, now: ContinuousClock.Instant) -> Decision {
         last.withLock { last in
             if let previous = last[key] {
                 let elapsed = Self.seconds(now - previous)

@@ -1,4 +1,4 @@
-// Token service, service-manager layer: what the agent tells systemd (or any manager speaking
+// Service layer: what the agent tells systemd (or any manager speaking
 // the sd_notify protocol) about itself: ready, reloading, stopping, a status line, watchdog pings.
 // Written against the protocol's description (one datagram of KEY=VALUE lines to the Unix socket
 // named by $NOTIFY_SOCKET); no library provides it on Linux.
@@ -25,7 +25,7 @@ import Glibc
 ///   again after a failure. Calls are serialized, so messages arrive in the order sent.
 public final class SystemdNotifier: Sendable {
     /// The `NOTIFY_SOCKET` value, as given (nil when unset or empty).
-    public let notifySocket: String?
+    let notifySocket: String?
     /// How often to send ``watchdog()``: half of `WATCHDOG_USEC`, as systemd recommends, so a
     /// ping delayed by a busy moment still arrives in time. `nil` when there is no notification
     /// socket, `WATCHDOG_USEC` is missing, zero or not a number, or `WATCHDOG_PID` names another

@@ -2,7 +2,7 @@
 // by TestSupportKit's NotifySocketReceiver standing in for systemd. Waits are bounded receives.
 
 import FleetTokenStoreTesting
-import FleetTokenService
+@testable import FleetTokenService
 import Foundation
 import Logging
 import TestSupportKit

@@ -1,3 +1,6 @@
+// Model layer: the rules the sync engine follows to reuse, refresh and retry tokens, and the
+// arithmetic that applies them (internal: the engine's, not an API).
+
 public import Foundation
 
 /// The rules the sync engine follows to reuse, refresh and retry tokens. Every value is
@@ -53,7 +56,7 @@ public struct RefreshPolicy: Sendable, Equatable {
 
     /// The time after which `token` should be refreshed: `softPointFraction` of its lifetime,
     /// moved earlier by `jitter` (0...1) × `softPointJitterFraction` of its lifetime.
-    public func softPoint(of token: StoredToken, jitter: Double) -> Date {
+    func softPoint(of token: StoredToken, jitter: Double) -> Date {
         let start = token.issuedAt ?? token.fetchedAt
         let lifetime = token.lifetime
         let fraction = softPointFraction - min(max(jitter, 0), 1) * softPointJitterFraction
@@ -61,12 +64,12 @@ public struct RefreshPolicy: Sendable, Equatable {
     }
 
     /// Seconds of remaining life under which `token` is never handed out.
-    public func floor(of token: StoredToken) -> TimeInterval {
+    func floor(of token: StoredToken) -> TimeInterval {
         min(floorSeconds, floorFraction * token.lifetime)
     }
 
     /// The nominal delay before retry number `failures` (1 = first failure), before jitter.
-    public func nominalBackoff(afterFailures failures: Int, retryable: Bool) -> TimeInterval {
+    func nominalBackoff(afterFailures failures: Int, retryable: Bool) -> TimeInterval {
         let base = retryable ? backoffBase : max(backoffBase, nonRetryableBackoffBase)
         let exponent = Double(min(max(failures - 1, 0), 62))
         return min(backoffCap, base * pow(2, exponent))
@@ -74,7 +77,7 @@ public struct RefreshPolicy: Sendable, Equatable {
 
     /// The delay with equal jitter: half the nominal delay plus a random part up to the other
     /// half, so the random part never shortens it below half. `random` is in 0...1.
-    public func jitteredBackoff(afterFailures failures: Int, retryable: Bool, random: Double) -> TimeInterval {
+    func jitteredBackoff(afterFailures failures: Int, retryable: Bool, random: Double) -> TimeInterval {
         let nominal = nominalBackoff(afterFailures: failures, retryable: retryable)
         return nominal / 2 + nominal / 2 * min(max(random, 0), 1)
     }

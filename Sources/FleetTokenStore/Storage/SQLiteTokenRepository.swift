@@ -26,7 +26,7 @@ import Synchronization
 public final class SQLiteTokenRepository: TokenRepository, RefreshLeaseStore, TokenStoreAdmin {
     /// The store file's absolute path.
     public let path: String
-    /// What opening did: creation, migration, tightened modes, quarantine.
+    /// What opening did: creation, migration, quarantine.
     public let openReport: StoreOpenReport
     /// The configuration the store was opened with.
     public let configuration: StoreConfiguration

@@ -1,3 +1,5 @@
+// Storage layer: how to open a token store, and what opening did.
+
 public import Foundation
 
 /// How to open a token store: what the opener may create, change or repair.
@@ -65,13 +67,6 @@ public struct StoreConfiguration: Sendable, Equatable {
     /// header or was truncated is caught at every open regardless, at a cost that does not grow
     /// with the store. Default ``IntegrityCheckTiming/whenNeeded``.
     public var integrityCheck: IntegrityCheckTiming = .whenNeeded
-    /// The earlier switch for the full check: true is ``IntegrityCheckTiming/whenNeeded``,
-    /// false is ``IntegrityCheckTiming/never``.
-    @available(*, deprecated, renamed: "integrityCheck")
-    public var quickCheckOnOpen: Bool {
-        get { integrityCheck != .never }
-        set { integrityCheck = newValue ? .whenNeeded : .never }
-    }
     /// How often the store looks for changes made by other processes (`PRAGMA data_version`,
     /// one query on one connection). Default 0.25 s, so changes are seen well within a second.
     public var changePollInterval: TimeInterval = 0.25
@@ -97,9 +92,9 @@ public struct StoreOpenReport: Sendable, Equatable {
     /// Why the quarantined store was judged corrupt.
     public var corruptionDetail: String?
     /// True when the full integrity check ran before opening (see ``IntegrityCheckTiming``).
-    public var checkedBeforeOpening: Bool = false
-    /// Files whose modes were looser than 0600 and were tightened.
-    public var tightenedFiles: [String] = []
+    var checkedBeforeOpening: Bool = false
+    /// Files whose modes were looser than 0600 and were tightened (each was also logged).
+    var tightenedFiles: [String] = []
     /// Schema version found on disk before migrating (0 for a new store).
     public var schemaVersionBefore: Int = 0
     /// Schema version after opening.

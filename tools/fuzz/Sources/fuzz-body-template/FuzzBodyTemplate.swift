@@ -15,7 +15,9 @@
 // template gives it back exactly); a form body gets no `&`, `=`, `+` or space from the id, and
 // the fixed template's field decodes back to the id; a plain-text body contains the id.
 
-import FleetTokenStore
+// @testable: the harness reads bodies with the library's own JSON reader, JSONValue, which is
+// internal (the fuzz build is a debug build, so testing is enabled).
+@testable import FleetTokenStore
 import Foundation
 import FuzzSupport
 

@@ -12,7 +12,9 @@
 //   byte 1, bits 0-2: `now` (see `clocks`); bit 3: allow opaque tokens; bit 4: pass `now` as
 //           the provider's Date header.
 
-import FleetTokenStore
+// @testable: JSONValue (the library's own JSON reader) is internal and RelativeTime is
+// package-only (the fuzz build is a debug build, so testing is enabled).
+@testable import FleetTokenStore
 import Foundation
 import FuzzSupport
 

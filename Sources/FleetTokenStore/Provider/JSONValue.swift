@@ -1,8 +1,11 @@
-public import Foundation
+// Provider layer: any JSON value, for the provider's answers and JWT payloads, whose field names
+// are configured at run time or vary. Internal: the library's own reader, not an API.
+
+import Foundation
 
 /// Any JSON value, for reading documents whose field names are configured at run time (provider
 /// answers) or whose claims vary (JWT payloads). Numbers are `Double`, as JSON defines them.
-public enum JSONValue: Sendable, Equatable, Codable {
+enum JSONValue: Sendable, Equatable, Codable {
     /// `null`.
     case null
     /// `true` / `false`.
@@ -17,7 +20,7 @@ public enum JSONValue: Sendable, Equatable, Codable {
     case object([String: JSONValue])
 
     /// Decodes any JSON value.
-    public init(from decoder: any Decoder) throws {
+    init(from decoder: any Decoder) throws {
         let container = try decoder.singleValueContainer()
         if container.decodeNil() {
             self = .null
@@ -35,7 +38,7 @@ public enum JSONValue: Sendable, Equatable, Codable {
     }
 
     /// Encodes the value.
-    public func encode(to encoder: any Encoder) throws {
+    func encode(to encoder: any Encoder) throws {
         var container = encoder.singleValueContainer()
         switch self {
         case .null: try container.encodeNil()
@@ -48,24 +51,24 @@ public enum JSONValue: Sendable, Equatable, Codable {
     }
 
     /// Parses a JSON document; nil when it is not valid JSON.
-    public static func parse(_ data: Data) -> JSONValue? {
+    static func parse(_ data: Data) -> JSONValue? {
         try? JSONDecoder().decode(JSONValue.self, from: data)
     }
 
     /// The members of an object, else nil.
-    public var objectValue: [String: JSONValue]? {
+    var objectValue: [String: JSONValue]? {
         if case .object(let members) = self { return members }
         return nil
     }
 
     /// The string, else nil.
-    public var stringValue: String? {
+    var stringValue: String? {
         if case .string(let value) = self { return value }
         return nil
     }
 
     /// The number, else nil.
-    public var numberValue: Double? {
+    var numberValue: Double? {
         if case .number(let value) = self { return value }
         return nil
     }
