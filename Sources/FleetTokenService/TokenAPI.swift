@@ -1,5 +1,6 @@
-// Token service, HTTP layer: the routes of the local token API and the rules every request
-// meets (request header, no forwarding headers, access log). Runs on Hummingbird.
+// Service layer: the local token API's routes, on Hummingbird. How it answers is in
+// TokenAPI+Responses.swift; the rules every request meets (request header, no forwarding
+// headers, access log) are TokenAPIAccessRules.
 
 public import FleetTokenStore
 public import Foundation
@@ -88,7 +89,7 @@ public struct TokenAPI: Sendable {
     /// The router with every route and rule.
     public func router() -> Router<BasicRequestContext> {
         let router = Router(context: BasicRequestContext.self)
-        router.add(middleware: AccessRules(logger: logger))
+        router.add(middleware: TokenAPIAccessRules(logger: logger))
         router.get("/v1/token/:kind/:id") { request, context in try await self.token(request, context) }
         router.post("/v1/invalidate/:kind/:id") { _, context in try await self.invalidate(context) }
         router.get("/v1/subjects") { _, _ in await self.subjects() }
@@ -181,146 +182,5 @@ public struct TokenAPI: Sendable {
         }
         return Response(status: .ok, headers: [.contentType: "text/plain; version=0.0.4; charset=utf-8"],
                         body: .init(byteBuffer: ByteBuffer(string: text)))
-    }
-
-    // MARK: helpers
-
-    /// The key named by the path, or the refusal: `404` unknown kind, `400` bad id, `403` not allowed.
-    func subject(_ context: BasicRequestContext) -> Result<TokenKey, Refusal> {
-        let kindText = context.parameters.get("kind") ?? ""
-        guard let kind = TokenKind(rawValue: kindText) else {
-            return .failure(Refusal(Self.json(.notFound, ["error": "unknown kind: use vehicle, trip, deliveryVehicle or task"])))
-        }
-        let raw = context.parameters.get("id") ?? ""
-        guard let id = raw.contains("%") ? raw.removingPercentEncoding : raw else {
-            return .failure(Refusal(Self.json(.badRequest, ["error": "the id is not valid percent-encoding"])))
-        }
-        let key: TokenKey
-        do {
-            key = try TokenKey(kind: kind, subjectID: id)
-        } catch {
-            return .failure(Refusal(Self.json(.badRequest, ["error": error.description])))
-        }
-        guard subjectsInForce.state.withLock({ $0.allowList.allows(key) }) else {
-            return .failure(Refusal(Self.json(.forbidden, ["error": "\(key) is not a configured subject and matches no allow pattern"])))
-        }
-        return .success(key)
-    }
-
-    func unavailable(_ error: TokenUnavailable) -> Response {
-        let lastError: String
-        switch error.reason {
-        // The kind only: a provider's message can quote what it was sent.
-        case .provider(let providerError): lastError = providerError.kind
-        case .store: lastError = "store"
-        case .shuttingDown: lastError = "shutting_down"
-        }
-        var object: [String: Any] = ["error": "no usable token for \(error.key)", "last_error_kind": lastError]
-        var headers: HTTPFields = [:]
-        if let next = error.nextAttemptAt {
-            object["next_attempt_at"] = Self.timestamp(next)
-            headers[.retryAfter] = "\(max(1, Int(next.timeIntervalSinceNow.rounded(.up))))"
-        }
-        return Self.json(.serviceUnavailable, object, headers: headers)
-    }
-
-    static func prefersPlainText(_ accept: String) -> Bool {
-        let types = accept.split(separator: ",").map { $0.split(separator: ";").first.map { $0.trimmingCharacters(in: .whitespaces).lowercased() } ?? "" }
-        guard let plain = types.firstIndex(of: "text/plain") else { return false }
-        return types.firstIndex(of: "application/json").map { plain < $0 } ?? true
-    }
-
-    /// `2026-11-23T12:53:27Z` (UTC, whole seconds), as `Date.ISO8601FormatStyle` writes it,
-    /// without a formatter per call.
-    static func timestamp(_ date: Date) -> String {
-        var seconds = time_t(date.timeIntervalSince1970.rounded(.down))
-        var parts = tm()
-        guard gmtime_r(&seconds, &parts) != nil else { return date.formatted(.iso8601) }
-        func two(_ value: Int32) -> String { value < 10 ? "0\(value)" : "\(value)" }
-        return "\(parts.tm_year + 1900)-\(two(parts.tm_mon + 1))-\(two(parts.tm_mday))T\(two(parts.tm_hour)):\(two(parts.tm_min)):\(two(parts.tm_sec))Z"
-    }
-
-    static func json(_ status: HTTPResponse.Status, _ object: Any, headers: HTTPFields = [:]) -> Response {
-        var headers = headers
-        headers[.contentType] = "application/json"
-        let data = (try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes])) ?? Data("{}".utf8)
-        return Response(status: status, headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: data)))
-    }
-
-    /// A response refusing a request, as an error value.
-    struct Refusal: Error {
-        let response: Response
-        init(_ response: Response) { self.response = response }
-    }
-}
-
-/// The allow list and readiness subjects in force, shared by every copy of a ``TokenAPI`` (the
-/// router's closures hold copies) so that a reload reaches them all.
-final class SubjectsInForce: Sendable {
-    let state: Mutex<(allowList: SubjectAllowList, readiness: [TokenKey])>
-
-    init(allowList: SubjectAllowList, readiness: [TokenKey]) {
-        state = Mutex((allowList, readiness))
-    }
-}
-
-/// Whether the store can be written, as the engine's events last said. Shared by the API's
-/// readiness check and the service that follows the events.
-public final class StoreHealth: Sendable {
-    private let state = Mutex<String?>(nil)
-
-    /// A healthy store.
-    public init() {}
-
-    /// The last write failure, or nil when writes work.
-    public var problem: String? { state.withLock { $0 } }
-
-    /// Records the engine's store events.
-    public func record(_ event: TokenSyncEvent) {
-        switch event {
-        case .storeDegraded(let error): state.withLock { $0 = error.description }
-        case .storeRecovered: state.withLock { $0 = nil }
-        default: break
-        }
-    }
-}
-
-/// The rules every request meets, and the access log (kind, id, status, fingerprint, latency;
-/// never a token).
-struct AccessRules: RouterMiddleware {
-    typealias Context = BasicRequestContext
-    let logger: Logger
-
-    func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
-        let started = ContinuousClock.now
-        let response: Response
-        if request.headers[.init("X-Forwarded-For")!] != nil || request.headers[.init("Forwarded")!] != nil {
-            response = TokenAPI.json(.forbidden, ["error": "requests through a proxy are refused (X-Forwarded-For or Forwarded present)"])
-        } else if request.uri.path.hasPrefix("/v1/"), request.headers[TokenAPI.requestHeader]?.lowercased() != "true" {
-            response = TokenAPI.json(.forbidden, ["error": "add the header Fleet-Token-Request: true"])
-        } else {
-            do {
-                response = try await next(request, context)
-            } catch let error as HTTPError {
-                response = TokenAPI.json(error.status, ["error": error.body ?? error.status.reasonPhrase])
-            }
-        }
-        // Built only when the log level lets it through (the metadata is an autoclosure).
-        logger.info("token API request", metadata: Self.metadata(request, response, since: started))
-        return response
-    }
-
-    static func metadata(_ request: Request, _ response: Response, since started: ContinuousClock.Instant) -> Logger.Metadata {
-        var metadata: Logger.Metadata = [
-            "method": "\(request.method)", "path": "\(request.uri.path)", "status": "\(response.status.code)",
-            "latency_ms": "\(milliseconds(ContinuousClock.now - started))",
-        ]
-        if let fingerprint = response.headers[TokenAPI.fingerprintHeader] { metadata["fingerprint"] = "\(fingerprint)" }
-        return metadata
-    }
-
-    static func milliseconds(_ duration: Duration) -> String {
-        let (seconds, attoseconds) = duration.components
-        return String(format: "%.2f", Double(seconds) * 1000 + Double(attoseconds) / 1e15)
     }
 }

@@ -76,12 +76,7 @@ struct TokenAPITests {
 
     @Test("/metrics is Prometheus text and its counters move")
     func metrics() async throws {
-        let scratch = Scratch()
-        let issuer = try await IssuerProcess(scratch: scratch)
-        let agent = try await APIAgent.start(scratch, provider: issuer.template, ["--vehicle", "v-1"])
-        try await withAPIClient { client in
-            let api = APIClient.unix(agent.socket, client)
-            #expect(try await eventually(within: 20) { try await api.send("/readyz").status == 200 })
+        try await withServingAgent(["--vehicle", "v-1"]) { api, _ in
             let before = try await api.send("/metrics", marked: false)
             #expect(before.status == 200)
             #expect(before.headers.first(name: "Content-Type")?.hasPrefix("text/plain; version=0.0.4") == true)
@@ -92,19 +87,12 @@ struct TokenAPITests {
             let after = try await api.send("/metrics")
             #expect(sample("fleet_tokens_cache_hits_total", in: after.body) == hits + 5)
         }
-        #expect(await agent.stop() == 0)
     }
 
     @Test("1,000 concurrent clients asking for one missing key cause exactly one provider fetch")
     func singleFlightThroughTheAPI() async throws {
-        let scratch = Scratch()
-        let issuer = try await IssuerProcess(scratch: scratch)
         // A slow provider: every client is waiting while the one fetch runs.
-        let agent = try await APIAgent.start(scratch, provider: issuer.template + "?fault=slow&delay_ms=700",
-                                             ["--vehicle", "v-0", "--allow", "vehicle:*"])
-        try await withAPIClient { client in
-            let api = APIClient.unix(agent.socket, client)
-            #expect(try await eventually(within: 20) { try await api.send("/readyz").status == 200 })
+        try await withServingAgent(providerQuery: "?fault=slow&delay_ms=700", ["--vehicle", "v-0", "--allow", "vehicle:*"]) { api, issuer in
             let issuedBefore = try await issuer.stats().issued
             let answers = try await withThrowingTaskGroup(of: APIClient.Answer.self) { group in
                 for _ in 0..<1000 { group.addTask { try await api.send("/v1/token/vehicle/new-1") } }
@@ -115,17 +103,11 @@ struct TokenAPITests {
             #expect(Set(answers.compactMap { $0.headers.first(name: "Fleet-Token-Fingerprint") }).count == 1)
             #expect(try await issuer.stats().issued - issuedBefore == 1)
         }
-        #expect(await agent.stop() == 0)
     }
 
     @Test("invalidate leads to exactly one fetch; a second within the interval is refused with Retry-After")
     func invalidate() async throws {
-        let scratch = Scratch()
-        let issuer = try await IssuerProcess(scratch: scratch)
-        let agent = try await APIAgent.start(scratch, provider: issuer.template, ["--vehicle", "v-1"])
-        try await withAPIClient { client in
-            let api = APIClient.unix(agent.socket, client)
-            #expect(try await eventually(within: 20) { try await api.send("/readyz").status == 200 })
+        try await withServingAgent(["--vehicle", "v-1"]) { api, issuer in
             let first = try await api.send("/v1/token/vehicle/v-1").headers.first(name: "Fleet-Token-Fingerprint")
             let issuedBefore = try await issuer.stats().issued
             #expect(try await api.send("/v1/invalidate/vehicle/v-1", method: .POST).status == 204)
@@ -141,16 +123,11 @@ struct TokenAPITests {
             #expect(try await api.send("/v1/invalidate/vehicle/v-9", method: .POST).status == 403)
             #expect(try await api.send("/v1/invalidate/vehicle/v-1", method: .POST, marked: false).status == 403)
         }
-        #expect(await agent.stop() == 0)
     }
 
     @Test("a provider that fails: 503 with Retry-After and the error's kind, /readyz 503 with the reason")
     func unavailable() async throws {
-        let scratch = Scratch()
-        let issuer = try await IssuerProcess(scratch: scratch)
-        let agent = try await APIAgent.start(scratch, provider: issuer.template + "?fault=status&status=500", ["--vehicle", "v-1"])
-        try await withAPIClient { client in
-            let api = APIClient.unix(agent.socket, client)
+        try await withServingAgent(providerQuery: "?fault=status&status=500", ["--vehicle", "v-1"], waitForReady: false) { api, _ in
             let answer = try await api.send("/v1/token/vehicle/v-1")
             #expect(answer.status == 503)
             #expect(answer.json?["last_error_kind"] as? String == "httpStatus", "\(answer.body)")
@@ -159,7 +136,6 @@ struct TokenAPITests {
             #expect(ready.status == 503)
             #expect(ready.body.contains("vehicle/v-1 has no usable token"), "\(ready.body)")
         }
-        #expect(await agent.stop() == 0)
     }
 
     @Test("a second agent on a live socket is refused; a stale socket of a killed agent is replaced")
@@ -203,5 +179,26 @@ struct TokenAPITests {
                                                         "--vehicle", "v"] + arguments, in: scratch, timeout: 30)
         #expect(result.status == 64)
         #expect(result.stderr.contains(message), "\(result.stderr)")
+    }
+}
+
+extension TokenAPITests {
+    /// The start-up most tests share: a dev-token-server, a token-agent serving the API on a Unix
+    /// socket (with `arguments`, its provider URL ending in `providerQuery`) and a client of it.
+    /// `body` runs once `/readyz` answers 200, unless `waitForReady` is false; the agent must
+    /// then stop cleanly.
+    func withServingAgent(providerQuery: String = "", _ arguments: [String], waitForReady: Bool = true,
+                          _ body: (_ api: APIClient, _ issuer: IssuerProcess) async throws -> Void) async throws {
+        let scratch = Scratch()
+        let issuer = try await IssuerProcess(scratch: scratch)
+        let agent = try await APIAgent.start(scratch, provider: issuer.template + providerQuery, arguments)
+        try await withAPIClient { client in
+            let api = APIClient.unix(agent.socket, client)
+            if waitForReady {
+                #expect(try await eventually(within: 20) { try await api.send("/readyz").status == 200 })
+            }
+            try await body(api, issuer)
+        }
+        #expect(await agent.stop() == 0)
     }
 }

@@ -1,0 +1,82 @@
+// Service layer: how the local token API answers: the key a path names or the refusal, the
+// unavailable answer, JSON bodies and timestamps. The routes are in TokenAPI.swift.
+
+import FleetTokenStore
+import Foundation
+import HTTPTypes
+import Hummingbird
+import NIOCore
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+extension TokenAPI {
+    /// The key named by the path, or the refusal: `404` unknown kind, `400` bad id, `403` not allowed.
+    func subject(_ context: BasicRequestContext) -> Result<TokenKey, Refusal> {
+        let kindText = context.parameters.get("kind") ?? ""
+        guard let kind = TokenKind(rawValue: kindText) else {
+            return .failure(Refusal(Self.json(.notFound, ["error": "unknown kind: use vehicle, trip, deliveryVehicle or task"])))
+        }
+        let raw = context.parameters.get("id") ?? ""
+        guard let id = raw.contains("%") ? raw.removingPercentEncoding : raw else {
+            return .failure(Refusal(Self.json(.badRequest, ["error": "the id is not valid percent-encoding"])))
+        }
+        let key: TokenKey
+        do {
+            key = try TokenKey(kind: kind, subjectID: id)
+        } catch {
+            return .failure(Refusal(Self.json(.badRequest, ["error": error.description])))
+        }
+        guard subjectsInForce.state.withLock({ $0.allowList.allows(key) }) else {
+            return .failure(Refusal(Self.json(.forbidden, ["error": "\(key) is not a configured subject and matches no allow pattern"])))
+        }
+        return .success(key)
+    }
+
+    func unavailable(_ error: TokenUnavailable) -> Response {
+        let lastError: String
+        switch error.reason {
+        // The kind only: a provider's message can quote what it was sent.
+        case .provider(let providerError): lastError = providerError.kind
+        case .store: lastError = "store"
+        case .shuttingDown: lastError = "shutting_down"
+        }
+        var object: [String: Any] = ["error": "no usable token for \(error.key)", "last_error_kind": lastError]
+        var headers: HTTPFields = [:]
+        if let next = error.nextAttemptAt {
+            object["next_attempt_at"] = Self.timestamp(next)
+            headers[.retryAfter] = "\(max(1, Int(next.timeIntervalSinceNow.rounded(.up))))"
+        }
+        return Self.json(.serviceUnavailable, object, headers: headers)
+    }
+
+    static func prefersPlainText(_ accept: String) -> Bool {
+        let types = accept.split(separator: ",").map { $0.split(separator: ";").first.map { $0.trimmingCharacters(in: .whitespaces).lowercased() } ?? "" }
+        guard let plain = types.firstIndex(of: "text/plain") else { return false }
+        return types.firstIndex(of: "application/json").map { plain < $0 } ?? true
+    }
+
+    /// `2026-11-23T12:53:27Z` (UTC, whole seconds), as `Date.ISO8601FormatStyle` writes it,
+    /// without a formatter per call.
+    static func timestamp(_ date: Date) -> String {
+        var seconds = time_t(date.timeIntervalSince1970.rounded(.down))
+        var parts = tm()
+        guard gmtime_r(&seconds, &parts) != nil else { return date.formatted(.iso8601) }
+        func two(_ value: Int32) -> String { value < 10 ? "0\(value)" : "\(value)" }
+        return "\(parts.tm_year + 1900)-\(two(parts.tm_mon + 1))-\(two(parts.tm_mday))T\(two(parts.tm_hour)):\(two(parts.tm_min)):\(two(parts.tm_sec))Z"
+    }
+
+    static func json(_ status: HTTPResponse.Status, _ object: Any, headers: HTTPFields = [:]) -> Response {
+        var headers = headers
+        headers[.contentType] = "application/json"
+        let data = (try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes])) ?? Data("{}".utf8)
+        return Response(status: status, headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: data)))
+    }
+
+    /// A response refusing a request, as an error value.
+    struct Refusal: Error {
+        let response: Response
+        init(_ response: Response) { self.response = response }
+    }
+}
