@@ -1,3 +1,6 @@
+// Transport layer: a file's identity and version, so a rotated secret or certificate is noticed
+// without reading the file.
+
 #if canImport(Glibc)
 import Glibc
 #endif

@@ -1,3 +1,7 @@
+// Transport layer: the HTTP TokenFetcher. Builds each request from the configuration, runs it
+// under one deadline, and hands the answer to the provider-response parser. Its configuration
+// checks, error wording and header files are in the files beside it.
+
 import AsyncHTTPClient
 public import FleetTokenStore
 public import Foundation
@@ -35,7 +39,7 @@ public final class HTTPTokenFetcher: TokenFetcher, Sendable {
     private let headerFiles: [HeaderFile]
     private let tls: ProviderTLS?
     /// The proxy chosen for the template's host (fixed: only `{kind}` and `{id}` vary).
-    private let proxy: ProxySettings.Proxy?
+    let proxy: ProxySettings.Proxy?
     private let skewWarned = OnceFlag()
 
     /// Creates a fetcher with its own HTTP client (shut it down with ``shutdown()``).
@@ -172,38 +176,6 @@ public final class HTTPTokenFetcher: TokenFetcher, Sendable {
         return encoded
     }
 
-    private func mapTransportError(_ error: any Error) -> TokenProviderError {
-        if let error = error as? HTTPClientError {
-            let via = proxy.map { " (through the proxy \($0.host):\($0.port))" } ?? ""
-            switch error {
-            case .proxyAuthenticationRequired:
-                return .unreachable(detail: "the proxy \(proxy.map { "\($0.host):\($0.port)" } ?? "") asked for credentials (HTTP 407): check the user and password in HTTPS_PROXY, HTTP_PROXY or --proxy")
-            case .invalidProxyResponse:
-                // Some proxies answer a wrong password with 401 rather than 407, which lands here too.
-                let credentials = proxy?.credentials == nil ? "" : "check the user and password in HTTPS_PROXY, HTTP_PROXY or --proxy, and "
-                return .unreachable(detail: "the proxy \(proxy.map { "\($0.host):\($0.port)" } ?? "") refused to open a tunnel to the provider: \(credentials)check that it allows CONNECT to the provider's host and port, or list the host in NO_PROXY")
-            case .httpProxyHandshakeTimeout:
-                return .timeout(seconds: configuration.connectTimeout)
-            case .connectTimeout: return .timeout(seconds: configuration.connectTimeout)
-            case .deadlineExceeded, .readTimeout, .writeTimeout: return .timeout(seconds: configuration.totalTimeout)
-            // shortDescription: the full description can quote header values (our credential).
-            default: return .unreachable(detail: error.shortDescription + via)
-            }
-        }
-        if error is NIOTooManyBytesError { return .bodyTooLarge(limitBytes: configuration.maximumBodyBytes) }
-        if error is NIOSSLError || error is NIOSSLExtraError || error is BoringSSLError {
-            let text = Self.safeText(String(describing: error))
-            // Certificate verification, hostname and the server's certificate-related alerts
-            // (a missing or refused client certificate) are configuration problems, said so.
-            let markers = ["CERTIFICATE", "certificate", "hostname", "HANDSHAKE_FAILURE", "UNKNOWN_CA", "BAD_CERTIFICATE"]
-            if markers.contains(where: text.contains) { return .tlsCertificate(detail: text) }
-            return .unreachable(detail: "TLS: " + text)
-        }
-        if error is CancellationError { return .other(detail: "cancelled") }
-        let via = proxy.map { " (through the proxy \($0.host):\($0.port))" } ?? ""
-        return .unreachable(detail: String(describing: type(of: error)) + ": " + Self.safeText(String(describing: error)) + via)
-    }
-
     /// Longest `Retry-After` taken from a provider (the engine caps it further).
     static let maximumRetryAfter: TimeInterval = 86_400
 
@@ -224,98 +196,5 @@ public final class HTTPTokenFetcher: TokenFetcher, Sendable {
         formatter.timeZone = TimeZone(identifier: "GMT")
         formatter.dateFormat = "EEE, dd MMM yyyy HH:mm:ss 'GMT'"
         return formatter.date(from: value)
-    }
-
-    private static func check(_ configuration: HTTPTokenFetcherConfiguration) throws(HTTPFetcherConfigurationError) {
-        let template = configuration.urlTemplate
-        guard template.contains("{id}") || configuration.body?.template.contains("{id}") == true else {
-            throw .missingIDPlaceholder(template)
-        }
-        if configuration.body != nil && configuration.method == .get {
-            throw .request("a body template needs the POST method (--method POST)")
-        }
-        let probe = probeURL(template)
-        guard let url = URL(string: probe), let scheme = url.scheme?.lowercased(), ["http", "https"].contains(scheme),
-              let host = url.host, !host.isEmpty else {
-            throw .invalidURL(template)
-        }
-        let loopback = isLoopback(host)
-        if scheme == "http" && !loopback && !configuration.allowInsecureHTTP { throw .insecureHTTP(host: host) }
-        if scheme == "http" && !configuration.tls.isDefault {
-            throw .tls("CA files and client certificates apply to https:// provider URLs, not \(template)")
-        }
-        for header in configuration.headers {
-            try checkHeader(name: header.name, value: header.value)
-        }
-        for file in configuration.headerFiles {
-            try checkHeader(name: file.name, value: "")
-        }
-    }
-
-    /// The template with sample values, to check it and choose its proxy.
-    static func probeURL(_ template: String) -> String {
-        template.replacingOccurrences(of: "{kind}", with: "vehicle").replacingOccurrences(of: "{id}", with: "x")
-    }
-
-    /// Checks one header as the fetcher would send it (for a header file, pass an empty value:
-    /// the file is read at each request).
-    /// - Throws: ``HTTPFetcherConfigurationError/invalidHeader(_:)``, whose text never quotes
-    ///   the value, nor a name that is not a valid header name (a misplaced colon can put a
-    ///   credential there: `Authorization Bearer abc: x`).
-    public static func checkHeader(name: String, value: String) throws(HTTPFetcherConfigurationError) {
-        let tokenCharacters = CharacterSet(charactersIn: "!#$%&'*+-.^_`|~").union(.alphanumerics)
-        guard !name.isEmpty, name.unicodeScalars.allSatisfy({ $0.isASCII && tokenCharacters.contains($0) }) else {
-            throw .invalidHeader("the header name is not valid (only letters, digits and !#$%&'*+-.^_`|~ are allowed; not shown, since a misplaced colon can put a credential in it)")
-        }
-        guard isValidHeaderValue(value) else {
-            throw .invalidHeader("the value of \(name) contains a control character (CR, LF, NUL, DEL...)")
-        }
-    }
-
-    /// RFC 9110 field values: visible bytes, spaces and tabs; no CR, LF, NUL or DEL. Checked on
-    /// bytes, because Swift compares "\r\n" as one character.
-    static func isValidHeaderValue(_ value: String) -> Bool {
-        value.utf8.allSatisfy { $0 == 0x09 || ($0 >= 0x20 && $0 != 0x7F) }
-    }
-
-    /// Error text from the transport, cut short and stripped of control characters.
-    static func safeText(_ text: String) -> String {
-        String(text.unicodeScalars.filter { !$0.properties.isWhitespace || $0 == " " }.prefix(200).map(Character.init))
-    }
-
-    /// Loopback only when the host is literally an IPv4 127/8 address, `::1` or `localhost`
-    /// (`127.example.com` is a name that can resolve anywhere).
-    static func isLoopback(_ host: String) -> Bool {
-        let bare = host.trimmingCharacters(in: CharacterSet(charactersIn: "[]"))
-        if bare == "localhost" || bare == "::1" { return true }
-        var address = in_addr()
-        return inet_pton(AF_INET, bare, &address) == 1 && bare.hasPrefix("127.")
-    }
-}
-
-/// A header whose value lives in a file, re-read whenever the file's modification time or size
-/// changes.
-final class HeaderFile: Sendable {
-    let name: String
-    let path: String
-    private let cache = Mutex<(stamp: String, value: String)?>(nil)
-
-    init(name: String, path: String) {
-        self.name = name
-        self.path = path
-    }
-
-    func value() throws(TokenProviderError) -> String {
-        let stamp = FileStamp.of(path)
-        if let cached = cache.withLock({ $0 }), cached.stamp == stamp { return cached.value }
-        guard let data = FileManager.default.contents(atPath: path) else {
-            throw .other(detail: "cannot read the \(name) header file \(path): check that it exists and is readable")
-        }
-        let value = String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
-        guard HTTPTokenFetcher.isValidHeaderValue(value) else {
-            throw .other(detail: "the \(name) header file \(path) holds more than one line or a control character")
-        }
-        cache.withLock { $0 = (stamp, value) }
-        return value
     }
 }

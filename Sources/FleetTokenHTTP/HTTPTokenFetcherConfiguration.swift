@@ -1,3 +1,6 @@
+// Transport layer: how HTTPTokenFetcher asks the customer's token provider (URL, method, body,
+// headers, TLS, proxy, limits) and reads its answer.
+
 public import FleetTokenStore
 public import Foundation
 

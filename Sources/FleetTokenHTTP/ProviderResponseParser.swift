@@ -1,3 +1,6 @@
+// Transport layer: reads a provider's answer for HTTPTokenFetcher with the configured
+// ProviderResponseFormat, and says once when `auto` probably guessed the expiry's format wrong.
+
 import FleetTokenStore
 import Foundation
 import Logging

@@ -1,6 +1,9 @@
+// Transport layer: the fetcher's TLS material (the CAs it trusts, its client certificate),
+// rebuilt when the PEM files rotate on disk.
+
 import CoreMetrics
-public import FleetTokenStore
-public import Foundation
+import FleetTokenStore
+import Foundation
 import Logging
 import NIOSSL
 import SwiftASN1

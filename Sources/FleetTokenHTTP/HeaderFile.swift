@@ -1,0 +1,33 @@
+// Transport layer: a request header whose value lives in a file (a rotated credential), for
+// HTTPTokenFetcher.
+
+import FleetTokenStore
+import Foundation
+import Synchronization
+
+/// A header whose value lives in a file, re-read whenever the file's modification time or size
+/// changes.
+final class HeaderFile: Sendable {
+    let name: String
+    let path: String
+    private let cache = Mutex<(stamp: String, value: String)?>(nil)
+
+    init(name: String, path: String) {
+        self.name = name
+        self.path = path
+    }
+
+    func value() throws(TokenProviderError) -> String {
+        let stamp = FileStamp.of(path)
+        if let cached = cache.withLock({ $0 }), cached.stamp == stamp { return cached.value }
+        guard let data = FileManager.default.contents(atPath: path) else {
+            throw .other(detail: "cannot read the \(name) header file \(path): check that it exists and is readable")
+        }
+        let value = String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+        guard HTTPTokenFetcher.isValidHeaderValue(value) else {
+            throw .other(detail: "the \(name) header file \(path) holds more than one line or a control character")
+        }
+        cache.withLock { $0 = (stamp, value) }
+        return value
+    }
+}
