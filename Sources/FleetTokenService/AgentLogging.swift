@@ -1,4 +1,4 @@
-// Token service, agent logging: how token-agent writes its logs. The swift-log handler the agent
+// Service layer: how token-agent writes its logs. The swift-log handler the agent
 // bootstraps writes every message as one line (human text, or one JSON object for journald, Loki
 // and friends) and filters against a level shared by every logger of the process, so a
 // configuration reload changes the level of loggers that were handed out long before.

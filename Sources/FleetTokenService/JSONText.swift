@@ -1,4 +1,4 @@
-// Token service, shared plumbing: hand-written JSON string literals, used where Foundation's
+// Service layer: hand-written JSON string literals, used where Foundation's
 // serializer costs too much per call (the token route's body, every line of the agent's JSON log).
 
 /// JSON string literals without Foundation's serializer.

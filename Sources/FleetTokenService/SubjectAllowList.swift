@@ -1,4 +1,4 @@
-// Token service, policy layer: which subjects a local client may ask for. A pure value.
+// Service layer: which subjects a local client may ask for (the token API's policy). A pure value.
 
 public import FleetTokenStore
 import Foundation

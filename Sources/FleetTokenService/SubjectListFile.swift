@@ -1,4 +1,4 @@
-// Token service, configuration layer: the subject list file of `token-agent --subjects-file`,
+// Service layer: the subject list file of `token-agent --subjects-file`,
 // read at start and on SIGHUP. A pure parser plus the difference between two lists.
 
 public import FleetTokenStore

@@ -1,4 +1,4 @@
-// Token service, listener layer: where the API listens (Unix sockets, loopback TCP), the
+// Service layer: where the API listens (Unix sockets, loopback TCP), the
 // socket file's safety rules, and the service that runs the listeners beside the engine.
 
 public import FleetTokenStore

@@ -1,4 +1,4 @@
-// Test kit: the in-memory repository's shared storage (entries, leases, change-feed
+// Test kit layer: the in-memory repository's shared storage (entries, leases, change-feed
 // subscribers), its refresh leases (RefreshLeaseStore) and its administration (TokenStoreAdmin).
 
 public import FleetTokenStore

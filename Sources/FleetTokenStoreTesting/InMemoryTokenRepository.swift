@@ -1,4 +1,4 @@
-// Test kit: an in-memory repository. Tokens, failure state and refresh leases in a dictionary
+// Test kit layer: an in-memory repository. Tokens, failure state and refresh leases in a dictionary
 // behind a Mutex, with the SQLite store's semantics and change feed, and views sharing one
 // storage to stand in for processes sharing a store file. This file: storage, views, the
 // change feed and the engine's reads and writes; leases and administration are in

@@ -1,4 +1,4 @@
-// Test kit: a log recorder. A `Logger` whose entries (level, message, metadata, error) a test
+// Test kit layer: a log recorder. A `Logger` whose entries (level, message, metadata, error) a test
 // reads back, to check what was logged and, with a `SecretScanner`, that no token was.
 
 public import InMemoryLogging

@@ -1,5 +1,5 @@
-// Test kit: a scripted provider. A `TokenFetcher` whose answer the test sets and changes, which
-// counts calls per key, can hold fetches at a gate, and hands every token it answers to a
+// Test kit layer: a scripted provider. A `TokenFetcher` whose answer the test sets and changes,
+// which counts calls per key, can hold fetches at a gate, and hands every token it answers to a
 // secret scanner.
 
 public import FleetTokenStore

@@ -1,5 +1,6 @@
-// Test kit: a secret scanner. Remembers the tokens a test saw and finds any of them (whole, or
-// their payload or signature part) in texts and log entries: tokens are secrets at every level.
+// Test kit layer: a secret scanner. Remembers the tokens a test saw and finds any of them
+// (whole, or their payload or signature part) in texts and log entries: tokens are secrets at
+// every level.
 
 public import FleetTokenStore
 import Synchronization

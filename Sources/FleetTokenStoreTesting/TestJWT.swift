@@ -1,5 +1,5 @@
-// Test kit: a builder of Fleet Engine-shaped JWTs for every token kind, and of malformed ones,
-// for scripted providers and validation tests. Unsigned: the client never checks signatures.
+// Test kit layer: a builder of Fleet Engine-shaped JWTs for every token kind, and of malformed
+// ones, for scripted providers and validation tests. Unsigned: the client never checks signatures.
 
 public import FleetTokenStore
 public import Foundation

@@ -1,4 +1,4 @@
-// Test kit: test time. A `TestClock` for the engine's scheduling and a wall clock that moves
+// Test kit layer: test time. A `TestClock` for the engine's scheduling and a wall clock that moves
 // with it, plus wall-clock steps, so a test walks through hours of refresh rules without sleeping.
 
 public import Clocks

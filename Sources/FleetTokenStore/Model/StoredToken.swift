@@ -1,3 +1,6 @@
+// Model layer: a token as the store keeps it, and a key's refresh-failure state: what the engine
+// needs to resume after a restart.
+
 public import Foundation
 
 /// A token as the store keeps it: the value and the times the sync engine needs to resume.

@@ -1,3 +1,6 @@
+// Model layer: a short, non-reversible name for a token value, safe for logs, errors, metrics
+// and admin output.
+
 import Crypto
 
 /// A short, non-reversible name for a token value, safe for logs, errors, metrics and admin output.

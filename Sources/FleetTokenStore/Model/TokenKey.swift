@@ -1,3 +1,6 @@
+// Model layer: what a token authorizes (its kind) and the key tokens are kept by: kind and
+// subject id.
+
 /// What a token authorizes: the kind of Fleet Engine resource named in its `authorization` claim.
 ///
 /// The raw values are what the store records and what `tokenctl` and `token-agent` accept.

@@ -1,3 +1,5 @@
+// Model layer: how an entry stands at a given time, as `tokenctl list` shows it.
+
 public import Foundation
 
 /// How an entry stands at a given time, as `tokenctl list` shows it.

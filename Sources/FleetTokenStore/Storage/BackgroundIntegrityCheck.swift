@@ -1,3 +1,5 @@
+// Storage layer: the full integrity check deferred from start-up, run in the background.
+
 import Dispatch
 import Foundation
 import GRDB

@@ -1,3 +1,5 @@
+// Storage layer: the change feed: which tokens other connections changed.
+
 import Foundation
 import GRDB
 import Logging

@@ -1,3 +1,5 @@
+// Storage layer: cached statements run through SQLite's C API, for the write path's hot statements.
+
 import GRDB
 import GRDBSQLite
 

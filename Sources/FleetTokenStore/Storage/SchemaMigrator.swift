@@ -1,3 +1,5 @@
+// Storage layer: applies the embedded SQL migrations and refuses a schema newer than this build.
+
 import FleetTokenMigrations
 import GRDB
 

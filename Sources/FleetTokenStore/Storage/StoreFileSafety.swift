@@ -1,3 +1,5 @@
+// Storage layer: the store's files as judged before opening: owners, modes, links.
+
 import Foundation
 import GRDB
 import GRDBSQLite

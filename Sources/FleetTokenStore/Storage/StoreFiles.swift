@@ -1,3 +1,5 @@
+// Storage layer: file-system work around a store: its path, directory, modes and quarantine.
+
 import Foundation
 import Logging
 #if canImport(Glibc)

@@ -1,3 +1,5 @@
+// Storage layer: the steps of opening a store, in order.
+
 import FleetTokenMigrations
 import Foundation
 import GRDB

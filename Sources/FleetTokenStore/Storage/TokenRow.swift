@@ -1,3 +1,5 @@
+// Storage layer: the `tokens` table's SQL: row mapping, filters and writes.
+
 import Foundation
 import GRDB
 

@@ -1,3 +1,5 @@
+// Sync layer: the engine's default wall clock, the kernel's coarse real-time clock.
+
 public import Foundation
 #if canImport(Glibc)
 import Glibc

@@ -1,3 +1,5 @@
+// Sync layer: keys ordered by when they are next due, for the scheduler.
+
 import Foundation
 import HeapModule
 

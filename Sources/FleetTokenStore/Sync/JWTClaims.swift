@@ -1,3 +1,5 @@
+// Provider layer: the claims of a JWT the engine needs, decoded once, without the signature.
+
 public import Foundation
 
 /// The claims of a JWT the engine needs, decoded without checking the signature (the client is

@@ -1,3 +1,5 @@
+// Sync layer: the offset to the provider's clock that expiry is judged by, as a pure value.
+
 import Foundation
 
 /// The offset from our wall clock to the token provider's (provider minus local), by which

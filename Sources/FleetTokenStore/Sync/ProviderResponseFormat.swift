@@ -1,3 +1,5 @@
+// Provider layer: how a token provider's JSON answer is read, for any fetcher.
+
 public import Foundation
 
 /// How a token provider's JSON answer is read: the token field for the key's kind and the

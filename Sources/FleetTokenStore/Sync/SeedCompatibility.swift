@@ -1,3 +1,5 @@
+// Sync layer: the Fleet Engine SDKs' authorization contexts and errors, for code ported from them.
+
 /// The Driver SDK's authorization context (`GMTDAuthorizationContext`): which vehicle the SDK
 /// needs a token for.
 public struct VehicleAuthorizationContext: Sendable, Equatable {

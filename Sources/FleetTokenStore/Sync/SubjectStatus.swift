@@ -1,3 +1,5 @@
+// Sync layer: what the engine holds for one subject, for status pages and readiness checks.
+
 public import Foundation
 import Synchronization
 

@@ -1,3 +1,5 @@
+// Sync layer: the engine's swift-metrics instruments.
+
 import Metrics
 
 /// The engine's swift-metrics instruments. Labels and dimensions never carry token values or

@@ -1,3 +1,6 @@
+// Provider layer: the fetcher protocol the engine gets tokens through, what a provider answered,
+// and why it gave no token.
+
 public import Foundation
 
 /// Gets a token for a key from the customer's token provider (an HTTPS endpoint, a development

@@ -1,3 +1,5 @@
+// Sync layer: what the engine holds in memory per key, and the hot path's lookup.
+
 import Foundation
 import Synchronization
 

@@ -1,3 +1,5 @@
+// Sync layer: the engine's public face: hands out tokens, tracks keys, runs as a Service.
+
 import CoreMetrics
 public import Foundation
 public import Logging

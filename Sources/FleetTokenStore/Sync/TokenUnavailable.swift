@@ -1,3 +1,5 @@
+// Sync layer: the error of a token request the engine could not serve.
+
 public import Foundation
 
 /// ``TokenSyncEngine/token(for:)`` could not hand out a token: there is none, or the one held is

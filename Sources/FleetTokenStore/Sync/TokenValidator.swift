@@ -1,3 +1,5 @@
+// Provider layer: the checks every fetched token passes before it is stored or handed out.
+
 public import Foundation
 
 /// Checks every fetched token, whatever the transport, before it can be stored or handed out.

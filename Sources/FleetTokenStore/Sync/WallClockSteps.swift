@@ -1,3 +1,5 @@
+// Sync layer: tells a stepped wall clock from time passing, as a pure value.
+
 import Foundation
 
 /// Tells a stepped wall clock (NTP, an operator) from time passing: a pure value comparing how
