@@ -156,24 +156,7 @@ public final class HTTPTokenFetcher: TokenFetcher, Sendable {
     func url(for key: TokenKey) -> String {
         configuration.urlTemplate
             .replacingOccurrences(of: "{kind}", with: key.kind.rawValue)
-            .replacingOccurrences(of: "{id}", with: Self.percentEncode(key.subjectID))
-    }
-
-    /// Percent-encodes everything but RFC 3986's unreserved characters, so an id can never
-    /// change the URL's path or query structure.
-    static func percentEncode(_ text: String) -> String {
-        var encoded = ""
-        for byte in text.utf8 {
-            switch byte {
-            case UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "a")...UInt8(ascii: "z"),
-                 UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "-"), UInt8(ascii: "."),
-                 UInt8(ascii: "_"), UInt8(ascii: "~"):
-                encoded.unicodeScalars.append(Unicode.Scalar(byte))
-            default:
-                encoded += String(format: "%%%02X", byte)
-            }
-        }
-        return encoded
+            .replacingOccurrences(of: "{id}", with: PercentEncoding.encode(key.subjectID))
     }
 
     /// Longest `Retry-After` taken from a provider (the engine caps it further).

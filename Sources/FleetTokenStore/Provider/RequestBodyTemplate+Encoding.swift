@@ -24,24 +24,8 @@ extension RequestBodyTemplate {
             }
             return escaped
         case .form:
-            var encoded = ""
-            for byte in value.utf8 {
-                if isUnreserved(byte) {
-                    encoded.unicodeScalars.append(Unicode.Scalar(byte))
-                } else {
-                    encoded += "%" + hexDigits[Int(byte >> 4)] + hexDigits[Int(byte & 0xF)]
-                }
-            }
-            return encoded
+            return PercentEncoding.encode(value)
         }
-    }
-
-    private static let hexDigits = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "A", "B", "C", "D", "E", "F"]
-
-    private static func isUnreserved(_ byte: UInt8) -> Bool {
-        (byte >= UInt8(ascii: "A") && byte <= UInt8(ascii: "Z")) || (byte >= UInt8(ascii: "a") && byte <= UInt8(ascii: "z"))
-            || (byte >= UInt8(ascii: "0") && byte <= UInt8(ascii: "9"))
-            || byte == UInt8(ascii: "-") || byte == UInt8(ascii: ".") || byte == UInt8(ascii: "_") || byte == UInt8(ascii: "~")
     }
 
     /// The encoding a content type asks for; nil when unsupported.
