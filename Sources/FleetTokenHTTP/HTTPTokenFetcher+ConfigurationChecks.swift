@@ -15,7 +15,7 @@ extension HTTPTokenFetcher {
             throw .missingIDPlaceholder(template)
         }
         if configuration.body != nil && configuration.method == .get {
-            throw .request("a body template needs the POST method (--method POST)")
+            throw .request("a body template needs the POST method")
         }
         let probe = probeURL(template)
         guard let url = URL(string: probe), let scheme = url.scheme?.lowercased(), ["http", "https"].contains(scheme),

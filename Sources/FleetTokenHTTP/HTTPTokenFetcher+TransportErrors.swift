@@ -13,10 +13,10 @@ extension HTTPTokenFetcher {
             let via = proxy.map { " (through the proxy \($0.host):\($0.port))" } ?? ""
             switch error {
             case .proxyAuthenticationRequired:
-                return .unreachable(detail: "the proxy \(proxy.map { "\($0.host):\($0.port)" } ?? "") asked for credentials (HTTP 407): check the user and password in HTTPS_PROXY, HTTP_PROXY or --proxy")
+                return .unreachable(detail: "the proxy \(proxy.map { "\($0.host):\($0.port)" } ?? "") asked for credentials (HTTP 407): check the user and password in HTTPS_PROXY, HTTP_PROXY or the proxy setting")
             case .invalidProxyResponse:
                 // Some proxies answer a wrong password with 401 rather than 407, which lands here too.
-                let credentials = proxy?.credentials == nil ? "" : "check the user and password in HTTPS_PROXY, HTTP_PROXY or --proxy, and "
+                let credentials = proxy?.credentials == nil ? "" : "check the user and password in HTTPS_PROXY, HTTP_PROXY or the proxy setting, and "
                 return .unreachable(detail: "the proxy \(proxy.map { "\($0.host):\($0.port)" } ?? "") refused to open a tunnel to the provider: \(credentials)check that it allows CONNECT to the provider's host and port, or list the host in NO_PROXY")
             case .httpProxyHandshakeTimeout:
                 return .timeout(seconds: configuration.connectTimeout)

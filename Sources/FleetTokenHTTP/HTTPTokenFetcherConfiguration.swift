@@ -59,30 +59,76 @@ public struct HTTPTokenFetcherConfiguration: Sendable {
     }
 }
 
-/// A configuration ``HTTPTokenFetcher`` cannot work with.
-public enum HTTPFetcherConfigurationError: Error, Sendable, Equatable, CustomStringConvertible {
+/// A configuration ``HTTPTokenFetcher`` cannot work with: thrown when the fetcher is made (or
+/// its configuration checked), before any request.
+///
+/// Check ``code`` against the static values of ``Code`` (`error.code == .insecureHTTP`).
+/// Messages speak of the configuration's properties, never of a program's flags.
+public struct HTTPFetcherConfigurationError: Error, Sendable, Equatable, CustomStringConvertible {
+    /// What is wrong. More codes may come: match them with `==`, keep a `default`.
+    public struct Code: Hashable, Sendable, CustomStringConvertible {
+        fileprivate enum Value: String, Sendable { case invalidURL, missingIDPlaceholder, insecureHTTP, invalidHeader, tls, request }
+
+        fileprivate let value: Value
+
+        /// The URL template is not an http(s) URL.
+        public static let invalidURL = Code(value: .invalidURL)
+        /// Neither the template nor the body has `{id}`.
+        public static let missingIDPlaceholder = Code(value: .missingIDPlaceholder)
+        /// Plain HTTP to a non-loopback host without ``HTTPTokenFetcherConfiguration/allowInsecureHTTP``.
+        public static let insecureHTTP = Code(value: .insecureHTTP)
+        /// A header name or value is unusable.
+        public static let invalidHeader = Code(value: .invalidHeader)
+        /// A CA bundle, client certificate or key is unusable.
+        public static let tls = Code(value: .tls)
+        /// The method and body do not fit together.
+        public static let request = Code(value: .request)
+
+        /// The code's name, e.g. `insecureHTTP`.
+        public var description: String { value.rawValue }
+    }
+
+    /// What is wrong.
+    public let code: Code
+    /// The URL template at fault (``Code/invalidURL``, ``Code/missingIDPlaceholder``).
+    public let urlTemplate: String?
+    /// The host plain HTTP would go to (``Code/insecureHTTP``).
+    public let host: String?
+    /// What is wrong, naming the header, file or setting at fault (``Code/invalidHeader``,
+    /// ``Code/tls``, ``Code/request``).
+    public let detail: String?
+
+    private init(_ code: Code, urlTemplate: String? = nil, host: String? = nil, detail: String? = nil) {
+        self.code = code
+        self.urlTemplate = urlTemplate
+        self.host = host
+        self.detail = detail
+    }
+
     /// The template is not an http(s) URL.
-    case invalidURL(String)
+    public static func invalidURL(_ template: String) -> Self { Self(.invalidURL, urlTemplate: template) }
     /// Neither the template nor the body has `{id}`, so every subject would get the same token.
-    case missingIDPlaceholder(String)
-    /// Plain HTTP to a non-loopback host without `allowInsecureHTTP`.
-    case insecureHTTP(host: String)
+    public static func missingIDPlaceholder(_ template: String) -> Self { Self(.missingIDPlaceholder, urlTemplate: template) }
+    /// Plain HTTP to a non-loopback host without ``HTTPTokenFetcherConfiguration/allowInsecureHTTP``.
+    public static func insecureHTTP(host: String) -> Self { Self(.insecureHTTP, host: host) }
     /// A header name or value is unusable.
-    case invalidHeader(String)
+    public static func invalidHeader(_ detail: String) -> Self { Self(.invalidHeader, detail: detail) }
     /// A CA bundle, client certificate or key is unusable (named, with the problem).
-    case tls(String)
+    public static func tls(_ detail: String) -> Self { Self(.tls, detail: detail) }
     /// The method and body do not fit together (a body on a `GET`).
-    case request(String)
+    public static func request(_ detail: String) -> Self { Self(.request, detail: detail) }
 
     /// What is wrong and what to do.
     public var description: String {
-        switch self {
-        case .invalidURL(let template): "provider URL \"\(template)\" is not an http:// or https:// URL"
-        case .missingIDPlaceholder(let template): "provider URL \"\(template)\" has no {id} placeholder, nor has a body template: every subject would get the same token"
-        case .insecureHTTP(let host): "plain http:// to \(host) would send tokens unencrypted: use https://, or pass --allow-insecure-http for a trusted network"
-        case .invalidHeader(let detail): "bad header: \(detail)"
-        case .tls(let detail): "TLS set-up: \(detail)"
-        case .request(let detail): "request: \(detail)"
+        switch code.value {
+        case .invalidURL: "provider URL \"\(urlTemplate ?? "")\" is not an http:// or https:// URL"
+        case .missingIDPlaceholder:
+            "provider URL \"\(urlTemplate ?? "")\" has no {id} placeholder, nor has a body template: every subject would get the same token"
+        case .insecureHTTP:
+            "plain http:// to \(host ?? "") would send tokens unencrypted: use https://, or allow insecure HTTP (allowInsecureHTTP) for a trusted network"
+        case .invalidHeader: "bad header: \(detail ?? "")"
+        case .tls: "TLS set-up: \(detail ?? "")"
+        case .request: "request: \(detail ?? "")"
         }
     }
 }

@@ -27,7 +27,7 @@ struct ProviderResponseParser {
     private func crossCheck(_ stated: Date, token: String) {
         guard let exp = try? JWTClaims.decode(token).expiresAt, abs(exp.timeIntervalSince(stated)) > 300 else { return }
         guard skewWarned.claim() else { return }
-        logger.warning("TOKEN_EXPIRATION read with --expiration-format auto disagrees with the token's exp; set --expiration-format explicitly", metadata: [
+        logger.warning("TOKEN_EXPIRATION read with the auto expiration format disagrees with the token's exp; set the expiration format explicitly", metadata: [
             "interpreted": .string(stated.formatted(.iso8601)), "jwt_exp": .string(exp.formatted(.iso8601)),
         ])
     }

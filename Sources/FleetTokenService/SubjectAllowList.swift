@@ -24,14 +24,14 @@ public struct SubjectAllowList: Sendable, Equatable {
         ///   empty glob.
         public init(parsing text: String) throws(SubjectPatternError) {
             guard let colon = text.firstIndex(of: ":") else {
-                throw SubjectPatternError(pattern: text, problem: "write KIND:GLOB, e.g. trip:* or vehicle:truck-*")
+                throw SubjectPatternError(.invalidForm, pattern: text, problem: "write KIND:GLOB, e.g. trip:* or vehicle:truck-*")
             }
             let kindText = String(text[..<colon])
             guard let kind = TokenKind(rawValue: kindText) else {
-                throw SubjectPatternError(pattern: text, problem: "unknown kind \"\(kindText)\": use vehicle, trip, deliveryVehicle or task")
+                throw SubjectPatternError(.unknownKind, pattern: text, problem: "unknown kind \"\(kindText)\": use vehicle, trip, deliveryVehicle or task")
             }
             let glob = String(text[text.index(after: colon)...])
-            guard !glob.isEmpty else { throw SubjectPatternError(pattern: text, problem: "the id pattern is empty: use * for every id") }
+            guard !glob.isEmpty else { throw SubjectPatternError(.emptyIDPattern, pattern: text, problem: "the id pattern is empty: use * for every id") }
             self.kind = kind
             self.glob = glob
             self.pieces = glob.split(separator: "*", omittingEmptySubsequences: false)
@@ -80,12 +80,39 @@ public struct SubjectAllowList: Sendable, Equatable {
     }
 }
 
-/// An allow pattern that cannot be read.
+/// An allow pattern that cannot be read: thrown by ``SubjectAllowList/Pattern/init(parsing:)``.
+///
+/// Check ``code`` against the static values of ``Code`` (`error.code == .unknownKind`).
 public struct SubjectPatternError: Error, Sendable, Equatable, CustomStringConvertible {
+    /// What is wrong. More codes may come: match them with `==`, keep a `default`.
+    public struct Code: Hashable, Sendable, CustomStringConvertible {
+        fileprivate enum Value: String, Sendable { case invalidForm, unknownKind, emptyIDPattern }
+
+        fileprivate let value: Value
+
+        /// Not `KIND:GLOB` (no colon).
+        public static let invalidForm = Code(value: .invalidForm)
+        /// The kind is not one of `TokenKind`'s.
+        public static let unknownKind = Code(value: .unknownKind)
+        /// Nothing after the colon.
+        public static let emptyIDPattern = Code(value: .emptyIDPattern)
+
+        /// The code's name, e.g. `unknownKind`.
+        public var description: String { value.rawValue }
+    }
+
+    /// What is wrong.
+    public let code: Code
     /// The pattern as given.
     public let pattern: String
     /// What is wrong and how to write it.
     public let problem: String
+
+    init(_ code: Code, pattern: String, problem: String) {
+        self.code = code
+        self.pattern = pattern
+        self.problem = problem
+    }
 
     /// `allow pattern "…": problem`.
     public var description: String { "allow pattern \"\(pattern)\": \(problem)" }

@@ -35,13 +35,9 @@ extension TokenAPI {
     }
 
     func unavailable(_ error: TokenUnavailable) -> Response {
-        let lastError: String
-        switch error.reason {
         // The kind only: a provider's message can quote what it was sent.
-        case .provider(let providerError): lastError = providerError.kind
-        case .store: lastError = "store"
-        case .shuttingDown: lastError = "shutting_down"
-        }
+        let reason = error.reason
+        let lastError = reason.code == .shuttingDown ? "shutting_down" : reason.providerError?.kind ?? reason.code.description
         var object: [String: Any] = ["error": "no usable token for \(error.key)", "last_error_kind": lastError]
         var headers: HTTPFields = [:]
         if let next = error.nextAttemptAt {

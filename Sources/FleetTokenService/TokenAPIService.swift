@@ -24,17 +24,17 @@ public enum ListenAddress: Sendable, Equatable, CustomStringConvertible {
     public init(parsing text: String, allowNonLoopback: Bool = false) throws(TokenAPIError) {
         if text.hasPrefix("unix:") {
             let path = String(text.dropFirst(5))
-            guard !path.isEmpty else { throw TokenAPIError("--listen \(text): give the socket's path, unix:/run/token-agent/api.sock") }
+            guard !path.isEmpty else { throw TokenAPIError(.invalidAddress, text, "listen address \"\(text)\": give the socket's path, e.g. unix:/run/tokens/api.sock") }
             self = .unix(path: path)
             return
         }
         guard let colon = text.lastIndex(of: ":"), let port = Int(text[text.index(after: colon)...]), (0...65535).contains(port) else {
-            throw TokenAPIError("--listen \(text): write unix:PATH or HOST:PORT (127.0.0.1:8787)")
+            throw TokenAPIError(.invalidAddress, text, "listen address \"\(text)\": write unix:PATH or HOST:PORT (127.0.0.1:8787)")
         }
         let host = String(text[..<colon]).trimmingCharacters(in: CharacterSet(charactersIn: "[]"))
         let loopback = host == "localhost" || host == "::1" || host.hasPrefix("127.")
         guard loopback || allowNonLoopback else {
-            throw TokenAPIError("--listen \(text): the token API hands out tokens without authentication, so it listens on loopback only; pass --allow-non-loopback-listen if a firewall guards \(host)")
+            throw TokenAPIError(.nonLoopbackAddress, text, "listen address \"\(text)\": the token API hands out tokens without authentication, so it listens on loopback only; allow non-loopback addresses only if a firewall guards \(host)")
         }
         self = .tcp(host: host, port: port)
     }
@@ -48,11 +48,48 @@ public enum ListenAddress: Sendable, Equatable, CustomStringConvertible {
     }
 }
 
-/// A token API set-up problem, said for an operator.
+/// A token API set-up problem, said for an operator: thrown by
+/// ``ListenAddress/init(parsing:allowNonLoopback:)`` and ``TokenAPIService/prepare()``.
+///
+/// Check ``code`` against the static values of ``Code`` (`error.code == .socketInUse`).
 public struct TokenAPIError: Error, Sendable, Equatable, CustomStringConvertible {
+    /// What is wrong. More codes may come: match them with `==`, keep a `default`.
+    public struct Code: Hashable, Sendable, CustomStringConvertible {
+        fileprivate enum Value: String, Sendable {
+            case invalidAddress, nonLoopbackAddress, socketDirectoryMissing, socketDirectoryUnsafe, notASocket, socketInUse
+        }
+
+        fileprivate let value: Value
+
+        /// The listen address is neither `unix:PATH` nor `HOST:PORT`.
+        public static let invalidAddress = Code(value: .invalidAddress)
+        /// A TCP address off loopback, not allowed.
+        public static let nonLoopbackAddress = Code(value: .nonLoopbackAddress)
+        /// The socket's directory does not exist.
+        public static let socketDirectoryMissing = Code(value: .socketDirectoryMissing)
+        /// The socket's directory belongs to another user or is writable by everyone.
+        public static let socketDirectoryUnsafe = Code(value: .socketDirectoryUnsafe)
+        /// Something other than a socket is at the socket's path.
+        public static let notASocket = Code(value: .notASocket)
+        /// Another process answers on the socket.
+        public static let socketInUse = Code(value: .socketInUse)
+
+        /// The code's name, e.g. `socketInUse`.
+        public var description: String { value.rawValue }
+    }
+
+    /// What is wrong.
+    public let code: Code
+    /// The listen address as given, or the socket's path, at fault.
+    public let address: String
     /// What is wrong and what to do.
     public let description: String
-    init(_ description: String) { self.description = description }
+
+    init(_ code: Code, _ address: String, _ description: String) {
+        self.code = code
+        self.address = address
+        self.description = description
+    }
 }
 
 /// Runs the token API on every listen address, until graceful shutdown; removes its socket
@@ -143,21 +180,21 @@ enum SocketPath {
         let directory = (path as NSString).deletingLastPathComponent.isEmpty ? "." : (path as NSString).deletingLastPathComponent
         var info = stat()
         guard stat(directory, &info) == 0, info.st_mode & S_IFMT == S_IFDIR else {
-            throw TokenAPIError("the socket's directory \(directory) does not exist: create it (systemd: RuntimeDirectory=token-agent)")
+            throw TokenAPIError(.socketDirectoryMissing, path, "the socket's directory \(directory) does not exist: create it (or have the service manager create it, as systemd's RuntimeDirectory= does)")
         }
         guard info.st_uid == geteuid() || info.st_uid == 0 else {
-            throw TokenAPIError("the socket's directory \(directory) belongs to another user (uid \(info.st_uid)): use a directory this user owns")
+            throw TokenAPIError(.socketDirectoryUnsafe, path, "the socket's directory \(directory) belongs to another user (uid \(info.st_uid)): use a directory this user owns")
         }
         guard info.st_mode & S_IWOTH == 0 || info.st_mode & S_ISVTX != 0 && info.st_uid == geteuid() else {
-            throw TokenAPIError("the socket's directory \(directory) is writable by everyone: use a directory only this user can write (mode 0750)")
+            throw TokenAPIError(.socketDirectoryUnsafe, path, "the socket's directory \(directory) is writable by everyone: use a directory only this user can write (mode 0750)")
         }
         var existing = stat()
         guard lstat(path, &existing) == 0 else { return }
         guard existing.st_mode & S_IFMT == S_IFSOCK else {
-            throw TokenAPIError("\(path) exists and is not a socket: remove it or choose another path")
+            throw TokenAPIError(.notASocket, path, "\(path) exists and is not a socket: remove it or choose another path")
         }
         if answers(path) {
-            throw TokenAPIError("another process is listening on \(path) (a running token-agent?): stop it, or choose another --listen path")
+            throw TokenAPIError(.socketInUse, path, "another process is listening on \(path): stop it, or choose another socket path")
         }
     }
 

@@ -100,10 +100,12 @@ public struct TokenFileSink: Service, CustomStringConvertible {
             try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true,
                                                     attributes: [.posixPermissions: Int(directoryMode)])
         } catch {
-            throw TokenFileSinkError("cannot create the sink directory \(directory): \(error.localizedDescription); create it, or choose another --sink")
+            throw TokenFileSinkError(.directoryNotCreated, directory: directory,
+                                     "cannot create the sink directory \(directory): \(error.localizedDescription); create it, or choose another directory")
         }
         guard access(directory, W_OK | X_OK) == 0 else {
-            throw TokenFileSinkError("cannot write in the sink directory \(directory): \(String(cString: strerror(errno))); give this user write access, or choose another --sink")
+            throw TokenFileSinkError(.directoryNotWritable, directory: directory,
+                                     "cannot write in the sink directory \(directory): \(String(cString: strerror(errno))); give this user write access, or choose another directory")
         }
     }
 
@@ -158,9 +160,35 @@ extension TokenSyncEvent {
     }
 }
 
-/// A token sink problem at start, said for an operator.
+/// A token sink problem at start, said for an operator: thrown by ``TokenFileSink/prepare()``.
+///
+/// Check ``code`` against the static values of ``Code`` (`error.code == .directoryNotWritable`).
 public struct TokenFileSinkError: Error, Sendable, Equatable, CustomStringConvertible {
+    /// What is wrong. More codes may come: match them with `==`, keep a `default`.
+    public struct Code: Hashable, Sendable, CustomStringConvertible {
+        fileprivate enum Value: String, Sendable { case directoryNotCreated, directoryNotWritable }
+
+        fileprivate let value: Value
+
+        /// The sink directory is missing and could not be created.
+        public static let directoryNotCreated = Code(value: .directoryNotCreated)
+        /// This user cannot write in the sink directory.
+        public static let directoryNotWritable = Code(value: .directoryNotWritable)
+
+        /// The code's name, e.g. `directoryNotWritable`.
+        public var description: String { value.rawValue }
+    }
+
+    /// What is wrong.
+    public let code: Code
+    /// The sink directory.
+    public let directory: String
     /// What is wrong and what to do.
     public let description: String
-    init(_ description: String) { self.description = description }
+
+    init(_ code: Code, directory: String, _ description: String) {
+        self.code = code
+        self.directory = directory
+        self.description = description
+    }
 }

@@ -50,7 +50,7 @@ struct ProviderFault: Sendable, CustomTestStringConvertible {
         // AsyncHTTPClient retries a refused connection until the connect timeout, then reports
         // the refusal: a short connect timeout keeps each attempt short.
         ProviderFault(name: "connection refused", endpoint: .refused, retryable: true, repeats: 2, connectTimeout: 0.3) {
-            if case .unreachable = $0 { true } else { false }
+            $0.code == .unreachable
         },
         ProviderFault(name: "accept, then hang", endpoint: .acceptThenHang, retryable: true, repeats: 2, timeout: 0.5) {
             $0 == .timeout(seconds: 0.5)
@@ -80,7 +80,7 @@ struct ProviderFault: Sendable, CustomTestStringConvertible {
                                                 ("Retry-After", httpDate(Date().addingTimeInterval(90)))],
                          body: .text(#"{"error":"busy"}"#))
         }, retryable: true, retryAfter: 85...91) {
-            if case .httpStatus(503, let after?) = $0 { (85...91).contains(after) } else { false }
+            $0.code == .httpStatus && $0.statusCode == 503 && $0.retryAfter.map { (85...91).contains($0) } == true
         },
         ProviderFault(name: "HTTP 401", endpoint: .issuer(query: "fault=status&status=401"), retryable: false) {
             $0 == .httpStatus(code: 401, retryAfter: nil)
@@ -89,7 +89,7 @@ struct ProviderFault: Sendable, CustomTestStringConvertible {
             $0 == .httpStatus(code: 403, retryAfter: nil)
         },
         ProviderFault(name: "HTML instead of JSON", endpoint: .issuer(query: "fault=html"), retryable: false) {
-            if case .notJSON(let detail) = $0 { detail.contains("HTML") } else { false }
+            $0.code == .notJSON && $0.detail?.contains("HTML") == true
         },
         ProviderFault(name: "no token field", endpoint: .issuer(query: "fault=missing-token"), retryable: false) {
             $0 == .missingData(field: "VEHICLE_TOKEN_KEY")
@@ -104,7 +104,7 @@ struct ProviderFault: Sendable, CustomTestStringConvertible {
             $0 == .invalidToken(.subjectMismatch(expected: subject, claim: "vehicleid", found: subject + "-other"))
         },
         ProviderFault(name: "expired token", endpoint: .issuer(query: "fault=expired"), retryable: false) {
-            if case .invalidToken(.expired) = $0 { true } else { false }
+            $0.validationError?.code == .expired
         },
         ProviderFault(name: "exp more than an hour after iat", endpoint: .issuer(query: "fault=too-long"), retryable: false) {
             $0 == .invalidToken(.lifetimeTooLong(seconds: 7200, limit: 3600))
@@ -337,7 +337,7 @@ struct ProviderFaultTests {
                 await rig.time.advance(by: usableUntil.addingTimeInterval(5).timeIntervalSince(rig.time.now))
             }
             let unavailable = await #expect(throws: TokenUnavailable.self) { try await rig.engine.token(for: key) }
-            if case .provider(let error)? = unavailable?.reason {
+            if let error = unavailable?.reason.providerError {
                 #expect(fault.matches(error), "\(fault.name): unavailable because of \(error)")
             } else {
                 Issue.record("\(fault.name): unexpected reason \(String(describing: unavailable?.reason))")

@@ -44,7 +44,7 @@ struct ProviderRequestShapeTests {
     func refusedConfigurations() throws {
         var body = HTTPTokenFetcherConfiguration(urlTemplate: "https://auth.example.com/mint")
         body.body = try RequestBodyTemplate("id={id}", contentType: "application/x-www-form-urlencoded")
-        #expect(throws: HTTPFetcherConfigurationError.request("a body template needs the POST method (--method POST)")) {
+        #expect(throws: HTTPFetcherConfigurationError.request("a body template needs the POST method")) {
             try HTTPTokenFetcher(configuration: body, logger: Logger(label: "shape-test"))
         }
         body.method = .post

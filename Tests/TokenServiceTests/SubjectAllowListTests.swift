@@ -37,11 +37,26 @@ struct SubjectAllowListTests {
     }
 
     @Test("bad patterns say how to write one", arguments: [
-        ("trip", "KIND:GLOB"), ("bus:*", "unknown kind"), ("trip:", "empty"),
+        ("trip", "KIND:GLOB", SubjectPatternError.Code.invalidForm), ("bus:*", "unknown kind", .unknownKind),
+        ("trip:", "empty", .emptyIDPattern),
     ])
-    func badPatterns(pattern: String, message: String) {
+    func badPatterns(pattern: String, message: String, code: SubjectPatternError.Code) {
         #expect(throws: SubjectPatternError.self) { try SubjectAllowList.Pattern(parsing: pattern) }
-        do { _ = try SubjectAllowList.Pattern(parsing: pattern) } catch { #expect(error.description.contains(message)) }
+        do { _ = try SubjectAllowList.Pattern(parsing: pattern) } catch {
+            #expect(error.description.contains(message))
+            #expect(error.code == code && error.pattern == pattern)
+        }
+    }
+
+    @Test("bad listen addresses have a code and say what to write, naming no flag (token-agent adds its own)", arguments: [
+        ("unix:", TokenAPIError.Code.invalidAddress, "socket's path"), ("localhost", .invalidAddress, "unix:PATH or HOST:PORT"),
+        ("0.0.0.0:8080", .nonLoopbackAddress, "loopback only"),
+    ])
+    func badListenAddresses(text: String, code: TokenAPIError.Code, message: String) {
+        let error = #expect(throws: TokenAPIError.self) { try ListenAddress(parsing: text) }
+        #expect(error?.code == code && error?.address == text, "\(String(describing: error))")
+        #expect(error?.description.contains(message) == true, "\(String(describing: error))")
+        #expect(error?.description.contains("--") == false && error?.description.contains("token-agent") == false)
     }
 
     @Test("one invalidation per key per interval, on the monotonic clock")

@@ -38,7 +38,7 @@ struct OnceRun {
             case .success(let result): served.append(result)
             case .failure(let error):
                 failed = true
-                FileHandle.standardError.write(Data("token-agent: \(error.description)\n".utf8))
+                FileHandle.standardError.write(Data("token-agent: \(OperatorHints.describe(error))\n".utf8))
             }
         }
         output.printOnce(served)
@@ -125,11 +125,11 @@ struct AgentOutput: Sendable {
         case .refreshed(let key, let fingerprint, let expiresAt, let source):
             emit("\(stamp) \(source == .store ? "reused   " : "refreshed") \(key) fp=\(fingerprint) expires=\(expiresAt.formatted(.iso8601)) (\(Self.relative(expiresAt, now: now))) source=\(source.rawValue)")
         case .refreshFailed(let key, let error, let failures, let next):
-            emit("\(stamp) failed    \(key) failures=\(failures) next=\(next.formatted(.iso8601)) (\(Self.relative(next, now: now))): \(error)")
+            emit("\(stamp) failed    \(key) failures=\(failures) next=\(next.formatted(.iso8601)) (\(Self.relative(next, now: now))): \(OperatorHints.describe(error))")
         case .removedExternally(let key):
             emit("\(stamp) removed   \(key) by another process; fetching again")
         case .storeDegraded(let error):
-            emit("\(stamp) store-degraded serving from memory: \(error)")
+            emit("\(stamp) store-degraded serving from memory: \(OperatorHints.describe(error))")
         case .storeRecovered:
             emit("\(stamp) store-recovered")
         }
@@ -164,12 +164,12 @@ struct AgentOutput: Sendable {
             ["event": source == .store ? "reused" : "refreshed", "kind": key.kind.rawValue, "id": key.subjectID,
              "fingerprint": fingerprint.description, "expires_at": expiresAt.formatted(.iso8601), "source": source.rawValue]
         case .refreshFailed(let key, let error, let failures, let next):
-            ["event": "failed", "kind": key.kind.rawValue, "id": key.subjectID, "error": error.description,
+            ["event": "failed", "kind": key.kind.rawValue, "id": key.subjectID, "error": OperatorHints.describe(error),
              "error_kind": error.kind, "failures": String(failures), "next_attempt_at": next.formatted(.iso8601)]
         case .removedExternally(let key):
             ["event": "removed", "kind": key.kind.rawValue, "id": key.subjectID]
         case .storeDegraded(let error):
-            ["event": "store_degraded", "error": error.description]
+            ["event": "store_degraded", "error": OperatorHints.describe(error)]
         case .storeRecovered:
             ["event": "store_recovered"]
         }

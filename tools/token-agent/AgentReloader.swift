@@ -142,7 +142,7 @@ struct AgentReloader: Sendable {
                 let configuration = try applied.fetcherConfiguration(template: template, demo: demo, environment: environment)
                 fetcher = try HTTPTokenFetcher(configuration: configuration, logger: logger)
             } catch {
-                throw Refusal(path: place, message: "\(error)")
+                throw Refusal(path: place, message: OperatorHints.describe(error))
             }
         }
         return Plan(proposed: proposed, settings: applied, file: file, keys: keys, patterns: patterns, fetcher: fetcher,

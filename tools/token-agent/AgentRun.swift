@@ -71,7 +71,7 @@ struct AgentRun {
             client = ProviderClient(try HTTPTokenFetcher(configuration: fetcherConfiguration, logger: logger))
         } catch {
             await issuer?.stop()
-            throw ValidationError(error.description)
+            throw ValidationError(OperatorHints.describe(error))
         }
         let store: SQLiteTokenRepository
         do {
@@ -79,7 +79,7 @@ struct AgentRun {
         } catch {
             await client.shutdown()
             await issuer?.stop()
-            FileHandle.standardError.write(Data("token-agent: \(error)\n".utf8))
+            FileHandle.standardError.write(Data("token-agent: \(OperatorHints.describe(error))\n".utf8))
             throw ExitCode(1)
         }
         if let moved = store.openReport.quarantinedTo {
@@ -108,7 +108,7 @@ struct AgentRun {
             services.sink = try prepareSink(engine: engine, logger: logger)
         } catch {
             await close()
-            FileHandle.standardError.write(Data("token-agent: \(error)\n".utf8))
+            FileHandle.standardError.write(Data("token-agent: \(OperatorHints.describe(error))\n".utf8))
             throw ExitCode(1)
         }
         let serviceManager = ServiceManagerState(notifier: SystemdNotifier(environment: environment, logger: logger))

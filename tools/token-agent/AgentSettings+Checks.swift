@@ -83,8 +83,7 @@ extension AgentSettings {
         do {
             return try listen.map { try ListenAddress(parsing: $0, allowNonLoopback: allowNonLoopbackListen) }
         } catch {
-            // The parser's message names --listen; from a file or a variable, say where it is.
-            throw UsageError(origins.origin(of: "listen") == .flag ? "\(error)" : "\(origins.name("listen")): \(error)")
+            throw UsageError("\(origins.name("listen")): \(OperatorHints.describe(error))")
         }
     }
 
@@ -125,8 +124,9 @@ extension AgentSettings {
         do {
             return try ProxySettings.fromEnvironment(environment, override: override)
         } catch {
-            guard proxy != nil, origins.origin(of: "proxy") != .flag else { throw UsageError(error.description) }
-            throw UsageError("\(origins.name("proxy")): \(error.description)")
+            // The library calls an override "the proxy override": name it as the operator gave it.
+            let named = proxy == nil ? error : ProxySettingsError(code: error.code, source: origins.name("proxy"), value: error.value)
+            throw UsageError(named.description)
         }
     }
 
@@ -194,7 +194,7 @@ enum HeaderArgument {
         do {
             try HTTPTokenFetcher.checkHeader(name: name, value: value)
         } catch {
-            guard case .invalidHeader(let detail) = error else { throw UsageError("\(flag): \(error.description)") }
+            guard error.code == .invalidHeader, let detail = error.detail else { throw UsageError("\(flag): \(error.description)") }
             throw UsageError("\(flag): \(detail)")
         }
     }

@@ -19,7 +19,7 @@ struct ProviderRefusals: Equatable {
     mutating func record(_ event: TokenSyncEvent) {
         switch event {
         case .refreshFailed(let key, let error, _, _):
-            if case .httpStatus(let code, _) = error, code == 401 || code == 403 {
+            if error.code == .httpStatus, let status = error.statusCode, status == 401 || status == 403 {
                 consecutive[key, default: 0] += 1
             } else {
                 consecutive[key] = 0

@@ -45,7 +45,7 @@ struct StoreOptions: ParsableArguments {
         do {
             return try SQLiteTokenRepository(path: path, mode: mode, logger: logger)
         } catch {
-            throw Failure(error.description)
+            throw Failure(OperatorHints.describe(error))
         }
     }
 }
@@ -76,7 +76,7 @@ func reportingFailures(_ body: () async throws -> Void) async throws {
         FileHandle.standardError.write(Data("tokenctl: \(failure.description)\n".utf8))
         throw ExitCode(1)
     } catch let error as TokenStoreError {
-        FileHandle.standardError.write(Data("tokenctl: \(error.description)\n".utf8))
+        FileHandle.standardError.write(Data("tokenctl: \(OperatorHints.describe(error))\n".utf8))
         throw ExitCode(1)
     }
 }

@@ -94,28 +94,67 @@ public struct TokenKey: Hashable, Sendable, Comparable, CustomStringConvertible 
     }
 }
 
-/// A subject id that cannot name a token.
-public enum InvalidTokenKey: Error, Sendable, Equatable, CustomStringConvertible {
+/// A subject id that cannot name a token: thrown by ``TokenKey/init(kind:subjectID:)`` and the
+/// per-kind constructors.
+///
+/// Check ``code`` against the static values of ``Code`` (`error.code == .subjectIDTooLong`).
+public struct InvalidTokenKey: Error, Sendable, Equatable, CustomStringConvertible {
+    /// What is wrong with the id. More codes may come: match them with `==`, keep a `default`.
+    public struct Code: Hashable, Sendable, CustomStringConvertible {
+        fileprivate enum Value: String, Sendable { case emptySubjectID, subjectIDTooLong, controlCharacters, pathSegment }
+
+        fileprivate let value: Value
+
+        /// The id is empty.
+        public static let emptySubjectID = Code(value: .emptySubjectID)
+        /// The id is longer than ``TokenKey/maximumSubjectIDLength`` bytes.
+        public static let subjectIDTooLong = Code(value: .subjectIDTooLong)
+        /// The id contains control characters (newlines, tabs, NUL...).
+        public static let controlCharacters = Code(value: .controlCharacters)
+        /// The id is `.` or `..`, which a provider URL would carry as a relative path segment.
+        public static let pathSegment = Code(value: .pathSegment)
+
+        /// The code's name, e.g. `emptySubjectID`.
+        public var description: String { value.rawValue }
+    }
+
+    /// What is wrong with the id.
+    public let code: Code
+    /// The kind of key the id was given for.
+    public let kind: TokenKind
+    /// The id's length in UTF-8 bytes (``Code/subjectIDTooLong``).
+    public let length: Int?
+    /// The id itself (``Code/pathSegment``: `.` or `..`); other codes leave it out, as it may
+    /// be long or hold control characters.
+    public let subjectID: String?
+
+    private init(_ code: Code, kind: TokenKind, length: Int? = nil, subjectID: String? = nil) {
+        self.code = code
+        self.kind = kind
+        self.length = length
+        self.subjectID = subjectID
+    }
+
     /// The id is empty.
-    case emptySubjectID(kind: TokenKind)
+    public static func emptySubjectID(kind: TokenKind) -> Self { Self(.emptySubjectID, kind: kind) }
     /// The id is longer than ``TokenKey/maximumSubjectIDLength`` bytes.
-    case subjectIDTooLong(kind: TokenKind, length: Int)
+    public static func subjectIDTooLong(kind: TokenKind, length: Int) -> Self { Self(.subjectIDTooLong, kind: kind, length: length) }
     /// The id contains control characters (newlines, tabs, NUL...).
-    case controlCharacters(kind: TokenKind)
+    public static func controlCharacters(kind: TokenKind) -> Self { Self(.controlCharacters, kind: kind) }
     /// The id is `.` or `..`, which a provider URL would carry as a relative path segment.
-    case pathSegment(kind: TokenKind, subjectID: String)
+    public static func pathSegment(kind: TokenKind, subjectID: String) -> Self { Self(.pathSegment, kind: kind, subjectID: subjectID) }
 
     /// What is wrong and what to do.
     public var description: String {
-        switch self {
-        case .emptySubjectID(let kind):
+        switch code.value {
+        case .emptySubjectID:
             "the \(kind) id is empty: give the id the token is minted for"
-        case .subjectIDTooLong(let kind, let length):
-            "the \(kind) id is \(length) bytes long, more than the \(TokenKey.maximumSubjectIDLength) allowed: check the id"
-        case .controlCharacters(let kind):
+        case .subjectIDTooLong:
+            "the \(kind) id is \(length ?? 0) bytes long, more than the \(TokenKey.maximumSubjectIDLength) allowed: check the id"
+        case .controlCharacters:
             "the \(kind) id contains control characters (newline, tab, NUL...): check how the id was read"
-        case .pathSegment(let kind, let subjectID):
-            "the \(kind) id \"\(subjectID)\" is a relative path segment, which proxies and servers would resolve to another endpoint of the token provider: give the real \(kind) id"
+        case .pathSegment:
+            "the \(kind) id \"\(subjectID ?? "")\" is a relative path segment, which proxies and servers would resolve to another endpoint of the token provider: give the real \(kind) id"
         }
     }
 }

@@ -56,8 +56,8 @@ public struct ProxySettings: Sendable, Equatable, CustomStringConvertible, Custo
     /// - `ALL_PROXY` is not read: set `HTTPS_PROXY`, or pass `--proxy`.
     /// - A proxy URL is `[http://][user:password@]host[:port]`; see ``Proxy/init(parsing:source:)``.
     ///
-    /// - Throws: ``ProxySettingsError`` naming the variable (or `--proxy`) whose proxy URL is
-    ///   invalid, with any password shown as `***`.
+    /// - Throws: ``ProxySettingsError`` naming the variable (or `the proxy override`) whose
+    ///   proxy URL is invalid, with any password shown as `***`.
     public static func fromEnvironment(_ environment: [String: String],
                                        override: Override? = nil) throws(ProxySettingsError) -> ProxySettings {
         let noProxy = Self.variable(environment, "no_proxy", "NO_PROXY").map { NoProxyList($0.value) } ?? NoProxyList("")
@@ -65,7 +65,8 @@ public struct ProxySettings: Sendable, Equatable, CustomStringConvertible, Custo
         case .direct:
             return .direct
         case .proxy(let url):
-            return ProxySettings(proxy: try Proxy(parsing: url, source: "--proxy"), noProxy: noProxy)
+            // Named in library terms; a program names it as its operator gave it.
+            return ProxySettings(proxy: try Proxy(parsing: url, source: "the proxy override"), noProxy: noProxy)
         case nil:
             var https: Proxy?, http: Proxy?
             if let (name, value) = Self.variable(environment, "https_proxy", "HTTPS_PROXY") {

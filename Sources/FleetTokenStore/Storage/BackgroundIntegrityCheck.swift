@@ -73,7 +73,7 @@ final class BackgroundIntegrityCheck: Sendable {
             }
         } catch {
             let reason = TokenStoreError(error, path: files.path)
-            if case .corrupt(_, let detail) = reason {
+            if reason.code == .corrupt, let detail = reason.detail {
                 state.withLock { $0.finding = detail }
                 let marked = files.markForCheck()
                 logger.error("token store is damaged (found by the background integrity check): restart the process; the next start moves the store aside and starts a fresh one (tokens will be refetched)", metadata: [

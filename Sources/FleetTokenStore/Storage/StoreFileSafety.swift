@@ -37,7 +37,7 @@ public struct StoreFileReport: Sendable, Equatable {
 
     /// True when opening would be refused (anything but a mode the opener may still tighten).
     var refusal: TokenStoreError? {
-        problems.first { if case .fileModeTooOpen = $0 { false } else { true } }
+        problems.first { $0.code != .fileModeTooOpen }
     }
 }
 

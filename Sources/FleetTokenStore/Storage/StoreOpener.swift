@@ -26,7 +26,7 @@ struct StoreOpener {
             do {
                 return try openHandlingCorruption()
             } catch let error {
-                guard case .busy = error, ContinuousClock.now - started < .seconds(configuration.busyTimeout) else { throw error }
+                guard error.code == .busy, ContinuousClock.now - started < .seconds(configuration.busyTimeout) else { throw error }
                 Thread.sleep(forTimeInterval: Double.random(in: 0.01...0.05))
             }
         }
@@ -36,7 +36,7 @@ struct StoreOpener {
         do {
             return try openOnce(report: StoreOpenReport())
         } catch let error {
-            guard case .corrupt(_, let detail) = error, mode.quarantineCorrupt, !mode.readOnly else { throw error }
+            guard error.code == .corrupt, let detail = error.detail, mode.quarantineCorrupt, !mode.readOnly else { throw error }
             let moved = try files.quarantine()
             logger.error("token store is corrupt; moved it aside and started a fresh one (tokens will be refetched)", metadata: [
                 "store": .string(files.path), "moved_to": .string(moved), "detail": .string(detail),

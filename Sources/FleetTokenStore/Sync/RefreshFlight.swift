@@ -50,7 +50,7 @@ struct RefreshFlight {
                 wantsBackgroundRefresh = true
                 return await end(.token(token))
             case .fail(let reason, let next):
-                if case .provider = reason { parts.scheduleNextRefresh(key) }
+                if reason.code == .provider { parts.scheduleNextRefresh(key) }
                 return await end(.failed(reason, nextAttemptAt: next))
             case .acquireFetchSlot:
                 let (flight, parts, key) = (decision, parts, key)

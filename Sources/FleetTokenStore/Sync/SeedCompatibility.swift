@@ -78,7 +78,7 @@ extension TokenSyncEngine {
             do throws(TokenUnavailable) {
                 completion(try await token(for: key).value, nil)
             } catch {
-                if case .provider(.missingData) = error.reason {
+                if error.reason.providerError?.code == .missingData {
                     completion(nil, AuthorizationProviderError.missingData)
                 } else {
                     completion(nil, AuthorizationProviderError.unavailable(error))

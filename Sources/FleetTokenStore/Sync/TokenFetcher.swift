@@ -47,73 +47,128 @@ extension FetchedToken: CustomStringConvertible, CustomReflectable {
 }
 
 /// Why a fetch produced no usable token. Messages never include a token value.
-public enum TokenProviderError: Error, Sendable, Equatable, CustomStringConvertible {
-    /// The provider could not be reached (connection refused, DNS, TLS).
-    case unreachable(detail: String)
-    /// The provider did not answer in time.
-    case timeout(seconds: Double)
+///
+/// Check ``code`` against the static values of ``Code`` (`error.code == .httpStatus`); the
+/// details of each code are optional properties, set for the codes that have them. Build one
+/// with the static functions, e.g. `throw .timeout(seconds: 5)`. A fetcher may throw any of
+/// them; ``isRetryable`` and ``retryAfter`` drive the engine's backoff.
+public struct TokenProviderError: Error, Sendable, Equatable, CustomStringConvertible {
+    /// What went wrong. More codes may come: match them with `==`, keep a `default`.
+    public struct Code: Hashable, Sendable, CustomStringConvertible {
+        fileprivate enum Value: String, Sendable {
+            case unreachable, timeout, httpStatus, notJSON, missingData, bodyTooLarge, invalidToken, other, tlsCertificate
+        }
+
+        fileprivate let value: Value
+
+        /// The provider could not be reached (connection refused, DNS, proxy).
+        public static let unreachable = Code(value: .unreachable)
+        /// The provider did not answer in time.
+        public static let timeout = Code(value: .timeout)
+        /// The provider answered with a non-2xx HTTP status.
+        public static let httpStatus = Code(value: .httpStatus)
+        /// The body was not a JSON object.
+        public static let notJSON = Code(value: .notJSON)
+        /// The JSON lacked the token or expiration field.
+        public static let missingData = Code(value: .missingData)
+        /// The body was larger than the limit.
+        public static let bodyTooLarge = Code(value: .bodyTooLarge)
+        /// The token failed validation: ``TokenProviderError/validationError`` says why.
+        public static let invalidToken = Code(value: .invalidToken)
+        /// A provider-specific failure.
+        public static let other = Code(value: .other)
+        /// The TLS handshake failed on a certificate.
+        public static let tlsCertificate = Code(value: .tlsCertificate)
+
+        /// The code's stable name, e.g. `httpStatus`.
+        public var description: String { value.rawValue }
+    }
+
+    /// What went wrong.
+    public let code: Code
+    /// What the transport, parser or fetcher said (``Code/unreachable``, ``Code/notJSON``,
+    /// ``Code/other``, ``Code/tlsCertificate``).
+    public let detail: String?
+    /// How long the fetch waited, in seconds (``Code/timeout``).
+    public let timeoutSeconds: Double?
+    /// The HTTP status the provider answered (``Code/httpStatus``).
+    public let statusCode: Int?
+    /// How long the provider asked us to wait (`Retry-After`), if it did (``Code/httpStatus``).
+    public let retryAfter: TimeInterval?
+    /// The field the answer lacks (``Code/missingData``).
+    public let field: String?
+    /// The body size limit, in bytes (``Code/bodyTooLarge``).
+    public let limitBytes: Int?
+    /// Why the token was rejected (``Code/invalidToken``).
+    public let validationError: TokenValidationError?
+
+    private init(_ code: Code, detail: String? = nil, timeoutSeconds: Double? = nil, statusCode: Int? = nil,
+                 retryAfter: TimeInterval? = nil, field: String? = nil, limitBytes: Int? = nil,
+                 validationError: TokenValidationError? = nil) {
+        self.code = code
+        self.detail = detail
+        self.timeoutSeconds = timeoutSeconds
+        self.statusCode = statusCode
+        self.retryAfter = retryAfter
+        self.field = field
+        self.limitBytes = limitBytes
+        self.validationError = validationError
+    }
+
+    /// The provider could not be reached (connection refused, DNS, proxy).
+    public static func unreachable(detail: String) -> Self { Self(.unreachable, detail: detail) }
+    /// The provider did not answer within `seconds`.
+    public static func timeout(seconds: Double) -> Self { Self(.timeout, timeoutSeconds: seconds) }
     /// The provider answered with a non-2xx HTTP status, maybe with a `Retry-After`.
-    case httpStatus(code: Int, retryAfter: TimeInterval?)
+    public static func httpStatus(code: Int, retryAfter: TimeInterval?) -> Self {
+        Self(.httpStatus, statusCode: code, retryAfter: retryAfter)
+    }
     /// The body was not a JSON object.
-    case notJSON(detail: String)
+    public static func notJSON(detail: String) -> Self { Self(.notJSON, detail: detail) }
     /// The JSON lacked the token or expiration field (the Fleet Engine samples' `missingData`).
-    case missingData(field: String)
+    public static func missingData(field: String) -> Self { Self(.missingData, field: field) }
     /// The body was larger than the limit.
-    case bodyTooLarge(limitBytes: Int)
+    public static func bodyTooLarge(limitBytes: Int) -> Self { Self(.bodyTooLarge, limitBytes: limitBytes) }
     /// The token failed validation (shape, expiry, lifetime, subject).
-    case invalidToken(TokenValidationError)
+    public static func invalidToken(_ reason: TokenValidationError) -> Self { Self(.invalidToken, validationError: reason) }
     /// A provider-specific failure.
-    case other(detail: String)
+    public static func other(detail: String) -> Self { Self(.other, detail: detail) }
     /// The TLS handshake failed on a certificate: the provider's is not trusted (or names
     /// another host), or the provider refused ours.
-    case tlsCertificate(detail: String)
+    public static func tlsCertificate(detail: String) -> Self { Self(.tlsCertificate, detail: detail) }
 
-    /// A short, stable name for logs, metrics labels and the store's `last_error_kind`.
-    public var kind: String {
-        switch self {
-        case .unreachable: "unreachable"
-        case .timeout: "timeout"
-        case .httpStatus: "httpStatus"
-        case .notJSON: "notJSON"
-        case .missingData: "missingData"
-        case .bodyTooLarge: "bodyTooLarge"
-        case .invalidToken(let reason): reason.kind
-        case .other: "other"
-        case .tlsCertificate: "tlsCertificate"
-        }
-    }
+    /// A short, stable name for logs, metrics labels and the store's `last_error_kind`: the
+    /// code's name, or for ``Code/invalidToken`` the validation error's kind.
+    public var kind: String { validationError?.kind ?? code.description }
 
     /// False for answers that retrying soon will not change: 4xx other than 408 and 429,
     /// and tokens that fail validation. Those back off from the longer non-retryable base.
     public var isRetryable: Bool {
-        switch self {
-        case .httpStatus(let code, _): !(400..<500).contains(code) || code == 408 || code == 429
-        case .invalidToken(.noProgress): true
-        case .invalidToken, .missingData, .notJSON, .tlsCertificate: false
-        case .unreachable, .timeout, .bodyTooLarge, .other: true
+        switch code.value {
+        case .httpStatus:
+            let status = statusCode ?? 0
+            return !(400..<500).contains(status) || status == 408 || status == 429
+        case .invalidToken: return validationError?.code == .noProgress
+        case .missingData, .notJSON, .tlsCertificate: return false
+        case .unreachable, .timeout, .bodyTooLarge, .other: return true
         }
-    }
-
-    /// How long the provider asked us to wait (`Retry-After`), if it did.
-    public var retryAfter: TimeInterval? {
-        if case .httpStatus(_, let retryAfter) = self { return retryAfter }
-        return nil
     }
 
     /// What happened, for an operator.
     public var description: String {
-        switch self {
-        case .unreachable(let detail): "token provider unreachable: \(detail)"
-        case .timeout(let seconds): "token provider did not answer within \(seconds) s"
-        case .httpStatus(let code, let retryAfter):
-            "token provider answered HTTP \(code)" + (retryAfter.map { " (Retry-After \(Int(min(max($0, 0), 1e9))) s)" } ?? "")
-        case .notJSON(let detail): "token provider's answer is not a JSON object (\(detail))"
-        case .missingData(let field): "token provider's answer lacks the \"\(field)\" field (missingData): check --token-key / --expiration-key"
-        case .bodyTooLarge(let limit): "token provider's answer is larger than \(limit) bytes"
-        case .invalidToken(let reason): "token provider returned an unusable token: \(reason)"
-        case .other(let detail): "token provider failed: \(detail)"
-        case .tlsCertificate(let detail):
-            "TLS certificate problem with the token provider (\(detail)): trust the CA that signed its certificate (token-agent --ca-file or --extra-ca-file), or check the client certificate (--client-cert, --client-key)"
+        switch code.value {
+        case .unreachable: "token provider unreachable: \(detail ?? "")"
+        case .timeout: "token provider did not answer within \(timeoutSeconds ?? 0) s"
+        case .httpStatus:
+            "token provider answered HTTP \(statusCode ?? 0)" + (retryAfter.map { " (Retry-After \(Int(min(max($0, 0), 1e9))) s)" } ?? "")
+        case .notJSON: "token provider's answer is not a JSON object (\(detail ?? ""))"
+        case .missingData:
+            "token provider's answer lacks the \"\(field ?? "")\" field (missingData): check the configured token and expiration field names"
+        case .bodyTooLarge: "token provider's answer is larger than \(limitBytes ?? 0) bytes"
+        case .invalidToken: "token provider returned an unusable token: \(validationError?.description ?? "")"
+        case .other: "token provider failed: \(detail ?? "")"
+        case .tlsCertificate:
+            "TLS certificate problem with the token provider (\(detail ?? "")): trust the CA that signed the provider's certificate, or check the client certificate and its key"
         }
     }
 }

@@ -5,14 +5,55 @@ public import Foundation
 /// ``TokenSyncEngine/token(for:)`` could not hand out a token: there is none, or the one held is
 /// too close to expiry, and getting a new one failed or is not due yet.
 public struct TokenUnavailable: Error, Sendable, Equatable, CustomStringConvertible {
-    /// Why no token could be had.
-    public enum Reason: Sendable, Equatable {
+    /// Why no token could be had: check ``code`` (`reason.code == .provider`), then the error
+    /// it carries. More codes may come: match them with `==`, keep a `default`.
+    public struct Reason: Sendable, Equatable, CustomStringConvertible {
+        /// Where the failure came from.
+        public struct Code: Hashable, Sendable, CustomStringConvertible {
+            fileprivate enum Value: String, Sendable { case provider, store, shuttingDown }
+
+            fileprivate let value: Value
+
+            /// The token provider: ``Reason/providerError`` says what it answered.
+            public static let provider = Code(value: .provider)
+            /// The store: ``Reason/storeError`` says what failed.
+            public static let store = Code(value: .store)
+            /// The engine is shutting down.
+            public static let shuttingDown = Code(value: .shuttingDown)
+
+            /// The code's name, e.g. `provider`.
+            public var description: String { value.rawValue }
+        }
+
+        /// Where the failure came from.
+        public let code: Code
+        /// The provider's last answer (``Code/provider``), possibly from an earlier attempt
+        /// when in backoff.
+        public let providerError: TokenProviderError?
+        /// What the store said (``Code/store``).
+        public let storeError: TokenStoreError?
+
+        private init(_ code: Code, providerError: TokenProviderError? = nil, storeError: TokenStoreError? = nil) {
+            self.code = code
+            self.providerError = providerError
+            self.storeError = storeError
+        }
+
         /// The provider's last answer (possibly from an earlier attempt, when in backoff).
-        case provider(TokenProviderError)
+        public static func provider(_ error: TokenProviderError) -> Self { Self(.provider, providerError: error) }
         /// The store failed and no token is held in memory.
-        case store(TokenStoreError)
+        public static func store(_ error: TokenStoreError) -> Self { Self(.store, storeError: error) }
         /// The engine is shutting down.
-        case shuttingDown
+        public static let shuttingDown = Self(.shuttingDown)
+
+        /// The cause, for an operator: the provider's or store's message, or the shutdown.
+        public var description: String {
+            switch code.value {
+            case .provider: providerError?.description ?? "token provider failed"
+            case .store: storeError?.description ?? "token store failed"
+            case .shuttingDown: "the token engine is shutting down"
+            }
+        }
     }
 
     /// The key asked for.
@@ -31,14 +72,8 @@ public struct TokenUnavailable: Error, Sendable, Equatable, CustomStringConverti
 
     /// What happened and when it will be retried.
     public var description: String {
-        let cause: String
-        switch reason {
-        case .provider(let error): cause = error.description
-        case .store(let error): cause = error.description
-        case .shuttingDown: cause = "the token engine is shutting down"
-        }
         let retry = nextAttemptAt.map { "; next attempt at \($0.formatted(.iso8601))" } ?? ""
-        return "no usable token for \(key): \(cause)\(retry)"
+        return "no usable token for \(key): \(reason)\(retry)"
     }
 }
 

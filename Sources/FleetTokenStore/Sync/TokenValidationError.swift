@@ -1,67 +1,136 @@
+// Provider layer: why the validator rejected a fetched token. A struct with a code, so that a
+// new rule can add a code without breaking users' exhaustive switches.
 public import Foundation
 
 /// Why a fetched token was rejected. A rejected token is never stored or handed out.
-public enum TokenValidationError: Error, Sendable, Equatable, CustomStringConvertible {
-    /// Not three base64url segments.
-    case malformed(detail: String)
+///
+/// Check ``code`` against the static values of ``Code`` (`error.code == .expired`); the details
+/// of each code are optional properties, set for the codes that have them. Build one with the
+/// static functions, e.g. `.expired(expiresAt:)`. Never carries a token value.
+public struct TokenValidationError: Error, Sendable, Equatable, CustomStringConvertible {
+    /// What rule the token broke. More codes may come: match them with `==`, keep a `default`.
+    public struct Code: Hashable, Sendable, CustomStringConvertible {
+        fileprivate enum Value: String, Sendable {
+            case malformed, undecodablePayload, missingExpiry, expired, lifetimeTooLong, issuedInFuture
+            case subjectMismatch, opaqueNotAllowed, noProgress, missingIssuedAt, missingAuthorization
+        }
+
+        fileprivate let value: Value
+
+        /// Not three base64url segments.
+        public static let malformed = Code(value: .malformed)
+        /// The payload is not a JSON object.
+        public static let undecodablePayload = Code(value: .undecodablePayload)
+        /// No `exp` claim and no expiry stated by the provider.
+        public static let missingExpiry = Code(value: .missingExpiry)
+        /// Already expired, or with less than the floor left, when received.
+        public static let expired = Code(value: .expired)
+        /// `exp` is further after `iat` than the allowed lifetime.
+        public static let lifetimeTooLong = Code(value: .lifetimeTooLong)
+        /// `iat` is in the future beyond the tolerance.
+        public static let issuedInFuture = Code(value: .issuedInFuture)
+        /// The `authorization` claim names another subject.
+        public static let subjectMismatch = Code(value: .subjectMismatch)
+        /// Not a JWT, and opaque tokens are not allowed.
+        public static let opaqueNotAllowed = Code(value: .opaqueNotAllowed)
+        /// The token expires no later than the one already held.
+        public static let noProgress = Code(value: .noProgress)
+        /// A JWT without `iat`.
+        public static let missingIssuedAt = Code(value: .missingIssuedAt)
+        /// A JWT without the `authorization` claim.
+        public static let missingAuthorization = Code(value: .missingAuthorization)
+
+        /// The code's stable name, the same as ``TokenValidationError/kind``.
+        public var description: String { value.rawValue }
+    }
+
+    /// What rule the token broke.
+    public let code: Code
+    /// What is wrong with the token's shape (``Code/malformed``); never the token itself.
+    public let detail: String?
+    /// The token's expiry (``Code/expired``), or that of the token already held
+    /// (``Code/noProgress``).
+    public let expiresAt: Date?
+    /// `exp − iat` in seconds (``Code/lifetimeTooLong``).
+    public let lifetime: TimeInterval?
+    /// The longest lifetime accepted, in seconds (``Code/lifetimeTooLong``).
+    public let lifetimeLimit: TimeInterval?
+    /// The token's `iat` (``Code/issuedInFuture``).
+    public let issuedAt: Date?
+    /// The subject id asked for (``Code/subjectMismatch``).
+    public let expectedSubject: String?
+    /// The member of the `authorization` claim that names the subject, e.g. `vehicleid`
+    /// (``Code/subjectMismatch``, ``Code/missingAuthorization``).
+    public let claim: String?
+    /// The subject id the token names instead (``Code/subjectMismatch``).
+    public let foundSubject: String?
+
+    private init(_ code: Code, detail: String? = nil, expiresAt: Date? = nil, lifetime: TimeInterval? = nil,
+                 lifetimeLimit: TimeInterval? = nil, issuedAt: Date? = nil, expectedSubject: String? = nil,
+                 claim: String? = nil, foundSubject: String? = nil) {
+        self.code = code
+        self.detail = detail
+        self.expiresAt = expiresAt
+        self.lifetime = lifetime
+        self.lifetimeLimit = lifetimeLimit
+        self.issuedAt = issuedAt
+        self.expectedSubject = expectedSubject
+        self.claim = claim
+        self.foundSubject = foundSubject
+    }
+
+    /// Not three base64url segments; `detail` says which part failed.
+    public static func malformed(detail: String) -> Self { Self(.malformed, detail: detail) }
     /// The payload is not a JSON object.
-    case undecodablePayload
+    public static let undecodablePayload = Self(.undecodablePayload)
     /// No `exp` claim and no expiry stated by the provider.
-    case missingExpiry
+    public static let missingExpiry = Self(.missingExpiry)
     /// The token is already expired (or has less than the floor left) when received.
-    case expired(expiresAt: Date)
+    public static func expired(expiresAt: Date) -> Self { Self(.expired, expiresAt: expiresAt) }
     /// `exp` is more than the allowed lifetime after `iat` (Fleet Engine rejects over one hour).
-    case lifetimeTooLong(seconds: TimeInterval, limit: TimeInterval)
+    public static func lifetimeTooLong(seconds: TimeInterval, limit: TimeInterval) -> Self {
+        Self(.lifetimeTooLong, lifetime: seconds, lifetimeLimit: limit)
+    }
     /// `iat` is in the future beyond the tolerance.
-    case issuedInFuture(issuedAt: Date)
+    public static func issuedInFuture(issuedAt: Date) -> Self { Self(.issuedInFuture, issuedAt: issuedAt) }
     /// The `authorization` claim names another subject.
-    case subjectMismatch(expected: String, claim: String, found: String)
+    public static func subjectMismatch(expected: String, claim: String, found: String) -> Self {
+        Self(.subjectMismatch, expectedSubject: expected, claim: claim, foundSubject: found)
+    }
     /// A token that is not a JWT, and opaque tokens are not allowed.
-    case opaqueNotAllowed
+    public static let opaqueNotAllowed = Self(.opaqueNotAllowed)
     /// The provider returned a token that expires no later than the one already held.
-    case noProgress(expiresAt: Date)
+    public static func noProgress(expiresAt: Date) -> Self { Self(.noProgress, expiresAt: expiresAt) }
     /// A JWT without `iat` (absent or null): its lifetime cannot be checked, and refreshing
     /// by it could wait for weeks. Allowed only with ``RefreshPolicy/allowOpaqueTokens``.
-    case missingIssuedAt
+    public static let missingIssuedAt = Self(.missingIssuedAt)
     /// A JWT without the private `authorization` claim that names what Fleet Engine lets it act
     /// on (`claim`, e.g. `vehicleid`). Allowed only with ``RefreshPolicy/allowOpaqueTokens``.
-    case missingAuthorization(claim: String)
+    public static func missingAuthorization(claim: String) -> Self { Self(.missingAuthorization, claim: claim) }
 
     /// A short, stable name for logs, metrics and the store.
-    public var kind: String {
-        switch self {
-        case .malformed: "malformed"
-        case .undecodablePayload: "undecodablePayload"
-        case .missingExpiry: "missingExpiry"
-        case .expired: "expired"
-        case .lifetimeTooLong: "lifetimeTooLong"
-        case .issuedInFuture: "issuedInFuture"
-        case .subjectMismatch: "subjectMismatch"
-        case .opaqueNotAllowed: "opaqueNotAllowed"
-        case .noProgress: "noProgress"
-        case .missingIssuedAt: "missingIssuedAt"
-        case .missingAuthorization: "missingAuthorization"
-        }
-    }
+    public var kind: String { code.description }
 
     /// What is wrong, for an operator.
     public var description: String {
-        switch self {
-        case .malformed(let detail): "not a JWT (\(detail))"
+        switch code.value {
+        case .malformed: "not a JWT (\(detail ?? ""))"
         case .undecodablePayload: "the JWT payload is not a JSON object"
         case .missingExpiry: "neither the JWT nor the provider gives an expiry"
-        case .expired(let at): "it expired at \(at.formatted(.iso8601)) (or is too close to expiry to use)"
-        case .lifetimeTooLong(let seconds, let limit):
-            "exp is \(Int(seconds)) s after iat, more than the \(Int(limit)) s Fleet Engine accepts"
-        case .issuedInFuture(let at): "iat \(at.formatted(.iso8601)) is in the future: check the provider's clock"
-        case .subjectMismatch(let expected, let claim, let found):
-            "its authorization.\(claim) is \"\(found)\", not the requested \"\(expected)\""
+        case .expired: "it expired at \(Self.iso(expiresAt)) (or is too close to expiry to use)"
+        case .lifetimeTooLong:
+            "exp is \(Int(lifetime ?? 0)) s after iat, more than the \(Int(lifetimeLimit ?? 0)) s Fleet Engine accepts"
+        case .issuedInFuture: "iat \(Self.iso(issuedAt)) is in the future: check the provider's clock"
+        case .subjectMismatch:
+            "its authorization.\(claim ?? "") is \"\(foundSubject ?? "")\", not the requested \"\(expectedSubject ?? "")\""
         case .opaqueNotAllowed: "it is not a JWT and opaque tokens are not enabled"
-        case .noProgress(let at): "it expires no later than the token already held (\(at.formatted(.iso8601))): the provider is caching"
+        case .noProgress: "it expires no later than the token already held (\(Self.iso(expiresAt))): the provider is caching"
         case .missingIssuedAt:
             "the JWT has no iat claim, so its lifetime cannot be checked: fix the provider, or allow opaque tokens to accept it"
-        case .missingAuthorization(let claim):
-            "the JWT has no authorization claim (expected authorization.\(claim)): fix the provider, or allow opaque tokens to accept it"
+        case .missingAuthorization:
+            "the JWT has no authorization claim (expected authorization.\(claim ?? "")): fix the provider, or allow opaque tokens to accept it"
         }
     }
+
+    private static func iso(_ date: Date?) -> String { date?.formatted(.iso8601) ?? "?" }
 }

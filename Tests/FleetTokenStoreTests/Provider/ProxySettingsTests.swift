@@ -139,7 +139,7 @@ struct ProxySettingsTests {
         let error = #expect(throws: ProxySettingsError.self) { try settings(["https_proxy": text.isEmpty ? "x" : text], override: text.isEmpty ? .proxy("") : nil) }
         #expect(error?.code == code)
         let description = error?.description ?? ""
-        #expect(description.hasPrefix(text.isEmpty ? "--proxy is" : "https_proxy is"), "\(description)")
+        #expect(description.hasPrefix(text.isEmpty ? "the proxy override is" : "https_proxy is"), "\(description)")
         #expect(description.contains(hint), "\(description)")
         #expect(!description.contains("\n"))
     }

@@ -123,7 +123,7 @@ struct OpenAndMigrationTests {
             try SQLiteTokenRepository(path: path, mode: .agent, configuration: StoreConfiguration(),
                                       logger: Logger(label: "test"), migrator: migrator)
         }
-        guard case .migrationFailed(_, let identifier, let reason) = error else {
+        guard let error, error.code == .migrationFailed, let identifier = error.migrationIdentifier, let reason = error.reason else {
             Issue.record("expected migrationFailed, got \(String(describing: error))")
             return
         }

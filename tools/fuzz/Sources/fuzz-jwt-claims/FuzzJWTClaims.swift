@@ -57,7 +57,7 @@ func checkDecode(_ token: String) -> JWTClaims? {
         }
         return claims
     } catch {
-        switch error {
+        switch error.code {
         case .malformed, .undecodablePayload: break
         default: require(false, "decode threw \(error.kind)")
         }

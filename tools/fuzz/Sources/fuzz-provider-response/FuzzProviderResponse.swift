@@ -68,11 +68,11 @@ func check(body: Data, fetcher settings: ProviderResponseFormat, key: TokenKey, 
     do {
         fetched = try settings.parse(body, for: key, now: now, providerDate: providerDate)
     } catch {
-        switch error {
+        switch error.code {
         case .notJSON:
             require(object == nil, "a JSON object rejected as not an object: \(error)")
-        case .missingData(let field):
-            require(field == tokenField || field == settings.expirationKey, "missingData names an unknown field: \(error)")
+        case .missingData:
+            require(error.field == tokenField || error.field == settings.expirationKey, "missingData names an unknown field: \(error)")
         default:
             require(false, "the parser threw an error of another kind: \(error.kind)")
         }
