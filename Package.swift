@@ -206,6 +206,7 @@ let package = Package(
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "MetricsTestKit", package: "swift-metrics"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "Clocks", package: "swift-clocks"),
             ],
             resources: [.copy("Fixtures")],
             swiftSettings: testSettings

@@ -14,48 +14,54 @@ import Synchronization
 /// log sequence numbers are noted inside the writing transaction, before they can be read.
 final class ChangeMonitor: Sendable {
     private struct State: Sendable {
-        var continuations: [UInt64: AsyncStream<TokenStoreChange>.Continuation] = [:]
-        var nextID: UInt64 = 0
         var ownRanges: [ClosedRange<Int64>] = []
         var pollTask: Task<Void, Never>?
         var closed = false
+    }
+
+    /// The watching connection and where it starts reading from.
+    private struct Watcher: Sendable {
+        let reader: DatabaseQueue
+        let dataVersion: Int64
+        let lastSequence: Int64
     }
 
     /// More changes than this in one poll are reported as ``TokenStoreChange/unknown``.
     static let maximumItemizedChanges = 5000
 
     private let state = Mutex(State())
+    /// The subscribers; unbounded, as a reader that misses a change would serve a stale token.
+    private let subscribers = EventBroadcaster<TokenStoreChange>(buffering: .unbounded)
     private let path: String
     private let interval: Duration
     private let busyTimeout: TimeInterval
+    private let clock: any Clock<Duration>
     private let logger: Logger
+    /// Polls done (whether or not they found changes): tests wait for the next one.
+    private let polls = Mutex<Int>(0)
 
-    init(path: String, interval: TimeInterval, busyTimeout: TimeInterval, logger: Logger) {
+    init(path: String, interval: TimeInterval, busyTimeout: TimeInterval, clock: any Clock<Duration>, logger: Logger) {
         self.path = path
         self.interval = .milliseconds(Int64(max(interval, 0.01) * 1000))
         self.busyTimeout = busyTimeout
+        self.clock = clock
         self.logger = logger
     }
 
-    /// A stream of changes; polling runs while at least one stream is alive.
+    /// How many polls have completed since the monitor was made.
+    var completedPolls: Int { polls.withLock { $0 } }
+
+    /// A stream of changes; polling runs while at least one stream is alive. When this call
+    /// starts the polling, it takes the starting point before returning, so every change
+    /// committed after it returns is reported.
     func subscribe() -> AsyncStream<TokenStoreChange> {
-        let (stream, continuation) = AsyncStream<TokenStoreChange>.makeStream()
-        let id: UInt64? = state.withLock { state in
-            guard !state.closed else { return nil }
-            let id = state.nextID
-            state.nextID += 1
-            state.continuations[id] = continuation
-            if state.pollTask == nil {
-                state.pollTask = Task { [weak self] in await self?.poll() }
-            }
-            return id
-        }
-        guard let id else {
-            continuation.finish()
-            return stream
-        }
-        continuation.onTermination = { [weak self] _ in
-            self?.state.withLock { _ = $0.continuations.removeValue(forKey: id) }
+        let stream = subscribers.subscribe()
+        state.withLock { state in
+            guard !state.closed, state.pollTask == nil else { return }
+            // A read of two numbers, once per start of polling: under the lock, so no write's
+            // own-change note falls between the starting point and the task.
+            let watcher = openWatcher(logFailure: false)
+            state.pollTask = Task { [weak self] in await self?.poll(from: watcher) }
         }
         return stream
     }
@@ -80,20 +86,20 @@ final class ChangeMonitor: Sendable {
 
     /// Ends every stream and stops polling.
     func close() {
-        let (continuations, task) = state.withLock { state in
+        let task = state.withLock { state in
             state.closed = true
-            defer { state.continuations = [:]; state.pollTask = nil }
-            return (Array(state.continuations.values), state.pollTask)
+            defer { state.pollTask = nil }
+            return state.pollTask
         }
         task?.cancel()
-        continuations.forEach { $0.finish() }
+        subscribers.finish()
     }
 
     /// True while someone listens; otherwise forgets the poll task in the same critical
     /// section, so the next subscriber starts a new one.
     private func keepPolling() -> Bool {
         state.withLock { state in
-            if state.continuations.isEmpty || state.closed {
+            if !subscribers.hasSubscribers || state.closed {
                 state.pollTask = nil
                 return false
             }
@@ -101,37 +107,47 @@ final class ChangeMonitor: Sendable {
         }
     }
 
-    private func poll() async {
-        var opened: DatabaseQueue?
+    /// Opens the read-only watching connection and reads the starting point; nil on failure.
+    private func openWatcher(logFailure: Bool) -> Watcher? {
         var configuration = Configuration()
         configuration.readonly = true
         configuration.busyMode = .timeout(busyTimeout)
         configuration.label = "FleetTokenStore.changes"
-        var dataVersion: Int64 = 0
-        var lastSeq: Int64 = 0
-        // Open the watching connection; retried each second while someone listens.
-        while true {
-            guard keepPolling() else { return }
-            do {
-                let queue = try DatabaseQueue(path: path, configuration: configuration)
-                (dataVersion, lastSeq) = try await queue.read { db in
-                    (try Int64.fetchOne(db, sql: "PRAGMA data_version") ?? 0, try ChangeLog.lastSequence(db))
-                }
-                opened = queue
-                break
-            } catch {
+        do {
+            let queue = try DatabaseQueue(path: path, configuration: configuration)
+            let (version, sequence) = try queue.read { db in
+                (try Int64.fetchOne(db, sql: "PRAGMA data_version") ?? 0, try ChangeLog.lastSequence(db))
+            }
+            return Watcher(reader: queue, dataVersion: version, lastSequence: sequence)
+        } catch {
+            if logFailure {
                 logger.error("cannot watch the token store for changes by other processes; retrying", metadata: [
                     "store": .string(path), "error": .string(TokenStoreError(error, path: path).description),
                 ])
+            }
+            return nil
+        }
+    }
+
+    private func poll(from start: Watcher?) async {
+        var watcher = start
+        // Open the watching connection; retried each second while someone listens.
+        while watcher == nil {
+            guard keepPolling() else { return }
+            watcher = openWatcher(logFailure: true)
+            if watcher == nil {
                 do { try await Task.sleep(for: .seconds(1)) } catch { return }
             }
         }
-        guard let reader = opened else { return }
+        guard let watcher else { return }
+        let reader = watcher.reader
         defer { try? reader.close() }
+        var dataVersion = watcher.dataVersion
+        var lastSeq = watcher.lastSequence
 
         while keepPolling() {
             do {
-                try await Task.sleep(for: interval)
+                try await clock.sleep(for: interval)
             } catch {
                 state.withLock { $0.pollTask = nil }
                 return // cancelled: the repository closed
@@ -145,36 +161,31 @@ final class ChangeMonitor: Sendable {
                     return try ChangeLog.read(db, after: since, dataVersion: version,
                                               limit: Self.maximumItemizedChanges)
                 }
-                guard let batch else { continue }
-                dataVersion = batch.dataVersion
-                deliver(batch, after: lastSeq)
-                lastSeq = max(lastSeq, batch.lastSequence)
+                if let batch {
+                    dataVersion = batch.dataVersion
+                    deliver(batch, after: lastSeq)
+                    lastSeq = max(lastSeq, batch.lastSequence)
+                }
             } catch {
                 logger.warning("could not read the token store's change log; will retry", metadata: [
                     "store": .string(path), "error": .string(TokenStoreError(error, path: path).description),
                 ])
             }
+            polls.withLock { $0 += 1 }
         }
     }
 
     private func deliver(_ batch: ChangeLog.Batch, after lastSeq: Int64) {
-        let (changes, continuations) = state.withLock { state -> ([TokenStoreChange], [AsyncStream<TokenStoreChange>.Continuation]) in
+        let changes = state.withLock { state -> [TokenStoreChange] in
             let own = state.ownRanges
             state.ownRanges.removeAll { $0.upperBound <= batch.lastSequence }
-            var changes: [TokenStoreChange] = []
             if batch.truncated || (batch.firstRetained > lastSeq + 1 && batch.lastSequence > lastSeq) {
                 // Too much happened, or the log was pruned past what we read: ask for a re-read.
-                changes.append(.unknown)
-            } else {
-                for item in batch.items where !own.contains(where: { $0.contains(item.seq) }) {
-                    changes.append(item.change)
-                }
+                return [.unknown]
             }
-            return (changes, Array(state.continuations.values))
+            return batch.items.filter { item in !own.contains { $0.contains(item.seq) } }.map(\.change)
         }
-        for change in changes {
-            for continuation in continuations { continuation.yield(change) }
-        }
+        subscribers.emit(contentsOf: changes)
     }
 }
 

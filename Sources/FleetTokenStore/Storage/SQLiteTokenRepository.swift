@@ -60,8 +60,10 @@ public final class SQLiteTokenRepository: TokenRepository, RefreshLeaseStore, To
                       migrator: SchemaMigrator())
     }
 
+    /// `pollClock` paces the change feed's polling: tests pass a test clock to decide when
+    /// polls happen.
     init(path: String, mode: StoreOpenMode, configuration: StoreConfiguration, logger: Logger,
-         migrator: SchemaMigrator) throws(TokenStoreError) {
+         migrator: SchemaMigrator, pollClock: any Clock<Duration> = ContinuousClock()) throws(TokenStoreError) {
         let files = StoreFiles(path: path, allowsSymlink: configuration.allowsSymlinkedStore)
         let opened = try StoreOpener(files: files, mode: mode, configuration: configuration,
                                      logger: logger, migrator: migrator).open()
@@ -72,7 +74,7 @@ public final class SQLiteTokenRepository: TokenRepository, RefreshLeaseStore, To
         self.configuration = configuration
         self.logger = logger
         self.monitor = ChangeMonitor(path: files.path, interval: configuration.changePollInterval,
-                                     busyTimeout: configuration.busyTimeout, logger: logger)
+                                     busyTimeout: configuration.busyTimeout, clock: pollClock, logger: logger)
         // Start-up skipped the full check (the last run closed cleanly): run it now, beside serving.
         let deferCheck = configuration.integrityCheck == .whenNeeded && !opened.report.checkedBeforeOpening
             && !opened.report.created && !mode.readOnly

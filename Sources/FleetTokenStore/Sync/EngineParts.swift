@@ -17,6 +17,26 @@ final class ShutdownFlag: Sendable {
     func set() { flag.store(true, ordering: .releasing) }
 }
 
+/// Where each running flight is, for tests that must wait for a flight to reach a step (say,
+/// waiting on another process's lease) instead of sleeping.
+final class FlightPhases: Sendable {
+    private let phases = Mutex<[TokenKey: RefreshDecision.State]>([:])
+
+    init() {}
+
+    func set(_ key: TokenKey, _ state: RefreshDecision.State) {
+        phases.withLock { $0[key] = state }
+    }
+
+    func remove(_ key: TokenKey) {
+        phases.withLock { _ = $0.removeValue(forKey: key) }
+    }
+
+    func phase(of key: TokenKey) -> RefreshDecision.State? {
+        phases.withLock { $0[key] }
+    }
+}
+
 /// The engine's collaborators, shared by ``RefreshCoordinator`` and each ``RefreshFlight``.
 struct EngineParts: Sendable {
     let policy: RefreshPolicy
@@ -30,12 +50,13 @@ struct EngineParts: Sendable {
     let committer: GroupCommitter
     let skew: ClockSkewTracker
     let health: StoreHealth
-    let events: EventBroadcaster
+    let events: EventBroadcaster<TokenSyncEvent>
     let metrics: SyncMetrics
     let logger: Logger
     let now: @Sendable () -> Date
     let random: @Sendable () -> Double
     let shutdown: ShutdownFlag
+    let phases = FlightPhases()
 
     /// The time now, local and provider-corrected.
     var moment: RefreshMoment {

@@ -1,17 +1,27 @@
+// Sync layer: fan-out of one producer's events to every subscriber's stream. Shared by the
+// engine's events (TokenSyncEvent) and the store's change feed (TokenStoreChange).
 import Synchronization
 
-/// Fans engine events out to every subscriber's stream.
-final class EventBroadcaster: Sendable {
+/// Gives each subscriber its own `AsyncStream` of the events emitted after it subscribed; a
+/// stream ends when its reader stops or the broadcaster finishes.
+final class EventBroadcaster<Event: Sendable>: Sendable {
     private struct State: Sendable {
-        var continuations: [UInt64: AsyncStream<TokenSyncEvent>.Continuation] = [:]
+        var continuations: [UInt64: AsyncStream<Event>.Continuation] = [:]
         var nextID: UInt64 = 0
         var finished = false
     }
 
     private let state = Mutex(State())
+    private let buffering: AsyncStream<Event>.Continuation.BufferingPolicy
 
-    func subscribe() -> AsyncStream<TokenSyncEvent> {
-        let (stream, continuation) = AsyncStream<TokenSyncEvent>.makeStream(bufferingPolicy: .bufferingNewest(10_000))
+    /// `buffering` bounds what a slow reader keeps.
+    init(buffering: AsyncStream<Event>.Continuation.BufferingPolicy = .bufferingNewest(10_000)) {
+        self.buffering = buffering
+    }
+
+    /// A new stream of what is emitted from now on; already finished when the broadcaster is.
+    func subscribe() -> AsyncStream<Event> {
+        let (stream, continuation) = AsyncStream<Event>.makeStream(bufferingPolicy: buffering)
         let id: UInt64? = state.withLock { state in
             guard !state.finished else { return nil }
             let id = state.nextID
@@ -29,11 +39,23 @@ final class EventBroadcaster: Sendable {
         return stream
     }
 
-    func emit(_ event: TokenSyncEvent) {
-        let continuations = state.withLock { Array($0.continuations.values) }
-        for continuation in continuations { continuation.yield(event) }
+    /// Whether any stream is still read.
+    var hasSubscribers: Bool { state.withLock { !$0.continuations.isEmpty } }
+
+    func emit(_ event: Event) {
+        emit(contentsOf: [event])
     }
 
+    /// Emits `events` in order to every subscriber.
+    func emit(contentsOf events: [Event]) {
+        guard !events.isEmpty else { return }
+        let continuations = state.withLock { Array($0.continuations.values) }
+        for event in events {
+            for continuation in continuations { continuation.yield(event) }
+        }
+    }
+
+    /// Ends every stream; later subscribers get an ended one.
     func finish() {
         let continuations = state.withLock { state in
             state.finished = true

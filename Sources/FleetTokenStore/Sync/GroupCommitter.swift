@@ -33,12 +33,12 @@ final class GroupCommitter: Sendable {
     private let work = WakeSignal()
     private let repository: any TokenRepository
     private let health: StoreHealth
-    private let events: EventBroadcaster
+    private let events: EventBroadcaster<TokenSyncEvent>
     private let logger: Logger
     private let clock: any Clock<Duration>
     private let committed: @Sendable ([TokenKey]) async -> Void
 
-    init(repository: any TokenRepository, health: StoreHealth, events: EventBroadcaster, logger: Logger,
+    init(repository: any TokenRepository, health: StoreHealth, events: EventBroadcaster<TokenSyncEvent>, logger: Logger,
          clock: any Clock<Duration>, committed: @escaping @Sendable ([TokenKey]) async -> Void) {
         self.repository = repository
         self.health = health
@@ -59,6 +59,11 @@ final class GroupCommitter: Sendable {
             return state.looping
         }
         if looping { work.signal() }
+    }
+
+    /// Whether nothing waits to be written and no write runs.
+    var isIdle: Bool {
+        state.withLock { !$0.writing && $0.pending.isEmpty }
     }
 
     /// Whether a token of `key` waits for its commit.

@@ -3,6 +3,7 @@
 // Fresh hits never come here (TokenMemory serves them).
 import Foundation
 import Logging
+import Synchronization
 
 /// Starts and joins flights (one per key; a ``RefreshFlight`` each), keeps the tracked keys
 /// scheduled, follows other processes' changes, and runs the engine's long-running work as
@@ -17,11 +18,15 @@ actor RefreshCoordinator {
     private var tracked: Set<TokenKey> = []
     /// Flights the scheduler started and that have not ended: they count against the fetch bound.
     private var backgroundFlights = 0
+    /// Background refreshes asked for by hits, on their way to the actor.
+    private nonisolated let startsInTransit = Atomic<Int>(0)
+    private var schedulerRunning = false
+    private var followingChanges = false
 
     init(repository: any TokenRepository, leases: any RefreshLeaseStore, fetcher: any TokenFetcher,
          policy: RefreshPolicy, logger: Logger, clock: any Clock<Duration>, now: @escaping @Sendable () -> Date,
          random: @escaping @Sendable () -> Double, metrics: SyncMetrics, memory: TokenMemory) {
-        let events = EventBroadcaster()
+        let events = EventBroadcaster<TokenSyncEvent>()
         let health = StoreHealth(events: events, metrics: metrics, logger: logger)
         let lease = CrossProcessLease(store: leases, changes: { repository.changes() }, duration: policy.leaseDuration,
                                       clock: clock, now: now, logger: logger)
@@ -37,7 +42,7 @@ actor RefreshCoordinator {
                                    logger: logger, shutdown: shutdown)
     }
 
-    nonisolated var events: EventBroadcaster { parts.events }
+    nonisolated var events: EventBroadcaster<TokenSyncEvent> { parts.events }
 
     // MARK: - Entry points
 
@@ -57,11 +62,30 @@ actor RefreshCoordinator {
     /// path, which cannot wait for the actor: the hop is a task of its own, and the flight it
     /// starts ends with the engine's shutdown like every other.
     nonisolated func refreshInBackground(_ key: TokenKey) {
+        startsInTransit.add(1, ordering: .relaxed)
         Task { await self.startBackgroundRefresh(key) }
     }
 
     private func startBackgroundRefresh(_ key: TokenKey) {
         _ = flight(key, .background)
+        startsInTransit.subtract(1, ordering: .relaxed)
+    }
+
+    /// Whether the engine has nothing to do until its clock moves or another process acts: no
+    /// flight runs or is on its way, nothing waits to be committed, and the scheduler (when
+    /// running) sleeps with nothing due. Tests wait for this instead of sleeping.
+    var isSettled: Bool {
+        startsInTransit.load(ordering: .relaxed) == 0 && inFlight.isEmpty && parts.committer.isIdle
+            && (!schedulerRunning || parts.scheduler.isParked)
+    }
+
+    /// Whether ``runUntilCancelled()`` is under way: the scheduler loop runs and the store's
+    /// change feed is followed.
+    var isRunning: Bool { schedulerRunning && followingChanges }
+
+    /// Where the flight of `key` is, while one runs.
+    nonisolated func phase(of key: TokenKey) -> RefreshDecision.State? {
+        parts.phases.phase(of: key)
     }
 
     func track(_ keys: [TokenKey]) async {
@@ -122,6 +146,7 @@ actor RefreshCoordinator {
 
     private func flightEnded(_ key: TokenKey, background: Bool, thenRefresh: Bool) {
         inFlight[key] = nil
+        parts.phases.remove(key)
         parts.memory.finishRefreshRequest(key)
         if thenRefresh { _ = flight(key, .background) }
         // The scheduler skips a key whose flight runs; a deadline set meanwhile (say, by
@@ -157,6 +182,8 @@ actor RefreshCoordinator {
     private func scheduleUntilCancelled() async {
         let scheduler = parts.scheduler
         let limit = parts.policy.maxConcurrentFetches
+        schedulerRunning = true
+        defer { schedulerRunning = false }
         while !Task.isCancelled && !parts.shutdown.isSet {
             let untilHeartbeat = scheduler.beatIfDue()
             // The wall clock moved more or less than time passed: it was stepped (NTP, an
@@ -202,7 +229,10 @@ actor RefreshCoordinator {
     }
 
     private func followStoreChanges() async {
-        for await change in parts.repository.changes() {
+        let changes = parts.repository.changes()
+        followingChanges = true
+        defer { followingChanges = false }
+        for await change in changes {
             if Task.isCancelled { break }
             switch change {
             case .upserted(let key), .removed(let key): await reconcile([key])

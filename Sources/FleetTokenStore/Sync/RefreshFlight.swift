@@ -35,6 +35,7 @@ struct RefreshFlight {
         if held == nil { await parts.load([key]) }
         var action = decision.start(held: held, at: parts.moment)
         while true {
+            parts.phases.set(key, decision.state)
             settleSlot()
             if parts.shutdown.isSet || Task.isCancelled, !Self.isTerminal(action) {
                 action = decision.shutdown()

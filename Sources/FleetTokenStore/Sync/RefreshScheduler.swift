@@ -9,6 +9,8 @@ final class RefreshScheduler: Sendable {
     private struct State: Sendable {
         var queue = DeadlineQueue()
         var heartbeat: SchedulerHeartbeat?
+        /// While the loop sleeps: true once its wake-up time has come on the clock.
+        var sleepIsOver: (@Sendable () -> Bool)?
     }
 
     /// Longest uninterrupted sleep; bounds the effect of wall-clock jumps.
@@ -72,16 +74,33 @@ final class RefreshScheduler: Sendable {
         }
     }
 
+    /// Whether the loop sleeps with nothing to do before its clock reaches the wake-up time:
+    /// no wake request waits and the time has not come (tests wait for this; see
+    /// `TokenSyncEngine.isSettled`).
+    var isParked: Bool {
+        guard let sleepIsOver = state.withLock({ $0.sleepIsOver }) else { return false }
+        return !sleepIsOver() && !wakes.isSignalled
+    }
+
     /// Sleeps `seconds` on the injected clock, or until ``wake()`` or cancellation.
     func sleep(seconds: TimeInterval) async {
         let clock = self.clock
         let duration = Duration.milliseconds(Int64((seconds * 1000).rounded(.up)))
+        let over = Self.deadlineCheck(clock, after: duration)
+        state.withLock { $0.sleepIsOver = over }
+        defer { state.withLock { $0.sleepIsOver = nil } }
         await withTaskGroup(of: Void.self) { group in
             group.addTask { _ = try? await clock.sleep(for: duration) }
             group.addTask { await self.wakes.wait() }
             await group.next()
             group.cancelAll()
         }
+    }
+
+    private static func deadlineCheck<C: Clock>(_ clock: C, after duration: Duration) -> @Sendable () -> Bool
+        where C.Duration == Duration {
+        let due = clock.now.advanced(by: duration)
+        return { clock.now >= due }
     }
 
     private static func elapsedReader<C: Clock>(_ clock: C) -> @Sendable () -> Duration where C.Duration == Duration {

@@ -8,11 +8,11 @@ import Synchronization
 /// working and degraded (not every failure: a full disk fails every write).
 final class StoreHealth: Sendable {
     private let degraded = Mutex(false)
-    private let events: EventBroadcaster
+    private let events: EventBroadcaster<TokenSyncEvent>
     private let metrics: SyncMetrics
     private let logger: Logger
 
-    init(events: EventBroadcaster, metrics: SyncMetrics, logger: Logger) {
+    init(events: EventBroadcaster<TokenSyncEvent>, metrics: SyncMetrics, logger: Logger) {
         self.events = events
         self.metrics = metrics
         self.logger = logger

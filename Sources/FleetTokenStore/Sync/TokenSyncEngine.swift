@@ -1,6 +1,6 @@
 // Sync layer: the engine's public face: hands out tokens, tracks keys, runs as a Service.
 
-import CoreMetrics
+public import CoreMetrics
 public import Foundation
 public import Logging
 public import ServiceLifecycle
@@ -26,7 +26,7 @@ public final class TokenSyncEngine: Service, Sendable {
 
     let memory: TokenMemory
     let coordinator: RefreshCoordinator
-    let metrics = SyncMetrics()
+    let metrics: SyncMetrics
     let wallClock: @Sendable () -> Date
     let logger: Logger
 
@@ -43,13 +43,16 @@ public final class TokenSyncEngine: Service, Sendable {
     ///   - now: The wall clock expiry is judged by; inject it together with `clock` in tests.
     ///     Defaults to ``coarseWallClock``.
     ///   - random: Uniform values in 0...1 for jitter; injectable for tests.
+    ///   - metricsFactory: Makes the engine's swift-metrics instruments; nil uses the process's
+    ///     `MetricsSystem.factory` (what `MetricsSystem.bootstrap` installed).
     public convenience init(repository: some TokenRepository & RefreshLeaseStore, fetcher: any TokenFetcher,
                             policy: RefreshPolicy = RefreshPolicy(), logger: Logger,
                             clock: any Clock<Duration> = ContinuousClock(),
                             now: @escaping @Sendable () -> Date = TokenSyncEngine.coarseWallClock,
-                            random: @escaping @Sendable () -> Double = { Double.random(in: 0...1) }) {
+                            random: @escaping @Sendable () -> Double = { Double.random(in: 0...1) },
+                            metricsFactory: (any MetricsFactory)? = nil) {
         self.init(repository: repository, leases: repository, fetcher: fetcher, policy: policy, logger: logger,
-                  clock: clock, now: now, random: random)
+                  clock: clock, now: now, random: random, metricsFactory: metricsFactory)
     }
 
     /// Creates an engine whose tokens and refresh leases may live in different stores.
@@ -66,12 +69,16 @@ public final class TokenSyncEngine: Service, Sendable {
     ///   - now: The wall clock expiry is judged by; inject it together with `clock` in tests.
     ///     Defaults to ``coarseWallClock``.
     ///   - random: Uniform values in 0...1 for jitter; injectable for tests.
+    ///   - metricsFactory: Makes the engine's swift-metrics instruments; nil uses the process's
+    ///     `MetricsSystem.factory` (what `MetricsSystem.bootstrap` installed).
     public init(repository: any TokenRepository, leases: any RefreshLeaseStore, fetcher: any TokenFetcher,
                 policy: RefreshPolicy = RefreshPolicy(), logger: Logger,
                 clock: any Clock<Duration> = ContinuousClock(),
                 now: @escaping @Sendable () -> Date = TokenSyncEngine.coarseWallClock,
-                random: @escaping @Sendable () -> Double = { Double.random(in: 0...1) }) {
+                random: @escaping @Sendable () -> Double = { Double.random(in: 0...1) },
+                metricsFactory: (any MetricsFactory)? = nil) {
         self.policy = policy
+        self.metrics = SyncMetrics(factory: metricsFactory ?? MetricsSystem.factory)
         self.wallClock = now
         self.logger = logger
         let memory = TokenMemory(policy: policy, random: random)
@@ -247,6 +254,24 @@ public final class TokenSyncEngine: Service, Sendable {
     /// on the engine's actor: it must be quick and must not wait.
     public func setHeartbeat(every interval: Duration, _ beat: @escaping @Sendable () -> Void) async {
         coordinator.parts.scheduler.setHeartbeat(every: interval, beat)
+    }
+
+    // MARK: - Test support
+
+    /// Whether the engine has nothing to do until its clock moves or another process acts (see
+    /// `RefreshCoordinator.isSettled`): tests poll this instead of sleeping.
+    var isSettled: Bool {
+        get async { await coordinator.isSettled }
+    }
+
+    /// Whether ``run()`` is under way: its scheduler loop runs and it follows the store's changes.
+    var isRunning: Bool {
+        get async { await coordinator.isRunning }
+    }
+
+    /// Where the running flight of `key` is (nil when none runs).
+    func flightPhase(of key: TokenKey) -> RefreshDecision.State? {
+        coordinator.phase(of: key)
     }
 
     // MARK: - Service

@@ -24,6 +24,9 @@ final class WakeSignal: Sendable {
         waiter?.resume()
     }
 
+    /// Whether a signal is waiting to be taken.
+    var isSignalled: Bool { state.withLock { $0.signalled } }
+
     /// Whether a signal came since the last call; clears it.
     func take() -> Bool {
         state.withLock { state in

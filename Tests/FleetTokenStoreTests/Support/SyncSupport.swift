@@ -4,6 +4,8 @@
 import FleetTokenStoreTesting
 import Foundation
 import TestSupportKit
+import Clocks
+import CoreMetrics
 import Logging
 import Synchronization
 @testable import FleetTokenStore
@@ -51,14 +53,15 @@ struct EngineHarness {
     let log: LogRecorder
 
     init(dir: Scratch = Scratch(), time: TestTime = TestTime(), fetcher: ScriptedFetcher? = nil,
-         policy: RefreshPolicy = RefreshPolicy(), random: Double = 0.5) throws {
+         policy: RefreshPolicy = RefreshPolicy(), random: Double = 0.5, metrics: (any MetricsFactory)? = nil,
+         feedClock: TestClock<Duration>? = nil) throws {
         self.dir = dir
         self.time = time
-        self.store = try openStore(dir.file("tokens.sqlite"))
+        self.store = try openStore(dir.file("tokens.sqlite"), pollClock: feedClock)
         self.fetcher = fetcher ?? .minting(time)
         self.log = LogRecorder()
         self.engine = TokenSyncEngine(repository: store, fetcher: self.fetcher, policy: policy, logger: log.logger,
-                                      clock: time.clock, now: time.wall, random: { random })
+                                      clock: time.clock, now: time.wall, random: { random }, metricsFactory: metrics)
     }
 
     /// A second engine on the same store file (its own repository), as another agent would be.
@@ -73,5 +76,22 @@ struct EngineHarness {
     func start() -> Task<Void, any Error> {
         let engine = self.engine
         return Task { try await engine.run() }
+    }
+}
+
+extension TokenSyncEngine {
+    /// Waits until the engine has nothing to do until its clock moves (no flight running or on
+    /// its way, nothing to commit, the scheduler asleep with nothing due): what tests check
+    /// after a step instead of sleeping for an arbitrary while. False if it did not settle.
+    func settle(within seconds: Double = 10) async -> Bool {
+        await eventually(within: seconds) { await self.isSettled }
+    }
+}
+
+extension RefreshDecision.State {
+    /// The flight waits for another process's fetch of its key.
+    var isWaitingForHolder: Bool {
+        if case .waitingForHolder = self { return true }
+        return false
     }
 }

@@ -40,17 +40,20 @@ struct HeartbeatTests {
         let running = Task { try await engine.run() }
         #expect(await eventually(within: 10) { beats.withLock { $0 } == 1 }, "the first beat as the loop starts")
         for expected in 2...5 {
+            // The loop asleep first: a clock moved before it sleeps would not wake it.
+            #expect(await engine.settle())
             await time.advance(by: 5)
             #expect(await eventually(within: 10) { beats.withLock { $0 } == expected }, "beat \(expected)")
         }
         // Less than an interval: no beat.
+        #expect(await engine.settle())
         await time.advance(by: 4)
-        try await Task.sleep(for: .milliseconds(100))
+        #expect(await engine.settle())
         #expect(beats.withLock { $0 } == 5)
         running.cancel()
         _ = try? await running.value
         await time.advance(by: 60)
-        try await Task.sleep(for: .milliseconds(100))
+        #expect(await engine.settle(), "nothing runs: the loop has ended")
         #expect(beats.withLock { $0 } == 5, "a stopped engine stops beating")
         store.close()
     }

@@ -1,3 +1,4 @@
+import Clocks
 import FleetTokenStoreTesting
 import Foundation
 import Logging
@@ -7,7 +8,7 @@ import Testing
 import TestSupportKit
 @testable import FleetTokenStore
 
-@Suite("TokenSyncEngine: restarts, proactive refresh, other processes, lifecycle", .exclusive)
+@Suite("TokenSyncEngine: restarts, proactive refresh, other processes, lifecycle")
 struct LifecycleTests {
     let keys = (0..<3).map { try! TokenKey.vehicle("v\($0)") } + [try! TokenKey.trip("t0")]
 
@@ -18,7 +19,7 @@ struct LifecycleTests {
             for key in keys { group.addTask { try await h.engine.token(for: key) } }
             return try await group.reduce(into: [TokenKey: StoredToken]()) { $0[$1.key] = $1 }
         }
-        #expect(await eventually(within: 2) { (try? await h.store.list(.all).count) == keys.count })
+        #expect(await eventually(within: 20) { (try? await h.store.list(.all).count) == keys.count })
         h.store.close()
 
         // "Restart": a new repository and engine on the same file, a fresh fetcher.
@@ -37,10 +38,10 @@ struct LifecycleTests {
 
         // Tracked keys are refreshed at their soft point (77.5% of 3600 s with jitter 0.5) without anyone asking.
         await h.time.advance(by: 2780)
-        try await Task.sleep(for: .milliseconds(200))
+        #expect(await engine.settle())
         #expect(fetcher.total == 0)
         await h.time.advance(by: 20)
-        #expect(await eventually(within: 3) { fetcher.total == keys.count })
+        #expect(await eventually(within: 20) { fetcher.total == keys.count })
         running.cancel()
         _ = try? await running.value
     }
@@ -50,7 +51,7 @@ struct LifecycleTests {
         let h = try EngineHarness()
         let key = keys[0]
         let first = try await h.engine.token(for: key)
-        #expect(await eventually(within: 2) { (try? await h.store.entry(for: key))?.token == first })
+        #expect(await eventually(within: 20) { (try? await h.store.entry(for: key))?.token == first })
         h.store.close()
         await h.time.advance(by: 3000) // past the soft point, above the floor
 
@@ -60,8 +61,8 @@ struct LifecycleTests {
         let engine = TokenSyncEngine(repository: store, fetcher: fetcher, logger: Logger(label: "restart"),
                                      clock: h.time.clock, now: h.time.wall)
         #expect(try await engine.token(for: key) == first)
-        #expect(await eventually(within: 2) { fetcher.total == 1 })
-        #expect(await eventually(within: 2) { (try? await engine.token(for: key)) != first })
+        #expect(await eventually(within: 20) { fetcher.total == 1 })
+        #expect(await eventually(within: 20) { (try? await engine.token(for: key)) != first })
     }
 
     @Test("a restarted engine honours the stored backoff instead of fetching")
@@ -93,15 +94,15 @@ struct LifecycleTests {
         let idle = keys[0], busy = keys[1], tracked = keys[2]
         await h.engine.track([tracked])
         for key in [idle, busy] { _ = try await h.engine.token(for: key) }
-        #expect(await eventually(within: 2) { h.fetcher.count(tracked) == 1 })
+        #expect(await eventually(within: 20) { h.fetcher.count(tracked) == 1 })
         // `busy` keeps being used; `idle` is not touched again.
         for _ in 0..<5 {
             await h.time.advance(by: 500)
             _ = try await h.engine.token(for: busy)
         }
         await h.time.advance(by: 400) // 2900 s: every soft point has passed
-        #expect(await eventually(within: 3) { h.fetcher.count(busy) == 2 && h.fetcher.count(tracked) == 2 })
-        try await Task.sleep(for: .milliseconds(200))
+        #expect(await eventually(within: 20) { h.fetcher.count(busy) == 2 && h.fetcher.count(tracked) == 2 })
+        #expect(await h.engine.settle())
         #expect(h.fetcher.count(idle) == 1)
         running.cancel()
         _ = try? await running.value
@@ -115,9 +116,10 @@ struct LifecycleTests {
         let key = keys[0]
         h.fetcher.close()
         async let a = h.engine.token(for: key)
-        #expect(await eventually(within: 2) { h.fetcher.waitingAtGate == 1 })
+        #expect(await eventually(within: 20) { h.fetcher.waitingAtGate == 1 })
         async let b = other.token(for: key)
-        try await Task.sleep(for: .milliseconds(200)) // b is waiting on the lease, not fetching
+        #expect(await eventually(within: 10) { other.flightPhase(of: key)?.isWaitingForHolder == true },
+                "b waits on the lease instead of fetching")
         #expect(h.fetcher.total == 1)
         h.fetcher.open()
         let (first, second) = try await (a, b)
@@ -127,22 +129,22 @@ struct LifecycleTests {
 
     @Test("a purge by another process is seen within a second and a tracked key is refetched")
     func externalPurge() async throws {
-        let h = try EngineHarness()
+        let feedClock = TestClock<Duration>()
+        let h = try EngineHarness(feedClock: feedClock)
         let key = keys[0]
         await h.engine.track([key])
         let events = StreamRecorder(h.engine.events())
         let running = h.start()
-        #expect(await eventually(within: 2) { (try? await h.store.entry(for: key))?.token != nil })
+        #expect(await eventually(within: 20) { (try? await h.store.entry(for: key))?.token != nil })
         let first = try await h.engine.token(for: key)
 
         let admin = try openStore(h.dir.file("tokens.sqlite"), mode: .adminReadWrite)
         defer { admin.close() }
-        let purgedAt = Date()
+        #expect(await eventually(within: 10) { await h.engine.isRunning }, "the engine follows the store's changes")
         #expect(try await admin.purge(.key(key)) == 1)
-        #expect(await eventually(within: 1.5) { events.elements.contains(.removedExternally(key: key)) })
-        #expect(Date().timeIntervalSince(purgedAt) < 1.5)
-        #expect(await eventually(within: 2) { h.fetcher.count(key) == 2 })
-        #expect(await eventually(within: 2) { (try? await admin.entry(for: key))?.token != nil })
+        #expect(await h.store.deliversWithinOneSecond(feedClock) { events.elements.contains(.removedExternally(key: key)) })
+        #expect(await eventually(within: 10) { h.fetcher.count(key) == 2 })
+        #expect(await eventually(within: 10) { (try? await admin.entry(for: key))?.token != nil })
         #expect(try await h.engine.token(for: key) != first)
         running.cancel()
         _ = try? await running.value
@@ -150,19 +152,20 @@ struct LifecycleTests {
 
     @Test("a token replaced by another process is adopted within a second")
     func externalReplace() async throws {
-        let h = try EngineHarness()
+        let feedClock = TestClock<Duration>()
+        let h = try EngineHarness(feedClock: feedClock)
         let key = keys[1]
         let running = h.start()
         _ = try await h.engine.token(for: key)
-        #expect(await eventually(within: 2) { (try? await h.store.entry(for: key))?.token != nil })
-        try await Task.sleep(for: .milliseconds(300))
+        #expect(await eventually(within: 20) { (try? await h.store.entry(for: key))?.token != nil })
+        #expect(await eventually(within: 10) { await h.engine.isRunning }, "the engine follows the store's changes")
 
         let other = try openStore(h.dir.file("tokens.sqlite"))
         defer { other.close() }
         let replacement = StoredToken(key: key, value: TestJWT.make(for: key, issuedAt: h.time.now + 10),
                                       expiresAt: h.time.now + 3610, issuedAt: h.time.now + 10, fetchedAt: h.time.now)
         try await other.upsert(replacement)
-        #expect(await eventually(within: 1.5) { (try? await h.engine.token(for: key))?.value == replacement.value })
+        #expect(await h.store.deliversWithinOneSecond(feedClock) { h.engine.heldToken(for: key)?.token.value == replacement.value })
         #expect(try await h.engine.tokenWithSource(for: key).source == .otherProcess)
         #expect(h.fetcher.total == 1)
         running.cancel()
@@ -176,11 +179,11 @@ struct LifecycleTests {
         _ = try await h.engine.token(for: first)
         h.fetcher.close()
         let waiting = Task { try await h.engine.token(for: stuck) }
-        #expect(await eventually(within: 2) { h.fetcher.waitingAtGate == 1 })
+        #expect(await eventually(within: 20) { h.fetcher.waitingAtGate == 1 })
 
         let group = ServiceGroup(configuration: .init(services: [.init(service: h.engine)], logger: Logger(label: "group")))
         let running = Task { try await group.run() }
-        try await Task.sleep(for: .milliseconds(100))
+        #expect(await eventually(within: 10) { await h.engine.isRunning })
         await group.triggerGracefulShutdown()
         try await running.value // returns although the fetch never answered: it was cancelled
         let error = await #expect(throws: TokenUnavailable.self) { try await waiting.value }
@@ -225,7 +228,7 @@ struct LifecycleTests {
         _ = try? await h.engine.token(for: keys[0])
         await h.time.advance(by: 3000)
         for key in keys { _ = try? await h.engine.token(for: key) }
-        try await Task.sleep(for: .milliseconds(200))
+        #expect(await h.engine.settle())
         #expect(h.log.count > 0)
         let secrets = SecretScanner()
         secrets.remember(contentsOf: served)

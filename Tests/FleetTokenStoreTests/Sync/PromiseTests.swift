@@ -7,7 +7,7 @@ import TestSupportKit
 @testable import FleetTokenStore
 
 /// The README's promises under contention, clock steps and long uptime (issue 12, items 1-7).
-@Suite("Promises under contention, clock steps and months of uptime", .exclusive)
+@Suite("Promises under contention, clock steps and months of uptime")
 struct PromiseTests {
     // MARK: - Cross-process single flight (items 1-3)
 
@@ -40,7 +40,9 @@ struct PromiseTests {
             return try await group.reduce(into: [TokenKey: Date]()) { $0[$1.0] = $1.1 }
         }
         #expect(await eventually(within: 20) { keys.allSatisfy { a.heldToken(for: $0) != nil && b.heldToken(for: $0) != nil } })
-        try await Task.sleep(for: .milliseconds(600)) // room for a wrongful second fetch to show
+        // Both engines idle: a wrongful second fetch would have happened by now.
+        #expect(await a.settle())
+        #expect(await b.settle())
         let twice = keys.filter { provider.count($0) != 1 }
         #expect(twice.isEmpty, "fetched other than once: \(twice.map { "\($0)=\(provider.count($0))" })")
         for (key, gotAt) in waits {
@@ -70,7 +72,7 @@ struct PromiseTests {
         #expect(await eventually(within: 20) { held.waitingAtGate == 1 })
         let done = Mutex<Date?>(nil)
         let callerB = Task { _ = try await b.token(for: key); done.withLock { $0 = Date() } }
-        try await Task.sleep(for: .milliseconds(300)) // B is waiting on A's lease
+        #expect(await eventually(within: 10) { b.flightPhase(of: key)?.isWaitingForHolder == true }, "B waits on A's lease")
         #expect(fresh.total == 0)
         let released = Date()
         await a.shutdown() // cancels A's fetch and releases its lease, storing nothing
@@ -195,7 +197,7 @@ struct PromiseTests {
         await h.time.advance(by: 3700) // expired; the provider is down
         _ = await #expect(throws: TokenUnavailable.self) { try await h.engine.token(for: key) }
         let nextAttempt = h.time.now.addingTimeInterval(300)
-        #expect(await eventually(within: 2) { (try? await h.store.entry(for: key))?.failure?.nextAttemptAt == nextAttempt })
+        #expect(await eventually(within: 20) { (try? await h.store.entry(for: key))?.failure?.nextAttemptAt == nextAttempt })
         await h.engine.track([key])
         let running = h.start()
         defer { running.cancel() }
@@ -208,7 +210,7 @@ struct PromiseTests {
         _ = try? await h.engine.token(for: other) // fails (the provider is down), but the engine holds the key
         let marker = token(other, expiresIn: 3000, now: h.time.now)
         try await admin.upsert(marker)
-        #expect(await eventually(within: 5) { h.engine.heldToken(for: other)?.token == marker })
+        #expect(await eventually(within: 20) { h.engine.heldToken(for: other)?.token == marker })
         let fetchesBefore = h.fetcher.total
         #expect(try await admin.purge(TokenFilter(validity: .expired(asOf: h.time.now))) == 1)
         let kept = try await admin.entry(for: key)
@@ -216,13 +218,13 @@ struct PromiseTests {
         #expect(kept?.failure?.nextAttemptAt == nextAttempt)
 
         // The engine sees the removal, but keeps its backoff: no fetch before the next attempt.
-        #expect(await eventually(within: 5) { h.engine.memory.entry(key)?.token == nil })
+        #expect(await eventually(within: 20) { h.engine.memory.entry(key)?.token == nil })
         #expect(h.engine.memory.entry(key)?.failure?.nextAttemptAt == nextAttempt)
         await h.time.advance(by: 200)
-        try await Task.sleep(for: .milliseconds(300))
+        #expect(await h.engine.settle())
         #expect(h.fetcher.total == fetchesBefore)
         await h.time.advance(by: 110)
-        #expect(await eventually(within: 3) { h.fetcher.total == fetchesBefore + 1 })
+        #expect(await eventually(within: 20) { h.fetcher.total == fetchesBefore + 1 })
     }
 
     // MARK: - Months of uptime (item 7)
@@ -268,7 +270,7 @@ struct PromiseTests {
             await h.time.advance(by: 3600)
             await Task.yield()
         }
-        try await Task.sleep(for: .milliseconds(300))
+        #expect(await h.engine.settle())
         #expect(try await h.store.count(TokenFilter(kind: .trip)) == 20)
     }
 }

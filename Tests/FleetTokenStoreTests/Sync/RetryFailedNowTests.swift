@@ -35,7 +35,7 @@ struct RetryFailedNowTests {
 
         // Nothing happens while the backoff runs.
         await time.advance(by: 1)
-        try await Task.sleep(for: .milliseconds(100))
+        #expect(await engine.settle())
         #expect(fetcher.count(refused) == 1)
 
         // The credentials are fixed; the agent asks for a retry now.
@@ -71,7 +71,7 @@ struct RetryFailedNowTests {
         await engine.track([key])
         #expect(await eventually(within: 10) { engine.status(of: key).failure != nil })
         #expect(await engine.retryFailedNow() == 0)
-        try await Task.sleep(for: .milliseconds(100))
+        #expect(await engine.settle())
         #expect(fetcher.count(key) == 1)
         running.cancel()
         _ = try? await running.value
