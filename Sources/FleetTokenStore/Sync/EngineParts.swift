@@ -67,14 +67,14 @@ struct EngineParts: Sendable {
     /// Schedules `key` at its soft point, at its next attempt while backing off, or now when it
     /// holds no usable token. When it comes due, an idle untracked key is evicted instead.
     func scheduleNextRefresh(_ key: TokenKey) {
-        scheduler.schedule(key, at: RefreshDecision.nextRefresh(of: memory.entry(key), at: moment))
+        scheduler.schedule(key, at: RefreshRules.nextRefresh(of: memory.entry(key), at: moment))
     }
 
     /// Installs a token another process stored when it is newer than ours, and reports and
     /// reschedules the key; a flight of the key queued for a fetch slot is let go.
     @discardableResult
     func adoptIfNewer(_ token: StoredToken, failure: RefreshFailureState?) -> Bool {
-        guard RefreshDecision.shouldAdopt(token, over: memory.entry(token.key)?.token) else { return false }
+        guard RefreshRules.shouldAdopt(token, over: memory.entry(token.key)?.token) else { return false }
         memory.install(token, source: .otherProcess, failure: failure)
         slots.endWait(for: token.key)
         logger.info("adopted a token another process stored", metadata: [
@@ -99,7 +99,7 @@ struct EngineParts: Sendable {
         let corrected = moment.corrected
         for key in keys where memory.entry(key) == nil {
             let entry = found[key]
-            if let token = entry?.token, RefreshDecision.isUsable(token, at: corrected, policy: policy) {
+            if let token = entry?.token, RefreshRules.isUsable(token, at: corrected, policy: policy) {
                 memory.install(token, source: .store, failure: entry?.failure)
                 metrics.storeReuses.increment()
             } else {

@@ -137,7 +137,7 @@ actor RefreshCoordinator {
         let task = Task {
             var flight = RefreshFlight(key: key, request: request, parts: parts)
             let outcome = await flight.run()
-            await self.flightEnded(key, background: background, thenRefresh: flight.wantsBackgroundRefresh)
+            self.flightEnded(key, background: background, thenRefresh: flight.wantsBackgroundRefresh)
             return outcome
         }
         inFlight[key] = task
@@ -158,7 +158,7 @@ actor RefreshCoordinator {
     }
 
     private func wantsProactiveRefresh(_ key: TokenKey) -> Bool {
-        RefreshDecision.wantsProactiveRefresh(tracked: tracked.contains(key), held: parts.memory.entry(key),
+        RefreshRules.wantsProactiveRefresh(tracked: tracked.contains(key), held: parts.memory.entry(key),
                                               at: parts.moment.corrected, policy: parts.policy)
     }
 
@@ -255,7 +255,7 @@ actor RefreshCoordinator {
         }
         for key in held {
             guard let entry = parts.memory.entry(key) else { continue }
-            switch RefreshDecision.storeChanged(held: entry, stored: stored[key], commitPending: parts.committer.isPending(key)) {
+            switch RefreshRules.storeChanged(held: entry, stored: stored[key], commitPending: parts.committer.isPending(key)) {
             case .adopt(let token, let failure):
                 parts.adoptIfNewer(token, failure: failure)
             case .removed(let failure):

@@ -266,48 +266,48 @@ struct RefreshDecisionTests {
     @Test("a key is due at its soft point, now without a token, and never before its backoff ends")
     func nextRefresh() {
         let fresh = token(age: 600)
-        #expect(RefreshDecision.nextRefresh(of: held(fresh), at: now) == policy.softPoint(of: fresh, jitter: 0))
-        #expect(RefreshDecision.nextRefresh(of: held(nil), at: now) == t0)
-        #expect(RefreshDecision.nextRefresh(of: nil, at: now) == t0)
+        #expect(RefreshRules.nextRefresh(of: held(fresh), at: now) == policy.softPoint(of: fresh, jitter: 0))
+        #expect(RefreshRules.nextRefresh(of: held(nil), at: now) == t0)
+        #expect(RefreshRules.nextRefresh(of: nil, at: now) == t0)
         let skewed = RefreshMoment(corrected: t0.addingTimeInterval(120), local: t0)
-        #expect(RefreshDecision.nextRefresh(of: held(nil, failure: failure(next: 30)), at: skewed) == t0.addingTimeInterval(150),
+        #expect(RefreshRules.nextRefresh(of: held(nil, failure: failure(next: 30)), at: skewed) == t0.addingTimeInterval(150),
                 "a local-time backoff is moved onto the corrected timeline")
     }
 
     @Test("tracked keys and keys used within the idle window are refreshed proactively; idle ones are not")
     func proactiveRefresh() {
         var used = held(token(age: 600))
-        #expect(RefreshDecision.wantsProactiveRefresh(tracked: true, held: nil, at: t0, policy: policy))
-        #expect(!RefreshDecision.wantsProactiveRefresh(tracked: false, held: used, at: t0, policy: policy))
+        #expect(RefreshRules.wantsProactiveRefresh(tracked: true, held: nil, at: t0, policy: policy))
+        #expect(!RefreshRules.wantsProactiveRefresh(tracked: false, held: used, at: t0, policy: policy))
         used.lastUsed = t0.addingTimeInterval(-599)
-        #expect(RefreshDecision.wantsProactiveRefresh(tracked: false, held: used, at: t0, policy: policy))
+        #expect(RefreshRules.wantsProactiveRefresh(tracked: false, held: used, at: t0, policy: policy))
         used.lastUsed = t0.addingTimeInterval(-601)
-        #expect(!RefreshDecision.wantsProactiveRefresh(tracked: false, held: used, at: t0, policy: policy))
+        #expect(!RefreshRules.wantsProactiveRefresh(tracked: false, held: used, at: t0, policy: policy))
     }
 
     @Test("another process's change: a newer token is adopted, a removal keeps the newer failure, our pending commit wins")
     func storeChanges() {
         let mine = token(age: 600, "mine")
         let newer = token(age: 10, "theirs")
-        #expect(RefreshDecision.storeChanged(held: held(mine), stored: TokenEntry(key: key, token: newer, failure: nil),
+        #expect(RefreshRules.storeChanged(held: held(mine), stored: TokenEntry(key: key, token: newer, failure: nil),
                                              commitPending: false) == .adopt(newer, failure: nil))
-        #expect(RefreshDecision.storeChanged(held: held(newer), stored: TokenEntry(key: key, token: mine, failure: nil),
+        #expect(RefreshRules.storeChanged(held: held(newer), stored: TokenEntry(key: key, token: mine, failure: nil),
                                              commitPending: false) == .none, "a slow writer's older token loses")
-        #expect(RefreshDecision.storeChanged(held: held(mine), stored: TokenEntry(key: key, token: mine, failure: nil),
+        #expect(RefreshRules.storeChanged(held: held(mine), stored: TokenEntry(key: key, token: mine, failure: nil),
                                              commitPending: false) == .none)
         let purgedKeepingBackoff = failure(next: 60, at: -1)
-        #expect(RefreshDecision.storeChanged(held: held(mine, failure: failure(next: 5, at: -100)),
+        #expect(RefreshRules.storeChanged(held: held(mine, failure: failure(next: 5, at: -100)),
                                              stored: TokenEntry(key: key, token: nil, failure: purgedKeepingBackoff),
                                              commitPending: false) == .removed(failure: purgedKeepingBackoff))
-        #expect(RefreshDecision.storeChanged(held: held(mine, failure: purgedKeepingBackoff), stored: nil, commitPending: false)
+        #expect(RefreshRules.storeChanged(held: held(mine, failure: purgedKeepingBackoff), stored: nil, commitPending: false)
             == .removed(failure: nil), "a deleted row took its backoff along")
-        #expect(RefreshDecision.storeChanged(held: held(mine), stored: nil, commitPending: true) == .none)
-        #expect(RefreshDecision.storeChanged(held: held(nil), stored: nil, commitPending: false) == .none)
+        #expect(RefreshRules.storeChanged(held: held(mine), stored: nil, commitPending: true) == .none)
+        #expect(RefreshRules.storeChanged(held: held(nil), stored: nil, commitPending: false) == .none)
     }
 
     @Test("a stored token is usable only above its floor")
     func usableAboveFloor() {
-        #expect(RefreshDecision.isUsable(token(age: 3560), at: t0, policy: policy))
-        #expect(!RefreshDecision.isUsable(token(age: 3571), at: t0, policy: policy))
+        #expect(RefreshRules.isUsable(token(age: 3560), at: t0, policy: policy))
+        #expect(!RefreshRules.isUsable(token(age: 3571), at: t0, policy: policy))
     }
 }

@@ -2,7 +2,9 @@
 // worth refreshing, what a store read or another process's change means for memory.
 import Foundation
 
-extension RefreshDecision {
+/// Plain-value rules for keys between flights (``RefreshDecision`` holds those of a flight):
+/// the scheduler, the store loader and the change follower ask them; none reads a clock.
+enum RefreshRules {
     /// What another process's change to the store means for a key held in memory.
     enum StoreChange: Sendable, Equatable {
         /// Install the stored token (it is newer than memory's).
