@@ -14,9 +14,12 @@ struct ProviderResponseParser {
     let skewWarned: OnceFlag
 
     func parse(_ data: Data, for key: TokenKey, now: Date, providerDate: Date?) throws(TokenProviderError) -> FetchedToken {
-        let fetched = try configuration.responseFormat.parse(data, for: key, now: now, providerDate: providerDate)
+        var fetched = try configuration.responseFormat.parse(data, for: key, now: now, providerDate: providerDate)
         if configuration.expirationFormat == .auto, let stated = fetched.statedExpiry {
-            crossCheck(stated, token: fetched.value)
+            // Decoded here once; the engine's validation reuses it.
+            let claims = FetchedToken.decodeClaims(of: fetched.value)
+            fetched.decodedClaims = claims
+            crossCheck(stated, exp: try? claims?.get().expiresAt)
         }
         return fetched
     }
@@ -24,8 +27,8 @@ struct ProviderResponseParser {
     /// Warns (once) when the auto-detected expiry and the JWT's own `exp` disagree by more than
     /// five minutes: the format is probably not what `auto` guessed. The engine uses the
     /// earlier of the two either way.
-    private func crossCheck(_ stated: Date, token: String) {
-        guard let exp = try? JWTClaims.decode(token).expiresAt, abs(exp.timeIntervalSince(stated)) > 300 else { return }
+    private func crossCheck(_ stated: Date, exp: Date?) {
+        guard let exp, abs(exp.timeIntervalSince(stated)) > 300 else { return }
         guard skewWarned.claim() else { return }
         logger.warning("TOKEN_EXPIRATION read with the auto expiration format disagrees with the token's exp; set the expiration format explicitly", metadata: [
             "interpreted": .string(stated.formatted(.iso8601)), "jwt_exp": .string(exp.formatted(.iso8601)),

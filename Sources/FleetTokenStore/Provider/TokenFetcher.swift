@@ -24,12 +24,27 @@ public struct FetchedToken: Sendable, Equatable {
     public var statedExpiry: Date?
     /// The provider's clock at answer time (its HTTP `Date` header), used to detect clock skew.
     public var providerDate: Date?
+    /// The JWT's claims when a transport already decoded them (nil: not decoded; a nil inside:
+    /// not JWT-shaped), so the engine decodes each token once.
+    package var decodedClaims: Result<JWTClaims, TokenValidationError>??
 
     /// Creates a fetched token.
     public init(value: String, statedExpiry: Date? = nil, providerDate: Date? = nil) {
         self.value = value
         self.statedExpiry = statedExpiry
         self.providerDate = providerDate
+    }
+
+    /// Two fetched tokens are equal when their value, stated expiry and provider date are:
+    /// whether the claims were decoded yet does not matter.
+    public static func == (lhs: FetchedToken, rhs: FetchedToken) -> Bool {
+        lhs.value == rhs.value && lhs.statedExpiry == rhs.statedExpiry && lhs.providerDate == rhs.providerDate
+    }
+
+    /// `value`'s claims, decoded; nil when it is not JWT-shaped (an opaque token).
+    package static func decodeClaims(of value: String) -> Result<JWTClaims, TokenValidationError>? {
+        guard JWTClaims.hasJWTShape(value) || value.contains(".") else { return nil }
+        do throws(TokenValidationError) { return .success(try JWTClaims.decode(value)) } catch { return .failure(error) }
     }
 }
 

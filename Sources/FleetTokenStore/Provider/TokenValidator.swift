@@ -85,12 +85,9 @@ struct ProviderAnswer: Sendable {
 
     init(_ fetched: FetchedToken) {
         self.fetched = fetched
-        let value = fetched.value
-        if JWTClaims.hasJWTShape(value) || value.contains(".") {
-            do throws(TokenValidationError) { claims = .success(try JWTClaims.decode(value)) } catch { claims = .failure(error) }
-        } else {
-            claims = nil
-        }
+        // A transport that already decoded the claims (to cross-check the stated expiry) hands
+        // them over; otherwise they are decoded here, once.
+        claims = fetched.decodedClaims ?? FetchedToken.decodeClaims(of: fetched.value)
     }
 
     /// The JWT's `iat`, when it has one.

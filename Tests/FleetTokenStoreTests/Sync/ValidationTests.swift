@@ -15,6 +15,19 @@ struct ValidationTests {
         try TokenValidator(policy: policy).validate(FetchedToken(value: value, statedExpiry: stated), for: key ?? self.key, now: now)
     }
 
+    @Test("claims a transport already decoded are used, not decoded again; equality ignores them")
+    func claimsDecodedOnce() throws {
+        let value = TestJWT.make(for: key, issuedAt: now)
+        var fetched = FetchedToken(value: value)
+        // Claims of another subject: only reusing them, not decoding `value`, can refuse the token.
+        fetched.decodedClaims = .success(try JWTClaims.decode(TestJWT.make(for: try .vehicle("someone-else"), issuedAt: now)))
+        #expect(fetched == FetchedToken(value: value))
+        #expect { try validator.validate(ProviderAnswer(fetched), for: key, now: now, previous: nil) } throws: {
+            ($0 as? TokenValidationError)?.code == .subjectMismatch
+        }
+        #expect(try validator.validate(ProviderAnswer(FetchedToken(value: value)), for: key, now: now, previous: nil).value == value)
+    }
+
     @Test("a well-formed token for the subject passes with its exp and iat")
     func valid() throws {
         let jwt = TestJWT.make(for: key, issuedAt: now)
