@@ -1,7 +1,7 @@
-// Storage layer: SQLiteTokenRepository as a TokenStoreAdmin: listing, counting, purging,
-// statistics and the health check that `tokenctl` shows. Nothing here is on the engine's path.
+// Storage layer: SQLiteTokenRepository as a TokenStoreAdmin, forwarding to SQLiteAdminQueries
+// (listing, counting, purging, statistics, the health check that `tokenctl` shows), and the
+// check of a store by path. Nothing here is on the engine's path.
 public import Foundation
-import GRDB
 public import Logging
 
 extension SQLiteTokenRepository {
@@ -10,53 +10,19 @@ extension SQLiteTokenRepository {
     /// Entries matching `filter`, ordered by kind then subject id.
     /// - Throws: ``TokenStoreError`` when the store cannot be read.
     public func list(_ filter: TokenFilter, page: TokenPage = TokenPage()) async throws(TokenStoreError) -> [TokenEntry] {
-        var condition = TokenRow.condition(for: filter)
-        if let after = page.after {
-            condition.append("(kind, subject_id) > (?, ?)", [after.kind.rawValue, after.subjectID])
-        }
-        let sql = "SELECT * FROM tokens \(condition.whereClause) ORDER BY kind, subject_id LIMIT ?"
-        let arguments = condition.arguments + [max(0, page.limit).databaseValue]
-        return try await read { db in
-            try Row.fetchAll(db, sql: sql, arguments: StatementArguments(arguments)).compactMap(TokenRow.entry(from:))
-        }
+        try await adminQueries.list(filter, page: page)
     }
 
     /// How many entries a purge of `filter` with `scope` would remove (a dry run).
     /// - Throws: ``TokenStoreError`` when the store cannot be read.
     public func count(_ filter: TokenFilter, scope: PurgeScope) async throws(TokenStoreError) -> Int {
-        var condition = TokenRow.condition(for: filter)
-        if scope == .tokens { condition.append("token IS NOT NULL", []) }
-        let sql = "SELECT count(*) FROM tokens \(condition.whereClause)"
-        let arguments = condition.arguments
-        return try await read { db in try Int.fetchOne(db, sql: sql, arguments: StatementArguments(arguments)) ?? 0 }
+        try await adminQueries.count(filter, scope: scope)
     }
 
     /// Counts by kind and status, schema version, file size and expiry range.
     /// - Throws: ``TokenStoreError`` when the store cannot be read.
     public func stats(at now: Date = Date(), policy: RefreshPolicy = RefreshPolicy()) async throws(TokenStoreError) -> TokenStoreStats {
-        let files = self.files
-        let migrator = SchemaMigrator()
-        return try await read { db in
-            var counts: [TokenKind: [TokenStatus: Int]] = [:]
-            var total = 0
-            let rows = try Row.fetchAll(db, sql: """
-                SELECT kind, \(TokenRow.statusSQL) AS status, count(*) AS n FROM tokens GROUP BY 1, 2
-                """, arguments: [now.timeIntervalSince1970, policy.softPointFraction])
-            for row in rows {
-                guard let kind = TokenKind(rawValue: row["kind"]),
-                      let status = TokenStatus(rawValue: row["status"]) else { continue }
-                let n: Int = row["n"]
-                counts[kind, default: [:]][status, default: 0] += n
-                total += n
-            }
-            let range = try Row.fetchOne(db, sql: "SELECT min(expires_at) AS lo, max(expires_at) AS hi FROM tokens WHERE expires_at IS NOT NULL")
-            return TokenStoreStats(
-                total: total, counts: counts,
-                schemaVersion: try migrator.state(db).storeVersion,
-                fileSizeBytes: files.sizeInBytes,
-                oldestExpiry: (range?["lo"] as Double?).map(Date.init(timeIntervalSince1970:)),
-                newestExpiry: (range?["hi"] as Double?).map(Date.init(timeIntervalSince1970:)))
-        }
+        try await adminQueries.stats(at: now, policy: policy)
     }
 
     /// The schema version this build migrates stores to.
@@ -65,16 +31,13 @@ extension SQLiteTokenRepository {
     /// The schema version recorded in the store.
     /// - Throws: ``TokenStoreError`` when the store cannot be read.
     public func schemaVersion() async throws(TokenStoreError) -> Int {
-        try await read { db in try SchemaMigrator().state(db).storeVersion }
+        try await adminQueries.schemaVersion()
     }
 
     /// `PRAGMA integrity_check`: an empty array when the store is sound, else SQLite's findings.
     /// - Throws: ``TokenStoreError`` when the store cannot be read.
     public func integrityProblems() async throws(TokenStoreError) -> [String] {
-        try await read { db in
-            let lines = try String.fetchAll(db, sql: "PRAGMA integrity_check")
-            return lines == ["ok"] ? [] : lines
-        }
+        try await adminQueries.integrityProblems()
     }
 
     // MARK: - Writing
@@ -84,49 +47,21 @@ extension SQLiteTokenRepository {
     /// (``PurgeScope/tokensAndFailureState``).
     /// - Throws: ``TokenStoreError``; on failure nothing was deleted.
     public func purge(_ filter: TokenFilter, scope: PurgeScope = .tokens) async throws(TokenStoreError) -> Int {
-        var condition = TokenRow.condition(for: filter)
-        let statements: [String]
-        switch scope {
-        case .tokens:
-            condition.append("token IS NOT NULL", [])
-            statements = [
-                // Keep the failure state (the backoff) of failing keys; remove the rest whole.
-                "UPDATE tokens SET token = NULL, expires_at = NULL, issued_at = NULL, fetched_at = NULL \(condition.whereClause) AND failure_count > 0",
-                "DELETE FROM tokens \(condition.whereClause)",
-            ]
-        case .tokensAndFailureState:
-            statements = ["DELETE FROM tokens \(condition.whereClause)"]
-        }
-        let arguments = StatementArguments(condition.arguments)
-        // Inline when the lock is free, like a small write: an admin operation whose caller
-        // waits for it anyway, and through GRDB's writer queue the same 100,000-row DELETE
-        // measured 1.5-1.9x the raw C API against 1.0-1.3x inline (cause not found).
-        return try await write(inline: true) { db in
-            var removed = 0
-            for sql in statements {
-                try db.execute(sql: sql, arguments: arguments)
-                removed += db.changesCount
-            }
-            return removed
-        }
+        try await adminQueries.purge(filter, scope: scope)
     }
 
     /// Deletes the entries whose token expired before `date` (failure state and all); returns
     /// how many went.
     /// - Throws: ``TokenStoreError``; on failure nothing was deleted.
     public func deleteExpired(before date: Date) async throws(TokenStoreError) -> Int {
-        try await write(inline: true) { db in
-            try db.execute(sql: "DELETE FROM tokens WHERE expires_at < ?", arguments: [date.timeIntervalSince1970])
-            return db.changesCount
-        }
+        try await adminQueries.deleteExpired(before: date)
     }
 
     /// Forgets the failure state of `key`; removes the entry when it holds no token.
     /// - Throws: ``TokenStoreError``; on failure nothing was changed.
     public func clearFailure(for key: TokenKey) async throws(TokenStoreError) {
-        try await write { db in try TokenRow.clearFailure(for: key, db) }
+        try await adminQueries.clearFailure(for: key)
     }
-
 
     // MARK: - Health
 
@@ -135,7 +70,7 @@ extension SQLiteTokenRepository {
     /// and any damage the background check found. Never throws: what stops the check is a
     /// problem in the report.
     public func check() async -> StoreCheckReport {
-        await check(files: files.inspect(), storePath: path)
+        await adminQueries.check(files: files.inspect(), storePath: path, backgroundFinding: { backgroundIntegrityFinding() })
     }
 
     /// Checks the store at `path` as `tokenctl check` does: judges its files before opening,
@@ -156,31 +91,11 @@ extension SQLiteTokenRepository {
         do {
             repository = try SQLiteTokenRepository(path: path, mode: .readOnly, configuration: configuration, logger: logger)
         } catch {
-            var problems = files.problems.map(\.description)
-            if !problems.contains(error.description) { problems.append(error.description) }
-            return StoreCheckReport(storePath: path, buildSchemaVersion: buildSchemaVersion, schemaVersion: nil,
-                                    integrityProblems: nil, backgroundIntegrityFinding: nil, files: files, problems: problems)
+            return StoreCheckReport(unopened: path, files: files, buildSchemaVersion: buildSchemaVersion, error: error)
         }
         defer { repository.close() }
-        return await repository.check(files: files, storePath: path)
+        return await repository.adminQueries.check(files: files, storePath: path,
+                                                   backgroundFinding: { repository.backgroundIntegrityFinding() })
     }
 
-    private func check(files: StoreFileReport, storePath: String) async -> StoreCheckReport {
-        var report = StoreCheckReport(storePath: storePath, buildSchemaVersion: Self.buildSchemaVersion, schemaVersion: nil,
-                                      integrityProblems: nil, backgroundIntegrityFinding: nil, files: files,
-                                      problems: files.problems.map(\.description))
-        do {
-            report.schemaVersion = try await schemaVersion()
-            let integrity = try await integrityProblems()
-            report.integrityProblems = integrity
-            if !integrity.isEmpty { report.problems.append(StoreCheckReport.integrityProblem(integrity)) }
-        } catch {
-            report.problems.append(error.description)
-        }
-        if let finding = backgroundIntegrityFinding() {
-            report.backgroundIntegrityFinding = finding
-            report.problems.append(StoreCheckReport.backgroundProblem(finding))
-        }
-        return report
-    }
 }

@@ -1,13 +1,10 @@
-// Storage layer: SQLiteTokenRepository, the SQLite token store. This file: opening and closing
-// the store and the engine's reads and writes (TokenRepository). Leases are in
-// SQLiteTokenRepository+Leases.swift, administration in +Admin.swift, the transaction plumbing
-// in +Transactions.swift.
+// Storage layer: SQLiteTokenRepository, the SQLite token store: opening and closing it, and its
+// TokenRepository conformance, forwarding to SQLiteTokenTable (leases and administration: the
+// +Leases and +Admin files). Every read and write runs through one SQLiteTransactionRunner.
 import FleetTokenMigrations
 public import Foundation
 import GRDB
-import GRDBSQLite
 public import Logging
-import Synchronization
 
 /// The token store: a SQLite file (GRDB `DatabasePool`, WAL, `synchronous=NORMAL`, writes in
 /// `BEGIN IMMEDIATE`, busy timeout) holding one row per ``TokenKey``.
@@ -36,12 +33,11 @@ public final class SQLiteTokenRepository: TokenRepository, RefreshLeaseStore, To
     let logger: Logger
     let monitor: ChangeMonitor
     let backgroundCheck: BackgroundIntegrityCheck?
-    let lastPrune = Mutex(Date.distantPast)
-    /// Writes started and not finished; a write runs on its caller's thread only when it is
-    /// the only one (see ``write(inline:_:)``). `close()` adds one for good.
-    let writesInFlight = Atomic<Int>(0)
-    /// Batches up to this size may be written on the caller's thread.
-    static let largestInlineBatch = 64
+    /// The write path (inline when the lock is free) and reads, shared by the three below.
+    let runner: SQLiteTransactionRunner
+    let tokenTable: SQLiteTokenTable
+    let leaseTable: SQLiteLeaseTable
+    let adminQueries: SQLiteAdminQueries
 
     /// Opens (and, as `mode` allows, creates, migrates or repairs) the store at `path`.
     ///
@@ -73,8 +69,14 @@ public final class SQLiteTokenRepository: TokenRepository, RefreshLeaseStore, To
         self.openReport = opened.report
         self.configuration = configuration
         self.logger = logger
-        self.monitor = ChangeMonitor(path: files.path, interval: configuration.changePollInterval,
-                                     busyTimeout: configuration.busyTimeout, clock: pollClock, logger: logger)
+        let monitor = ChangeMonitor(path: files.path, interval: configuration.changePollInterval,
+                                    busyTimeout: configuration.busyTimeout, clock: pollClock, logger: logger)
+        self.monitor = monitor
+        let runner = SQLiteTransactionRunner(pool: opened.pool, path: files.path, monitor: monitor, configuration: configuration)
+        self.runner = runner
+        self.tokenTable = SQLiteTokenTable(runner: runner)
+        self.leaseTable = SQLiteLeaseTable(runner: runner)
+        self.adminQueries = SQLiteAdminQueries(runner: runner, files: files)
         // Start-up skipped the full check (the last run closed cleanly): run it now, beside serving.
         let deferCheck = configuration.integrityCheck == .whenNeeded && !opened.report.checkedBeforeOpening
             && !opened.report.created && !mode.readOnly
@@ -111,32 +113,10 @@ public final class SQLiteTokenRepository: TokenRepository, RefreshLeaseStore, To
     /// A background integrity check that has not begun is cancelled and a running one
     /// interrupted; neither is waited for. Later calls throw ``TokenStoreError/closed(path:)``.
     public func close() {
-        // From now on every write takes GRDB's queue (which reports the store closed), so none
-        // waits inline behind the closing checkpoint.
-        writesInFlight.add(1, ordering: .acquiringAndReleasing)
+        runner.stopInlineWrites()
         backgroundCheck?.stop()
         monitor.close()
-        do {
-            if !pool.configuration.readonly {
-                // GRDB closes the writer before its read-only readers, so SQLite's own
-                // checkpoint-on-close never runs; do it here, without waiting: when another
-                // process still reads or writes the store, fold what it allows and leave the
-                // rest of the log to it.
-                try pool.writeWithoutTransaction { db in
-                    if let connection = db.sqliteConnection { sqlite3_busy_timeout(connection, 0) }
-                    do {
-                        try db.checkpoint(.truncate)
-                    } catch let error as DatabaseError where error.resultCode == .SQLITE_BUSY || error.resultCode == .SQLITE_LOCKED {
-                        _ = try? db.checkpoint(.passive)
-                    }
-                }
-            }
-            try pool.close()
-        } catch {
-            logger.warning("token store did not close cleanly", metadata: [
-                "store": .string(path), "error": .string(TokenStoreError(error, path: path).description),
-            ])
-        }
+        runner.close(logger: logger)
     }
 
     // MARK: - Engine reads
@@ -144,49 +124,19 @@ public final class SQLiteTokenRepository: TokenRepository, RefreshLeaseStore, To
     /// The entry for `key`, or nil.
     /// - Throws: ``TokenStoreError`` when the store cannot be read.
     public func entry(for key: TokenKey) async throws(TokenStoreError) -> TokenEntry? {
-        try await read { db in
-            try Row.fetchOne(db.cachedStatement(sql: "SELECT * FROM tokens WHERE kind = ? AND subject_id = ?"),
-                             arguments: [key.kind.rawValue, key.subjectID])
-                .flatMap(TokenRow.entry(from:))
-        }
+        try await tokenTable.entry(for: key)
     }
 
     /// The entries for `keys`, in one read (batches of 500 keys per statement).
     /// - Throws: ``TokenStoreError`` when the store cannot be read.
     public func entries(for keys: [TokenKey]) async throws(TokenStoreError) -> [TokenKey: TokenEntry] {
-        guard !keys.isEmpty else { return [:] }
-        return try await read { db in
-            var found: [TokenKey: TokenEntry] = [:]
-            var start = keys.startIndex
-            while start < keys.endIndex {
-                let chunk = keys[start..<min(start + 500, keys.endIndex)]
-                start = chunk.endIndex
-                let placeholders = Array(repeating: "(?, ?)", count: chunk.count).joined(separator: ", ")
-                var arguments: [DatabaseValue] = []
-                for key in chunk { arguments += [key.kind.rawValue.databaseValue, key.subjectID.databaseValue] }
-                let rows = try Row.fetchAll(db, sql: """
-                    SELECT * FROM tokens WHERE (kind, subject_id) IN (VALUES \(placeholders))
-                    """, arguments: StatementArguments(arguments))
-                for row in rows {
-                    if let entry = TokenRow.entry(from: row) { found[entry.key] = entry }
-                }
-            }
-            return found
-        }
+        try await tokenTable.entries(for: keys)
     }
 
     /// Keys dead since before `cutoff` (see ``TokenRepository/retiredKeys(before:after:limit:)``).
     /// - Throws: ``TokenStoreError`` when the store cannot be read.
     public func retiredKeys(before cutoff: Date, after: TokenKey?, limit: Int) async throws(TokenStoreError) -> [TokenKey] {
-        var condition = TokenRow.retiredCondition(before: cutoff)
-        if let after { condition.append("(kind, subject_id) > (?, ?)", [after.kind.rawValue, after.subjectID]) }
-        let sql = "SELECT kind, subject_id FROM tokens \(condition.whereClause) ORDER BY kind, subject_id LIMIT ?"
-        let arguments = condition.arguments + [max(0, limit).databaseValue]
-        return try await read { db in
-            try Row.fetchAll(db, sql: sql, arguments: StatementArguments(arguments)).compactMap { row in
-                TokenKind(rawValue: row["kind"]).map { TokenKey(uncheckedKind: $0, subjectID: row["subject_id"]) }
-            }
-        }
+        try await tokenTable.retiredKeys(before: cutoff, after: after, limit: limit)
     }
 
     /// Changes to tokens committed by other connections or processes (not by this repository),
@@ -201,45 +151,30 @@ public final class SQLiteTokenRepository: TokenRepository, RefreshLeaseStore, To
     /// expires later.
     /// - Throws: ``TokenStoreError``; on failure nothing was written.
     public func upsert(_ token: StoredToken, clearFailure: Bool = true) async throws(TokenStoreError) {
-        try await write { db in try TokenRow.upsert(token, clearFailure: clearFailure, db) }
+        try await tokenTable.upsert(token, clearFailure: clearFailure)
     }
 
     /// Stores `tokens` in one transaction (group commit): all or nothing.
     /// - Throws: ``TokenStoreError``; on failure nothing was written.
     public func upsert(_ tokens: [StoredToken], clearFailure: Bool = true) async throws(TokenStoreError) {
-        guard !tokens.isEmpty else { return }
-        try await write(inline: tokens.count <= Self.largestInlineBatch) { db in
-            for token in tokens { try TokenRow.upsert(token, clearFailure: clearFailure, db) }
-        }
+        try await tokenTable.upsert(tokens, clearFailure: clearFailure)
     }
 
     /// Removes the token of `key`, keeping its failure state.
     /// - Throws: ``TokenStoreError``; on failure nothing was changed.
     public func removeToken(for key: TokenKey) async throws(TokenStoreError) {
-        try await write { db in try TokenRow.removeToken(for: key, db) }
+        try await tokenTable.removeToken(for: key)
     }
 
     /// Records a failed refresh of `key`.
     /// - Throws: ``TokenStoreError``; on failure nothing was written.
     public func recordFailure(_ failure: RefreshFailureState, for key: TokenKey) async throws(TokenStoreError) {
-        try await write { db in try TokenRow.recordFailure(failure, for: key, db) }
+        try await tokenTable.recordFailure(failure, for: key)
     }
 
     /// Deletes the entries of `keys` still dead since before `cutoff`, in one transaction.
     /// - Throws: ``TokenStoreError``; on failure nothing was deleted.
     public func deleteRetired(_ keys: [TokenKey], before cutoff: Date) async throws(TokenStoreError) -> Int {
-        guard !keys.isEmpty else { return 0 }
-        let condition = TokenRow.retiredCondition(before: cutoff)
-        let sql = "DELETE FROM tokens \(condition.whereClause) AND kind = ? AND subject_id = ?"
-        let arguments = condition.arguments
-        return try await write(inline: keys.count <= Self.largestInlineBatch) { db in
-            let statement = try db.cachedStatement(sql: sql)
-            var deleted = 0
-            for key in keys {
-                try statement.execute(arguments: StatementArguments(arguments + [key.kind.rawValue.databaseValue, key.subjectID.databaseValue]))
-                deleted += db.changesCount
-            }
-            return deleted
-        }
+        try await tokenTable.deleteRetired(keys, before: cutoff)
     }
 }

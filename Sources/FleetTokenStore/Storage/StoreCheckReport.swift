@@ -37,6 +37,15 @@ public struct StoreCheckReport: Sendable, Equatable {
         self.problems = problems
     }
 
+    /// The report on a store that could not be opened: its files as judged, and `error`
+    /// unless a file problem already says it.
+    init(unopened storePath: String, files: StoreFileReport, buildSchemaVersion: Int, error: TokenStoreError) {
+        var problems = files.problems.map(\.description)
+        if !problems.contains(error.description) { problems.append(error.description) }
+        self.init(storePath: storePath, buildSchemaVersion: buildSchemaVersion, schemaVersion: nil, integrityProblems: nil,
+                  backgroundIntegrityFinding: nil, files: files, problems: problems)
+    }
+
     /// True when nothing is wrong.
     public var isHealthy: Bool { problems.isEmpty }
 

@@ -1,17 +1,38 @@
-// Storage layer: SQLiteTokenRepository's transaction plumbing: reads through GRDB's pool, and
-// writes in `BEGIN IMMEDIATE` that note their change-log rows (so the change feed does not
-// echo them) and run inline on the caller's thread when the write lock is free.
+// Storage layer: SQLiteTransactionRunner, the SQLite store's transaction plumbing: reads through
+// GRDB's pool, and writes in `BEGIN IMMEDIATE` that note their change-log rows (so the change
+// feed does not echo them) and run inline on the caller's thread when the write lock is free.
 import Foundation
 import GRDB
 import GRDBSQLite
+import Logging
 import Synchronization
 
-extension SQLiteTokenRepository {
+/// Runs the store's reads and writes; every table type of ``SQLiteTokenRepository`` goes
+/// through one runner, so the inline-write bookkeeping sees all writes of a repository.
+final class SQLiteTransactionRunner: Sendable {
+    let pool: DatabasePool
+    let path: String
+    private let monitor: ChangeMonitor
+    private let busyTimeout: TimeInterval
+    private let changeLogRetention: TimeInterval
+    private let lastPrune = Mutex(Date.distantPast)
+    /// Writes started and not finished; a write runs on its caller's thread only when it is
+    /// the only one (see ``write(inline:_:)``). ``close(logger:)`` adds one for good.
+    private let writesInFlight = Atomic<Int>(0)
+
+    init(pool: DatabasePool, path: String, monitor: ChangeMonitor, configuration: StoreConfiguration) {
+        self.pool = pool
+        self.path = path
+        self.monitor = monitor
+        self.busyTimeout = configuration.busyTimeout
+        self.changeLogRetention = configuration.changeLogRetention
+    }
+
     func read<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws(TokenStoreError) -> T {
         do {
             return try await pool.read(body)
         } catch {
-            throw TokenStoreError(error, path: path, busyTimeout: configuration.busyTimeout)
+            throw TokenStoreError(error, path: path, busyTimeout: busyTimeout)
         }
     }
 
@@ -24,8 +45,9 @@ extension SQLiteTokenRepository {
     /// handing it to GRDB's writer queue and back cost several times that when profiled.
     /// Anything that would wait for the queue or another process's lock, big batches and the
     /// change log's pruning go through GRDB's queue with the full busy timeout, so a caller's
-    /// thread never waits on a lock. Purges run inline too (see ``purge(_:)``). An inline write still does the
-    /// occasional WAL checkpoint SQLite runs at commit, as any SQLite commit would.
+    /// thread never waits on a lock. Purges run inline too (see
+    /// ``SQLiteAdminQueries/purge(_:scope:)``). An inline write still does the occasional WAL
+    /// checkpoint SQLite runs at commit, as any SQLite commit would.
     ///
     /// The inline path steps BEGIN and COMMIT through the C API (``DirectStep``), outside GRDB's
     /// statement bookkeeping: bodies must let every error propagate (none may swallow one and
@@ -34,7 +56,7 @@ extension SQLiteTokenRepository {
     func write<T: Sendable>(inline: Bool = true, _ body: @escaping @Sendable (Database) throws -> T) async throws(TokenStoreError) -> T {
         let noted = Mutex<ClosedRange<Int64>?>(nil)
         let monitor = self.monitor
-        let retention = configuration.changeLogRetention
+        let retention = changeLogRetention
         let pruneDue = lastPrune.withLock { last in
             let now = Date()
             guard now.timeIntervalSince(last) > 60 else { return false }
@@ -64,14 +86,14 @@ extension SQLiteTokenRepository {
             return try await pool.write(transaction)
         } catch {
             forget()
-            throw TokenStoreError(error, path: path, busyTimeout: configuration.busyTimeout)
+            throw TokenStoreError(error, path: path, busyTimeout: busyTimeout)
         }
     }
 
     /// Runs `transaction` in `BEGIN IMMEDIATE` on this thread, not waiting for the write lock:
     /// nil, with nothing run, when another connection holds it.
     private func writeAtOnce<T>(_ transaction: (Database) throws -> T) throws -> T? {
-        let busyTimeoutMilliseconds = Int32(configuration.busyTimeout * 1000)
+        let busyTimeoutMilliseconds = Int32(busyTimeout * 1000)
         return try pool.writeWithoutTransaction { db -> T? in
             guard let connection = db.sqliteConnection else { return nil }
             sqlite3_busy_timeout(connection, 0)
@@ -91,6 +113,38 @@ extension SQLiteTokenRepository {
                 if db.isInsideTransaction { try? db.rollback() }
                 throw error
             }
+        }
+    }
+
+    /// From now on every write takes GRDB's queue (which reports the store closed), so none
+    /// waits inline behind the closing checkpoint.
+    func stopInlineWrites() {
+        writesInFlight.add(1, ordering: .acquiringAndReleasing)
+    }
+
+    /// Folds the write-ahead log into the store file as far as other processes allow, and
+    /// closes the pool; what fails is logged, since closing cannot be refused.
+    func close(logger: Logger) {
+        do {
+            if !pool.configuration.readonly {
+                // GRDB closes the writer before its read-only readers, so SQLite's own
+                // checkpoint-on-close never runs; do it here, without waiting: when another
+                // process still reads or writes the store, fold what it allows and leave the
+                // rest of the log to it.
+                try pool.writeWithoutTransaction { db in
+                    if let connection = db.sqliteConnection { sqlite3_busy_timeout(connection, 0) }
+                    do {
+                        try db.checkpoint(.truncate)
+                    } catch let error as DatabaseError where error.resultCode == .SQLITE_BUSY || error.resultCode == .SQLITE_LOCKED {
+                        _ = try? db.checkpoint(.passive)
+                    }
+                }
+            }
+            try pool.close()
+        } catch {
+            logger.warning("token store did not close cleanly", metadata: [
+                "store": .string(path), "error": .string(TokenStoreError(error, path: path).description),
+            ])
         }
     }
 }
