@@ -19,12 +19,13 @@ final class RefreshScheduler: Sendable {
     private let state = Mutex(State())
     /// Something changed since the loop last looked: it must look again before sleeping.
     private let wakes = WakeSignal()
-    private let clock: any Clock<Duration>
     private let elapsed: @Sendable () -> Duration
+    /// A wake-up time on the injected clock, that far from now.
+    private let wakeUpTime: @Sendable (Duration) -> WakeUpTime
 
     init(clock: any Clock<Duration>) {
-        self.clock = clock
         elapsed = Self.elapsedReader(clock)
+        wakeUpTime = Self.wakeUpTimes(clock)
     }
 
     /// Sets `key`'s deadline, waking the loop when it is the new earliest.
@@ -84,23 +85,30 @@ final class RefreshScheduler: Sendable {
 
     /// Sleeps `seconds` on the injected clock, or until ``wake()`` or cancellation.
     func sleep(seconds: TimeInterval) async {
-        let clock = self.clock
         let duration = Duration.milliseconds(Int64((seconds * 1000).rounded(.up)))
-        let over = Self.deadlineCheck(clock, after: duration)
-        state.withLock { $0.sleepIsOver = over }
+        let deadline = wakeUpTime(duration)
+        state.withLock { $0.sleepIsOver = deadline.isOver }
         defer { state.withLock { $0.sleepIsOver = nil } }
         await withTaskGroup(of: Void.self) { group in
-            group.addTask { _ = try? await clock.sleep(for: duration) }
+            group.addTask { await deadline.sleep() }
             group.addTask { await self.wakes.wait() }
             await group.next()
             group.cancelAll()
         }
     }
 
-    private static func deadlineCheck<C: Clock>(_ clock: C, after duration: Duration) -> @Sendable () -> Bool
-        where C.Duration == Duration {
-        let due = clock.now.advanced(by: duration)
-        return { clock.now >= due }
+    /// A wake-up time fixed now: the sleep waits until that instant, not for a duration from
+    /// whenever its task starts, so a test clock moved past it in between still ends it.
+    private struct WakeUpTime: Sendable {
+        let isOver: @Sendable () -> Bool
+        let sleep: @Sendable () async -> Void
+    }
+
+    private static func wakeUpTimes<C: Clock>(_ clock: C) -> @Sendable (Duration) -> WakeUpTime where C.Duration == Duration {
+        { duration in
+            let due = clock.now.advanced(by: duration)
+            return WakeUpTime(isOver: { clock.now >= due }, sleep: { _ = try? await clock.sleep(until: due, tolerance: nil) })
+        }
     }
 
     private static func elapsedReader<C: Clock>(_ clock: C) -> @Sendable () -> Duration where C.Duration == Duration {
