@@ -119,7 +119,7 @@ public struct TokenValidationError: Error, Sendable, Equatable, CustomStringConv
         case .missingExpiry: "neither the JWT nor the provider gives an expiry"
         case .expired: "it expired at \(Self.iso(expiresAt)) (or is too close to expiry to use)"
         case .lifetimeTooLong:
-            "exp is \(Int(lifetime ?? 0)) s after iat, more than the \(Int(lifetimeLimit ?? 0)) s Fleet Engine accepts"
+            "exp is \(Self.seconds(lifetime)) s after iat, more than the \(Self.seconds(lifetimeLimit)) s Fleet Engine accepts"
         case .issuedInFuture: "iat \(Self.iso(issuedAt)) is in the future: check the provider's clock"
         case .subjectMismatch:
             "its authorization.\(claim ?? "") is \"\(foundSubject ?? "")\", not the requested \"\(expectedSubject ?? "")\""
@@ -133,4 +133,11 @@ public struct TokenValidationError: Error, Sendable, Equatable, CustomStringConv
     }
 
     private static func iso(_ date: Date?) -> String { date?.formatted(.iso8601) ?? "?" }
+
+    /// Whole seconds; a value beyond `Int`'s range (a provider's absurd `exp`) is printed as it
+    /// is rather than trapping in the conversion.
+    private static func seconds(_ value: Double?) -> String {
+        guard let value else { return "?" }
+        return Int(exactly: value.rounded(.towardZero)).map(String.init) ?? String(value)
+    }
 }

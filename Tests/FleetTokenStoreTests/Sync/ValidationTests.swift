@@ -15,6 +15,18 @@ struct ValidationTests {
         try TokenValidator(policy: policy).validate(FetchedToken(value: value, statedExpiry: stated), for: key ?? self.key, now: now)
     }
 
+    @Test("a lifetime beyond Int's range is reported, not a crash (found by fuzz-provider-response)")
+    func absurdLifetimeIsDescribed() throws {
+        let error = TokenValidationError.lifetimeTooLong(seconds: 1e300, limit: 3600)
+        #expect(error.description.contains("more than the 3600 s Fleet Engine accepts"))
+        #expect(TokenValidationError.lifetimeTooLong(seconds: 3661.5, limit: 3600).description.hasPrefix("exp is 3661 s after iat"))
+        // The fuzzer's case: a JWT without exp, and a provider stating an absurd expiry.
+        let token = TestJWT.raw(payload: #"{"iat":\#(Int(now.timeIntervalSince1970)),"authorization":{"vehicleid":"truck-7"}}"#)
+        #expect { try validate(token, stated: Date(timeIntervalSince1970: 1e300)) } throws: {
+            ($0 as? TokenValidationError)?.description.contains("after iat") == true
+        }
+    }
+
     @Test("claims a transport already decoded are used, not decoded again; equality ignores them")
     func claimsDecodedOnce() throws {
         let value = TestJWT.make(for: key, issuedAt: now)
