@@ -40,7 +40,6 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-asn1", from: "1.7.0"),
         .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.28.0"),
         .package(url: "https://github.com/vapor/jwt-kit", from: "5.8.0"),
-        .package(url: "https://github.com/pointfreeco/swift-clocks", from: "1.1.1"),
         .package(url: "https://github.com/swift-server/swift-prometheus", from: "2.4.0"),
         .package(url: "https://github.com/apple/swift-http-types", from: "1.0.0"),
         // token-agent's config file, environment and reload; YAML through Yams (also used
@@ -118,7 +117,6 @@ let package = Package(
                 "FleetTokenStore",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "InMemoryLogging", package: "swift-log"),
-                .product(name: "Clocks", package: "swift-clocks"),
             ],
             swiftSettings: strictSettings
         ),
@@ -206,7 +204,6 @@ let package = Package(
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "MetricsTestKit", package: "swift-metrics"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
-                .product(name: "Clocks", package: "swift-clocks"),
             ],
             resources: [.copy("Fixtures")],
             swiftSettings: testSettings

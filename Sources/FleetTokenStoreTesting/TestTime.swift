@@ -1,7 +1,6 @@
-// Test kit layer: test time. A `TestClock` for the engine's scheduling and a wall clock that moves
+// Test kit layer: test time. A `ManualClock` for the engine's scheduling and a wall clock that moves
 // with it, plus wall-clock steps, so a test walks through hours of refresh rules without sleeping.
 
-public import Clocks
 public import Foundation
 import Synchronization
 
@@ -25,17 +24,17 @@ public final class TestTime: Sendable {
 
     /// The scheduling clock to give the engine (its `clock:`). Moves only when the test
     /// advances it.
-    public let clock: TestClock<Duration>
+    public let clock: ManualClock
     /// The wall-clock time at which the test started.
     public let start: Date
-    private let origin: TestClock<Duration>.Instant
+    private let origin: ManualClock.Instant
     private let jumps = Mutex<TimeInterval>(0)
 
     /// Creates test time whose wall clock reads `start` until the test advances it.
     /// - Parameter start: The first wall-clock reading; a test whose provider signs with the
     ///   real clock starts at `Date()`.
     public init(start: Date = TestTime.defaultStart) {
-        let clock = TestClock<Duration>()
+        let clock = ManualClock()
         self.clock = clock
         self.origin = clock.now
         self.start = start

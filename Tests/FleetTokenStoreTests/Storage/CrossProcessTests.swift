@@ -1,5 +1,4 @@
 import FleetTokenStoreTesting
-import Clocks
 import Foundation
 #if canImport(Glibc)
 import Glibc
@@ -54,7 +53,7 @@ struct CrossProcessTests {
 
     @Test("a second pool's upserts and purges reach subscribers within 1 s; own writes are not echoed")
     func twoPools() async throws {
-        let feedClock = TestClock<Duration>()
+        let feedClock = ManualClock()
         let watcher = try openStore(path, pollClock: feedClock)
         let writer = try openStore(path)
         defer { watcher.close(); writer.close() }
@@ -71,7 +70,7 @@ struct CrossProcessTests {
 
     @Test("a change made by a stock sqlite3 process is seen within 1 s")
     func sqliteShellChange() async throws {
-        let feedClock = TestClock<Duration>()
+        let feedClock = ManualClock()
         let store = try openStore(path, pollClock: feedClock)
         defer { store.close() }
         try await store.upsert([token(try .trip("a"), expiresIn: 600), token(try .trip("b"), expiresIn: 600)])

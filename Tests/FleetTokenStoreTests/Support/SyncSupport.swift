@@ -4,7 +4,6 @@
 import FleetTokenStoreTesting
 import Foundation
 import TestSupportKit
-import Clocks
 import CoreMetrics
 import Logging
 import Synchronization
@@ -54,7 +53,7 @@ struct EngineHarness {
 
     init(dir: Scratch = Scratch(), time: TestTime = TestTime(), fetcher: ScriptedFetcher? = nil,
          policy: RefreshPolicy = RefreshPolicy(), random: Double = 0.5, metrics: (any MetricsFactory)? = nil,
-         feedClock: TestClock<Duration>? = nil) throws {
+         feedClock: ManualClock? = nil) throws {
         self.dir = dir
         self.time = time
         self.store = try openStore(dir.file("tokens.sqlite"), pollClock: feedClock)

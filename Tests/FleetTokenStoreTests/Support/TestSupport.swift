@@ -3,8 +3,8 @@
 // time and JWTs in the test kit.)
 
 import Crypto
+import FleetTokenStoreTesting
 import Foundation
-import Clocks
 import Logging
 import TestSupportKit
 @testable import FleetTokenStore
@@ -29,7 +29,7 @@ extension SQLiteTokenRepository {
     /// Moves `clock` (this store's change-feed poll clock) on one poll interval at a time, up
     /// to one second of clock time, until `delivered` holds: the README's "seen within 1 s",
     /// checked on the feed's own clock, so a loaded machine cannot make it fail or pass.
-    func deliversWithinOneSecond(_ clock: TestClock<Duration>, _ delivered: @escaping () -> Bool) async -> Bool {
+    func deliversWithinOneSecond(_ clock: ManualClock, _ delivered: @escaping () -> Bool) async -> Bool {
         let interval = configuration.changePollInterval
         for _ in 0..<max(1, Int((1 / interval).rounded(.down))) {
             let before = monitor.completedPolls

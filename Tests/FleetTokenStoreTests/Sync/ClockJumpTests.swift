@@ -1,5 +1,5 @@
 // Wall-clock jumps (NTP steps, manual changes) while the engine tracks many keys: the wall
-// clock moves by an hour while scheduling time (the TestClock) does not. Every served token is
+// clock moves by an hour while scheduling time (the ManualClock) does not. Every served token is
 // checked against the wall clock of that moment, and every fetch is counted per key.
 
 import FleetTokenStoreTesting

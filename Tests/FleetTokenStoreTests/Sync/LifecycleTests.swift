@@ -1,4 +1,3 @@
-import Clocks
 import FleetTokenStoreTesting
 import Foundation
 import Logging
@@ -129,7 +128,7 @@ struct LifecycleTests {
 
     @Test("a purge by another process is seen within a second and a tracked key is refetched")
     func externalPurge() async throws {
-        let feedClock = TestClock<Duration>()
+        let feedClock = ManualClock()
         let h = try EngineHarness(feedClock: feedClock)
         let key = keys[0]
         await h.engine.track([key])
@@ -152,7 +151,7 @@ struct LifecycleTests {
 
     @Test("a token replaced by another process is adopted within a second")
     func externalReplace() async throws {
-        let feedClock = TestClock<Duration>()
+        let feedClock = ManualClock()
         let h = try EngineHarness(feedClock: feedClock)
         let key = keys[1]
         let running = h.start()

@@ -20,6 +20,7 @@ struct TestKitTests {
             try await clock.sleep(for: .seconds(10))
             woke.withLock { $0 = true }
         }
+        #expect(await eventually { time.clock.sleeperCount == 1 })
         await time.advance(by: 9.9996) // rounded to the nearest millisecond: 10 s
         try await sleeper.value
         #expect(woke.withLock { $0 })
@@ -30,6 +31,46 @@ struct TestKitTests {
         #expect(time.wall() == TestTime.defaultStart + 10 - 3600)
         await time.advance(by: .milliseconds(500))
         #expect(time.now == TestTime.defaultStart + 10.5 - 3600)
+    }
+
+    // The CI failure this pins: swift-clocks' TestClock suspends a sleep whose deadline equals
+    // its time, until a later advance. A scheduler that fixed its wake-up time, saw the test
+    // advance to exactly that time, and only then began to sleep, slept on past it.
+    @Test("ManualClock: a sleep whose deadline came before it began returns at once, also exactly now; each deadline on the way is resumed in order; cancellation ends a sleep")
+    func manualClock() async throws {
+        let clock = ManualClock()
+        let due = clock.now.advanced(by: .seconds(5))
+        await clock.advance(by: .seconds(5))
+        let ended = Mutex(false)
+        let exactlyNow = Task { [clock] in
+            try await clock.sleep(until: due)
+            ended.withLock { $0 = true }
+        }
+        #expect(await eventually(within: 5) { ended.withLock { $0 } }, "a deadline equal to now has come")
+        exactlyNow.cancel()
+        try await clock.sleep(until: clock.now.advanced(by: .seconds(-1)))
+
+        let order = WakeOrder()
+        let sleepers = [3, 1, 2].map { seconds in
+            Task { [clock] in
+                try await clock.sleep(for: .seconds(seconds))
+                order.record(seconds)
+            }
+        }
+        #expect(await eventually { clock.sleeperCount == 3 })
+        await clock.advance(by: .milliseconds(2500))
+        #expect(await eventually { order.seen == [1, 2] })
+        #expect(clock.sleeperCount == 1, "the 3 s sleeper waits: 2.5 s have passed")
+        await clock.advance(by: .milliseconds(500))
+        for sleeper in sleepers { try await sleeper.value }
+        #expect(order.seen == [1, 2, 3])
+        #expect(clock.now == ManualClock.Instant(offset: .seconds(8)))
+
+        let cancelled = Task { [clock] in try await clock.sleep(for: .seconds(60)) }
+        #expect(await eventually { clock.sleeperCount == 1 })
+        cancelled.cancel()
+        await #expect(throws: CancellationError.self) { try await cancelled.value }
+        #expect(clock.sleeperCount == 0)
     }
 
     @Test("TestJWT: every kind's claim, iat and exp, the header's kid; subjects with quotes survive")
@@ -162,4 +203,11 @@ struct TestKitTests {
         #expect(fetcher.total == 1)
         await engine.shutdown()
     }
+}
+
+/// The order in which sleepers woke.
+private final class WakeOrder: Sendable {
+    private let order = Mutex<[Int]>([])
+    func record(_ value: Int) { order.withLock { $0.append(value) } }
+    var seen: [Int] { order.withLock { $0 } }
 }
