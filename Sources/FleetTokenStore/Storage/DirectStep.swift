@@ -38,6 +38,13 @@ enum DirectStep {
         let handle = try db.cachedStatement(sql: sql).sqliteStatement
         sqlite3_reset(handle)
         sqlite3_clear_bindings(handle)
+        return try step(handle, db, sql: sql, bind: bind)
+    }
+
+    /// Binds and steps `handle` to completion, then resets it; `sql` names it in errors. The
+    /// caller resets it first, or knows it is reset (``WriterStatements`` resets after each run)
+    /// and that `bind` sets every parameter.
+    static func step(_ handle: OpaquePointer, _ db: Database, sql: String, bind: (Binder) -> Void) throws -> Int64? {
         defer { sqlite3_reset(handle) }
         let binder = Binder(handle: handle)
         bind(binder)

@@ -58,13 +58,15 @@ struct SQLiteTokenTable: Sendable {
     // MARK: - Writes
 
     func upsert(_ token: StoredToken, clearFailure: Bool) async throws(TokenStoreError) {
-        try await runner.write { db in try TokenRow.upsert(token, clearFailure: clearFailure, db) }
+        let statements = runner.statements
+        try await runner.write { db in try TokenRow.upsert(token, clearFailure: clearFailure, db, statements: statements) }
     }
 
     func upsert(_ tokens: [StoredToken], clearFailure: Bool) async throws(TokenStoreError) {
         guard !tokens.isEmpty else { return }
+        let statements = runner.statements
         try await runner.write(inline: tokens.count <= Self.largestInlineBatch) { db in
-            for token in tokens { try TokenRow.upsert(token, clearFailure: clearFailure, db) }
+            for token in tokens { try TokenRow.upsert(token, clearFailure: clearFailure, db, statements: statements) }
         }
     }
 

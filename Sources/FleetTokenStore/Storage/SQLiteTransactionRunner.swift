@@ -19,6 +19,8 @@ final class SQLiteTransactionRunner: Sendable {
     /// Writes started and not finished; a write runs on its caller's thread only when it is
     /// the only one (see ``write(inline:_:)``). ``close(logger:)`` adds one for good.
     private let writesInFlight = Atomic<Int>(0)
+    /// The write path's statements, prepared on the writer connection; finalized by ``close(logger:)``.
+    let statements = WriterStatements()
 
     init(pool: DatabasePool, path: String, monitor: ChangeMonitor, configuration: StoreConfiguration) {
         self.pool = pool
@@ -49,7 +51,7 @@ final class SQLiteTransactionRunner: Sendable {
     /// ``SQLiteAdminQueries/purge(_:scope:)``). An inline write still does the occasional WAL
     /// checkpoint SQLite runs at commit, as any SQLite commit would.
     ///
-    /// The inline path steps BEGIN and COMMIT through the C API (``DirectStep``), outside GRDB's
+    /// The inline path steps BEGIN and COMMIT through the C API (``WriterStatements``), outside GRDB's
     /// statement bookkeeping: bodies must let every error propagate (none may swallow one and
     /// go on, since SQLite may have rolled back), and nothing may rely on GRDB's transaction
     /// date or observers, which this store does not use.
@@ -57,23 +59,25 @@ final class SQLiteTransactionRunner: Sendable {
         let noted = Mutex<ClosedRange<Int64>?>(nil)
         let monitor = self.monitor
         let retention = changeLogRetention
+        let statements = self.statements
         let pruneDue = lastPrune.withLock { last in
             let now = Date()
             guard now.timeIntervalSince(last) > 60 else { return false }
             last = now
             return true
         }
-        let transaction: @Sendable (Database) throws -> T = { db in
-            let before = try ChangeLog.lastSequence(db)
+        // Returns the change log's last sequence number too, for the inline path to note at commit.
+        let transaction: @Sendable (Database) throws -> (T, Int64) = { db in
+            let before = try statements.sequenceAtStart(db)
             let result = try body(db)
-            let after = try ChangeLog.lastSequence(db)
+            let after = try statements.lastSequence(db)
             if after > before {
                 let range = (before + 1)...after
                 monitor.noteOwnChanges(range)
                 noted.withLock { $0 = range }
             }
             if pruneDue { try ChangeLog.prune(db, olderThan: Date().addingTimeInterval(-retention)) }
-            return result
+            return (result, after)
         }
         let forget = { if let range = noted.withLock({ $0 }) { monitor.forgetOwnChanges(range) } }
 
@@ -83,7 +87,7 @@ final class SQLiteTransactionRunner: Sendable {
         defer { writesInFlight.subtract(1, ordering: .acquiringAndReleasing) }
         do {
             if claimedAtOnce, let result = try writeAtOnce(transaction) { return result }
-            return try await pool.write(transaction)
+            return try await pool.write(transaction).0
         } catch {
             forget()
             throw TokenStoreError(error, path: path, busyTimeout: busyTimeout)
@@ -92,22 +96,24 @@ final class SQLiteTransactionRunner: Sendable {
 
     /// Runs `transaction` in `BEGIN IMMEDIATE` on this thread, not waiting for the write lock:
     /// nil, with nothing run, when another connection holds it.
-    private func writeAtOnce<T>(_ transaction: (Database) throws -> T) throws -> T? {
+    private func writeAtOnce<T>(_ transaction: (Database) throws -> (T, Int64)) throws -> T? {
         let busyTimeoutMilliseconds = Int32(busyTimeout * 1000)
+        let statements = self.statements
         return try pool.writeWithoutTransaction { db -> T? in
             guard let connection = db.sqliteConnection else { return nil }
             sqlite3_busy_timeout(connection, 0)
             defer { sqlite3_busy_timeout(connection, busyTimeoutMilliseconds) }
-            // Cached and stepped directly (see DirectStep): parsing BEGIN and COMMIT anew, and
-            // GRDB's general execution, showed up in the profile.
+            // Prepared once and stepped directly (see WriterStatements): parsing BEGIN and
+            // COMMIT anew, and GRDB's general execution, showed up in the profile.
             do {
-                try DirectStep.run(db, "BEGIN IMMEDIATE")
+                try statements.run(.begin, db)
             } catch let error as DatabaseError where error.resultCode == .SQLITE_BUSY {
                 return nil
             }
             do {
-                let result = try transaction(db)
-                try DirectStep.run(db, "COMMIT")
+                let (result, sequence) = try transaction(db)
+                try statements.run(.commit, db)
+                statements.noteCommit(sequence: sequence, db)
                 return result
             } catch {
                 if db.isInsideTransaction { try? db.rollback() }
@@ -140,6 +146,8 @@ final class SQLiteTransactionRunner: Sendable {
                     }
                 }
             }
+            // GRDB closes the writer with sqlite3_close, which refuses while statements live.
+            statements.close()
             try pool.close()
         } catch {
             logger.warning("token store did not close cleanly", metadata: [

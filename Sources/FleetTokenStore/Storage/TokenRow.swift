@@ -100,12 +100,12 @@ enum TokenRow {
             """
     }
 
-    private static let upsertKeepingFailureSQL = upsertSQL(clearingFailure: false)
-    private static let upsertClearingFailureSQL = upsertSQL(clearingFailure: true)
+    static let upsertKeepingFailureSQL = upsertSQL(clearingFailure: false)
+    static let upsertClearingFailureSQL = upsertSQL(clearingFailure: true)
 
-    static func upsert(_ token: StoredToken, clearFailure: Bool, _ db: Database) throws {
-        // Every refresh runs this: bound through the C API (see DirectStep).
-        try DirectStep.run(db, clearFailure ? upsertClearingFailureSQL : upsertKeepingFailureSQL) { statement in
+    static func upsert(_ token: StoredToken, clearFailure: Bool, _ db: Database, statements: WriterStatements) throws {
+        // Every refresh runs this: prepared once and bound through the C API (see WriterStatements).
+        try statements.run(clearFailure ? .upsertClearingFailure : .upsertKeepingFailure, db) { statement in
             statement.bind(1, token.key.kind.rawValue)
             statement.bind(2, token.key.subjectID)
             statement.bind(3, token.value)
