@@ -95,6 +95,9 @@ public final class InMemoryTokenRepository: TokenRepository, RefreshLeaseStore, 
         storage.feed.subscribe(view: viewID, open: !closed.withLock { $0 })
     }
 
+    /// Returns at once: views deliver their changes as they commit, with nothing to poll.
+    public func runBackgroundWork() async {}
+
     // MARK: - Engine writes
 
     /// Stores `token` unless the key's token expires later (see

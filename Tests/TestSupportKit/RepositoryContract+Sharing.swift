@@ -3,6 +3,7 @@
 
 import FleetTokenStore
 import Foundation
+import Synchronization
 import Testing
 
 extension RepositoryContract {
@@ -90,8 +91,12 @@ extension RepositoryContract {
         #expect(try await other.takeOverRefreshLease(for: trip, from: "D", holder: "C", now: now, duration: 30) == .acquired(current: nil))
     }
 
-    /// `store` listens; `other` writes as another process would.
+    /// `store` listens, running its background work as an engine would; `other` writes as
+    /// another process would.
     func changeFeed(_ store: any ContractRepository, _ other: any ContractRepository) async throws {
+        let backgroundWork = Task { await store.runBackgroundWork() }
+        let ended = EndFlag()
+        defer { backgroundWork.cancel() }
         let recorder = StreamRecorder(store.changes())
         // The feed is live once it reports a write made after it started: a store may take a
         // moment to begin watching (SQLite's polls start from the log's end).
@@ -131,6 +136,12 @@ extension RepositoryContract {
         #expect(await eventually(within: 10) { recorder.elements.filter { $0 == .upserted(marker) }.count == 2 })
         #expect(recorder.elements.filter { $0 == .removed(own) }.count == 1)
         #expect(!recorder.elements.contains(.unknown))
+
+        // The work ends with its task: the engine's run() ends with it.
+        backgroundWork.cancel()
+        let waiter = Task { await backgroundWork.value; ended.set() }
+        #expect(await eventually(within: 10) { ended.isSet }, "runBackgroundWork() went on after its task was cancelled")
+        waiter.cancel()
     }
 
     func healthCheck(_ store: any ContractRepository) async {
@@ -143,4 +154,11 @@ extension RepositoryContract {
         #expect(report.schemaVersion == (try? await store.schemaVersion()))
         #expect(report.schemaVersion == report.buildSchemaVersion)
     }
+}
+
+/// Set once, read from any task.
+private final class EndFlag: Sendable {
+    private let value = Mutex(false)
+    func set() { value.withLock { $0 = true } }
+    var isSet: Bool { value.withLock { $0 } }
 }

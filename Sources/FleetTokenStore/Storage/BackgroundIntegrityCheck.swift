@@ -14,12 +14,16 @@ import Synchronization
 /// logged as an error telling the operator to restart, and marked so the next open checks
 /// first and moves the store aside.
 ///
+/// The check runs inside ``run(clock:)``, the repository's long-running work (a child task of
+/// the engine's `run()`), on a utility-priority thread so the cooperative pool is not held.
 /// ``stop()`` never waits: a check that has not begun never will, and a running one is ended by
 /// SQLite's progress handler at its next few thousand instructions and closes its own connection.
 final class BackgroundIntegrityCheck: Sendable {
     private enum Phase { case pending, running, stopping, finished, stopped }
 
     private let connection: DatabaseQueue
+    private let files: StoreFiles
+    private let logger: Logger
     /// Signalled once the check will not run any more, for ``waitUntilFinished(timeout:)``.
     private let finished = DispatchSemaphore(value: 0)
     private let state = Mutex<(phase: Phase, finding: String?, ran: Bool)>((.pending, nil, false))
@@ -28,9 +32,11 @@ final class BackgroundIntegrityCheck: Sendable {
     /// How long after opening the check begins.
     static let startDelay: TimeInterval = 2
 
-    /// Starts the check; nil when its connection cannot be opened (then nothing is checked,
-    /// which is logged).
+    /// Prepares the check (``run(clock:)`` runs it); nil when its connection cannot be opened
+    /// (then nothing is checked, which is logged).
     init?(files: StoreFiles, busyTimeout: TimeInterval, logger: Logger) {
+        self.files = files
+        self.logger = logger
         var config = Configuration()
         config.readonly = true
         config.busyMode = .timeout(busyTimeout)
@@ -43,14 +49,27 @@ final class BackgroundIntegrityCheck: Sendable {
             ])
             return nil
         }
-        // Started a little later, so it does not compete with start-up itself, and a short
-        // writable open (an admin command) closes before it begins.
-        DispatchQueue.global(qos: .utility).asyncAfter(deadline: .now() + Self.startDelay) { [self] in
-            run(files: files, logger: logger)
+    }
+
+    /// Runs the check once, ``startDelay`` after this call on `clock` (so it does not compete
+    /// with start-up itself), unless stopped first. Cancelling the calling task before the
+    /// check begins skips it; during the check, interrupts it.
+    func run(clock: any Clock<Duration>) async {
+        do { try await clock.sleep(for: .milliseconds(Int64(Self.startDelay * 1000))) } catch { return }
+        await withTaskCancellationHandler {
+            await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
+                // Minutes of blocking SQLite work on a large store: not on the cooperative pool.
+                DispatchQueue.global(qos: .utility).async { [self] in
+                    check()
+                    done.resume()
+                }
+            }
+        } onCancel: {
+            stopRequested.store(true, ordering: .relaxed)
         }
     }
 
-    private func run(files: StoreFiles, logger: Logger) {
+    private func check() {
         let begins = state.withLock { state in
             guard state.phase == .pending else { return false }
             state.phase = .running

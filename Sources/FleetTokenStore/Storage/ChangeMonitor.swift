@@ -12,10 +12,20 @@ import Synchronization
 /// monitor read the `token_changes` log that the schema's triggers fill, so every writer, even a
 /// stock `sqlite3` shell, is seen. Changes this process's own repository wrote are skipped: their
 /// log sequence numbers are noted inside the writing transaction, before they can be read.
+///
+/// The polling is the owner's long-running work: it runs inside ``run()`` (a child task of the
+/// engine's `run()`, through ``SQLiteTokenRepository/runBackgroundWork()``), never in a task of
+/// its own.
 final class ChangeMonitor: Sendable {
     private struct State: Sendable {
         var ownRanges: [ClosedRange<Int64>] = []
-        var pollTask: Task<Void, Never>?
+        /// The starting point taken by the first subscriber, for the loop to poll from.
+        var pendingStart: Watcher??
+        /// Whether changes are being watched (a starting point was taken and polling has not
+        /// stopped): only then are own changes noted.
+        var watching = false
+        /// Whether a ``run()`` loop is under way; a second one waits to take over.
+        var running = false
         var closed = false
     }
 
@@ -32,6 +42,8 @@ final class ChangeMonitor: Sendable {
     private let state = Mutex(State())
     /// The subscribers; unbounded, as a reader that misses a change would serve a stale token.
     private let subscribers = EventBroadcaster<TokenStoreChange>(buffering: .unbounded)
+    /// A subscriber arrived or the monitor closed: the loop looks again.
+    private let wakes = WakeSignal()
     private let path: String
     private let interval: Duration
     private let busyTimeout: TimeInterval
@@ -51,28 +63,46 @@ final class ChangeMonitor: Sendable {
     /// How many polls have completed since the monitor was made.
     var completedPolls: Int { polls.withLock { $0 } }
 
-    /// A stream of changes; polling runs while at least one stream is alive. When this call
-    /// starts the polling, it takes the starting point before returning, so every change
-    /// committed after it returns is reported.
+    /// A stream of changes, reported while ``run()`` runs. When no stream was alive, this call
+    /// takes the starting point before returning, so every change committed after it returns
+    /// is reported (once run() runs, if it does not yet).
     func subscribe() -> AsyncStream<TokenStoreChange> {
         let stream = subscribers.subscribe()
-        state.withLock { state in
-            guard !state.closed, state.pollTask == nil else { return }
-            // A read of two numbers, once per start of polling: under the lock, so no write's
-            // own-change note falls between the starting point and the task.
-            let watcher = openWatcher(logFailure: false)
-            state.pollTask = Task { [weak self] in await self?.poll(from: watcher) }
+        let started = state.withLock { state -> Bool in
+            guard !state.closed, !state.watching else { return false }
+            // A read of two numbers, once per start of watching: under the lock, so no write's
+            // own-change note falls between the starting point and the loop.
+            state.pendingStart = .some(openWatcher(logFailure: false))
+            state.watching = true
+            return true
         }
+        if started { wakes.signal() }
         return stream
     }
 
+    /// Most own-change ranges kept while no loop drains them (a stream kept without
+    /// ``run()``): beyond it the oldest go, and their changes are echoed, which costs a re-read.
+    static let maximumOwnRanges = 4096
+
     /// Marks log rows written by this process's repository, so they are not echoed back.
-    /// Nothing is noted while no stream polls (polling starts from the log's end); each poll
+    /// Nothing is noted while nobody watches (watching starts from the log's end); each poll
     /// drops the ranges it has passed, so the list stays short.
     func noteOwnChanges(_ range: ClosedRange<Int64>) {
         state.withLock { state in
-            guard state.pollTask != nil else { return }
-            state.ownRanges.append(range)
+            guard state.watching else { return }
+            if !state.running && !subscribers.hasSubscribers {
+                // Every stream ended before a loop ran: stop watching; the next stream starts anew.
+                state.watching = false
+                state.pendingStart = nil
+                state.ownRanges = []
+                return
+            }
+            if let last = state.ownRanges.last, last.upperBound + 1 == range.lowerBound {
+                state.ownRanges[state.ownRanges.count - 1] = last.lowerBound...range.upperBound
+            } else {
+                state.ownRanges.append(range)
+                if state.ownRanges.count > Self.maximumOwnRanges { state.ownRanges.removeFirst() }
+            }
         }
     }
 
@@ -84,23 +114,84 @@ final class ChangeMonitor: Sendable {
         }
     }
 
-    /// Ends every stream and stops polling.
+    /// Ends every stream; a running ``run()`` returns.
     func close() {
-        let task = state.withLock { state in
-            state.closed = true
-            defer { state.pollTask = nil }
-            return state.pollTask
-        }
-        task?.cancel()
+        state.withLock { $0.closed = true }
+        wakes.signal()
         subscribers.finish()
     }
 
-    /// True while someone listens; otherwise forgets the poll task in the same critical
-    /// section, so the next subscriber starts a new one.
+    /// Polls for other connections' changes while streams are alive, and waits for the next
+    /// subscriber while none is, until the task is cancelled or the monitor closes. One loop
+    /// polls at a time: a second call waits and takes over when the first ends.
+    func run() async {
+        // Another loop runs: wait for it to end (checked at the poll interval), then take over.
+        while true {
+            let role = state.withLock { state -> (closed: Bool, runs: Bool) in
+                if state.closed { return (true, false) }
+                if state.running { return (false, false) }
+                state.running = true
+                return (false, true)
+            }
+            if role.closed { return }
+            if role.runs { break }
+            do { try await clock.sleep(for: interval) } catch { return }
+        }
+        var ended: PollEnd?
+        defer { handOver(ended) }
+        while !Task.isCancelled {
+            _ = wakes.take()
+            let next = state.withLock { state -> (closed: Bool, start: Watcher??) in
+                defer { state.pendingStart = nil }
+                return (state.closed, state.pendingStart)
+            }
+            if next.closed { return }
+            if let start = next.start {
+                ended = await poll(from: start)
+                if case .interrupted = ended { return }
+            } else {
+                await wakes.wait()
+            }
+        }
+    }
+
+    /// How a poll loop ended.
+    private enum PollEnd {
+        /// Every stream ended (or the monitor closed): watching stopped.
+        case nobodyListens
+        /// The loop's task was cancelled while streams were alive: where the next loop resumes,
+        /// so a change committed meanwhile is still reported (nil: no connection yet).
+        case interrupted(Watcher?)
+    }
+
+    /// The loop is over: leaves the position to the next loop while streams are alive, so a
+    /// flight that polled for its own wait and stopped loses no change for the engine's loop;
+    /// otherwise stops watching.
+    private func handOver(_ ended: PollEnd?) {
+        let toClose = state.withLock { state -> [DatabaseQueue] in
+            state.running = false
+            if !state.closed && subscribers.hasSubscribers {
+                // The position reached, or a start a stream took and no loop polled from yet.
+                if case .interrupted(let watcher) = ended { state.pendingStart = .some(watcher) }
+                return []
+            }
+            var readers = [state.pendingStart??.reader]
+            if case .interrupted(let watcher) = ended { readers.append(watcher?.reader) }
+            state.watching = false
+            state.ownRanges = []
+            state.pendingStart = nil
+            return readers.compactMap { $0 }
+        }
+        for reader in toClose { try? reader.close() }
+    }
+
+    /// True while someone listens; otherwise stops watching in the same critical section, so
+    /// the next subscriber takes a new starting point.
     private func keepPolling() -> Bool {
         state.withLock { state in
             if !subscribers.hasSubscribers || state.closed {
-                state.pollTask = nil
+                state.watching = false
+                state.ownRanges = []
                 return false
             }
             return true
@@ -129,42 +220,36 @@ final class ChangeMonitor: Sendable {
         }
     }
 
-    private func poll(from start: Watcher?) async {
-        var watcher = start
+    /// Polls from `start` until nobody listens, the monitor closes, or the task is cancelled.
+    private func poll(from start: Watcher?) async -> PollEnd {
+        var opened = start
         // Open the watching connection; retried each second while someone listens.
-        while watcher == nil {
-            guard keepPolling() else { return }
-            watcher = openWatcher(logFailure: true)
-            if watcher == nil {
-                do { try await Task.sleep(for: .seconds(1)) } catch { return }
+        while opened == nil {
+            guard keepPolling() else { return .nobodyListens }
+            opened = openWatcher(logFailure: true)
+            if opened == nil {
+                do { try await clock.sleep(for: .seconds(1)) } catch { return .interrupted(nil) }
             }
         }
-        guard let watcher else { return }
-        let reader = watcher.reader
-        defer { try? reader.close() }
-        var dataVersion = watcher.dataVersion
-        var lastSeq = watcher.lastSequence
-
+        guard var watcher = opened else { return .nobodyListens }
         while keepPolling() {
             do {
                 try await clock.sleep(for: interval)
             } catch {
-                state.withLock { $0.pollTask = nil }
-                return // cancelled: the repository closed
+                return .interrupted(watcher) // the reader stays open for the next loop
             }
             do {
-                let knownVersion = dataVersion
-                let since = lastSeq
-                let batch = try await reader.read { db -> ChangeLog.Batch? in
+                let known = watcher
+                let batch = try await known.reader.read { db -> ChangeLog.Batch? in
                     let version = try Int64.fetchOne(db, sql: "PRAGMA data_version") ?? 0
-                    guard version != knownVersion else { return nil }
-                    return try ChangeLog.read(db, after: since, dataVersion: version,
+                    guard version != known.dataVersion else { return nil }
+                    return try ChangeLog.read(db, after: known.lastSequence, dataVersion: version,
                                               limit: Self.maximumItemizedChanges)
                 }
                 if let batch {
-                    dataVersion = batch.dataVersion
-                    deliver(batch, after: lastSeq)
-                    lastSeq = max(lastSeq, batch.lastSequence)
+                    deliver(batch, after: known.lastSequence)
+                    watcher = Watcher(reader: known.reader, dataVersion: batch.dataVersion,
+                                      lastSequence: max(known.lastSequence, batch.lastSequence))
                 }
             } catch {
                 logger.warning("could not read the token store's change log; will retry", metadata: [
@@ -173,6 +258,8 @@ final class ChangeMonitor: Sendable {
             }
             polls.withLock { $0 += 1 }
         }
+        try? watcher.reader.close()
+        return .nobodyListens
     }
 
     private func deliver(_ batch: ChangeLog.Batch, after lastSeq: Int64) {

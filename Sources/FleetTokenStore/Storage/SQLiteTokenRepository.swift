@@ -33,6 +33,8 @@ public final class SQLiteTokenRepository: TokenRepository, RefreshLeaseStore, To
     let logger: Logger
     let monitor: ChangeMonitor
     let backgroundCheck: BackgroundIntegrityCheck?
+    /// Paces the change feed's polling and the deferred integrity check's start.
+    private let pollClock: any Clock<Duration>
     /// The write path (inline when the lock is free) and reads, shared by the three below.
     let runner: SQLiteTransactionRunner
     let tokenTable: SQLiteTokenTable
@@ -56,8 +58,8 @@ public final class SQLiteTokenRepository: TokenRepository, RefreshLeaseStore, To
                       migrator: SchemaMigrator())
     }
 
-    /// `pollClock` paces the change feed's polling: tests pass a test clock to decide when
-    /// polls happen.
+    /// `pollClock` paces the change feed's polling and the deferred integrity check's start:
+    /// tests pass a test clock to decide when polls happen.
     init(path: String, mode: StoreOpenMode, configuration: StoreConfiguration, logger: Logger,
          migrator: SchemaMigrator, pollClock: any Clock<Duration> = ContinuousClock()) throws(TokenStoreError) {
         let files = StoreFiles(path: path, allowsSymlink: configuration.allowsSymlinkedStore)
@@ -69,6 +71,7 @@ public final class SQLiteTokenRepository: TokenRepository, RefreshLeaseStore, To
         self.openReport = opened.report
         self.configuration = configuration
         self.logger = logger
+        self.pollClock = pollClock
         let monitor = ChangeMonitor(path: files.path, interval: configuration.changePollInterval,
                                     busyTimeout: configuration.busyTimeout, clock: pollClock, logger: logger)
         self.monitor = monitor
@@ -89,13 +92,27 @@ public final class SQLiteTokenRepository: TokenRepository, RefreshLeaseStore, To
     }
 
     /// Damage found by the integrity check deferred from start-up (see
-    /// ``IntegrityCheckTiming/whenNeeded``), once it has finished; nil while it runs, when the
-    /// store is sound, or when no such check ran. Blocks the calling thread up to `timeout`
-    /// while the check runs.
+    /// ``IntegrityCheckTiming/whenNeeded``; it runs inside ``runBackgroundWork()``), once it has
+    /// finished; nil while it runs, when the store is sound, or when no such check ran. Blocks
+    /// the calling thread up to `timeout` while the check is to come or runs: not for async code.
     public func backgroundIntegrityFinding(waitingUpTo timeout: TimeInterval = 0) -> String? {
         guard let backgroundCheck else { return nil }
         _ = backgroundCheck.waitUntilFinished(timeout: timeout)
         return backgroundCheck.finding
+    }
+
+    /// The store's long-running work, until the calling task is cancelled or the store closes:
+    /// polling for other processes' changes (``changes()`` reports nothing without it) and the
+    /// integrity check deferred from start-up. ``TokenSyncEngine`` runs it as a child task of
+    /// its `run()`; a program using the store without an engine runs it itself. A second call
+    /// while one runs waits and takes over when the first ends.
+    public func runBackgroundWork() async {
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask { await self.monitor.run() }
+            if let backgroundCheck {
+                group.addTask { [pollClock] in await backgroundCheck.run(clock: pollClock) }
+            }
+        }
     }
 
     /// True once the deferred integrity check has run to its end (for tests).

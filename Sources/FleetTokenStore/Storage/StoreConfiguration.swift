@@ -47,8 +47,9 @@ public enum IntegrityCheckTiming: Sendable, Equatable {
     case beforeOpening
     /// Before opening when the last run may not have ended cleanly or another process has the
     /// store open (either way the write-ahead log holds frames), or an earlier check found
-    /// damage; otherwise in the background from 2 s after opening (a store closed sooner skips
-    /// it), so start-up does not scan the store. Damage found in the background is logged as an error
+    /// damage; otherwise in the background, 2 s after the store's background work begins (the
+    /// engine's `run()` runs it; see ``SQLiteTokenRepository/runBackgroundWork()``; a store
+    /// closed sooner skips it), so start-up does not scan the store. Damage found in the background is logged as an error
     /// and marked (`<store>.needs-check`), and the next open checks first and moves the store
     /// aside; until that restart the process serves from memory and its writes may fail as
     /// corrupt. Read-only opens never run the background check.

@@ -54,9 +54,16 @@ public protocol TokenRepository: Sendable {
     func deleteRetired(_ keys: [TokenKey], before cutoff: Date) async throws(TokenStoreError) -> Int
 
     /// Changes to tokens made by other processes (or other views) sharing the store,
-    /// delivered within about a second of their commit; not the changes made through this
-    /// repository itself. The stream ends when the repository closes.
+    /// delivered within about a second of their commit while ``runBackgroundWork()`` runs;
+    /// not the changes made through this repository itself. The stream ends when the
+    /// repository closes.
     func changes() -> AsyncStream<TokenStoreChange>
+
+    /// The repository's long-running work (say, polling for other processes' changes), until
+    /// the calling task is cancelled or the repository closes; returns at once when there is
+    /// none. ``TokenSyncEngine`` runs it as a child task of its `run()`. No default: a wrapper
+    /// around another repository must forward it, or its change feed would fall silent.
+    func runBackgroundWork() async
 }
 
 extension TokenRepository {

@@ -27,6 +27,11 @@ final class CrossProcessLease: Sendable {
     let holder = RefreshLeaseHolder.make()
     private let store: any RefreshLeaseStore
     private let changes: @Sendable () -> AsyncStream<TokenStoreChange>
+    /// The repository's background work, which makes its change feed report.
+    private let driveChanges: @Sendable () async -> Void
+    /// True while the engine's `run()` drives the change feed; otherwise a wait drives it for
+    /// its own length (an engine used without `run()` still learns a holder's result at once).
+    let feedIsDriven = Atomic<Bool>(false)
     private let duration: TimeInterval
     private let clock: any Clock<Duration>
     private let now: @Sendable () -> Date
@@ -34,9 +39,11 @@ final class CrossProcessLease: Sendable {
     private let held = Mutex(Held())
 
     init(store: any RefreshLeaseStore, changes: @escaping @Sendable () -> AsyncStream<TokenStoreChange>,
+         driveChanges: @escaping @Sendable () async -> Void,
          duration: TimeInterval, clock: any Clock<Duration>, now: @escaping @Sendable () -> Date, logger: Logger) {
         self.store = store
         self.changes = changes
+        self.driveChanges = driveChanges
         self.duration = duration
         self.clock = clock
         self.now = now
@@ -153,10 +160,19 @@ final class CrossProcessLease: Sendable {
                 try? await clock.sleep(for: .milliseconds(Int64((seconds * 1000).rounded(.up))))
                 return false
             }
-            var first = await group.next() ?? false
-            if first == nil { first = await group.next() ?? false }
-            group.cancelAll()
-            return first ?? false
+            if !feedIsDriven.load(ordering: .relaxed) {
+                group.addTask { [driveChanges] in
+                    await driveChanges()
+                    return nil
+                }
+            }
+            // The timer always answers; a feed or driver that ends first is no answer.
+            while let next = await group.next() {
+                guard let answer = next else { continue }
+                group.cancelAll()
+                return answer
+            }
+            return false
         }
     }
 

@@ -28,7 +28,8 @@ actor RefreshCoordinator {
          random: @escaping @Sendable () -> Double, metrics: SyncMetrics, memory: TokenMemory) {
         let events = EventBroadcaster<TokenSyncEvent>()
         let health = StoreHealth(events: events, metrics: metrics, logger: logger)
-        let lease = CrossProcessLease(store: leases, changes: { repository.changes() }, duration: policy.leaseDuration,
+        let lease = CrossProcessLease(store: leases, changes: { repository.changes() },
+                                      driveChanges: { await repository.runBackgroundWork() }, duration: policy.leaseDuration,
                                       clock: clock, now: now, logger: logger)
         let committer = GroupCommitter(repository: repository, health: health, events: events, logger: logger, clock: clock,
                                        committed: { await lease.releaseHandedOver($0) })
@@ -164,10 +165,15 @@ actor RefreshCoordinator {
 
     // MARK: - Long-running work
 
-    /// Runs the scheduler loop, and beside it as child tasks the change follower, the group
-    /// commit and the retention sweep, until cancelled; all of them end together.
+    /// Runs the scheduler loop, and beside it as child tasks the repository's own work (its
+    /// change polling), the change follower, the group commit and the retention sweep, until
+    /// cancelled; all of them end together.
     func runUntilCancelled() async {
         await withTaskGroup(of: Void.self) { group in
+            let lease = parts.lease
+            lease.feedIsDriven.store(true, ordering: .relaxed)
+            defer { lease.feedIsDriven.store(false, ordering: .relaxed) }
+            group.addTask { await self.parts.repository.runBackgroundWork() }
             group.addTask { await self.followStoreChanges() }
             group.addTask { await self.parts.committer.run() }
             group.addTask { await self.sweeper.run(unused: { await self.unused($0) }) }

@@ -58,6 +58,8 @@ struct CrossProcessTests {
         let writer = try openStore(path)
         defer { watcher.close(); writer.close() }
         let recorder = StreamRecorder(watcher.changes()) // the starting point is taken before changes() returns
+        let work = Task { await watcher.runBackgroundWork() } // begun after: changes since changes() still count
+        defer { work.cancel() }
 
         try await watcher.upsert(token(try .vehicle("own"), expiresIn: 600))
         try await writer.upsert(token(try .vehicle("theirs"), expiresIn: 600))
@@ -75,6 +77,8 @@ struct CrossProcessTests {
         defer { store.close() }
         try await store.upsert([token(try .trip("a"), expiresIn: 600), token(try .trip("b"), expiresIn: 600)])
         let recorder = StreamRecorder(store.changes())
+        let work = Task { await store.runBackgroundWork() }
+        defer { work.cancel() }
 
         _ = try sqlite3(path, "DELETE FROM tokens WHERE kind = 'trip' AND subject_id = 'a'")
         _ = try sqlite3(path, "UPDATE tokens SET token = 'replaced.by.shell', expires_at = expires_at + 1 WHERE subject_id = 'b'")

@@ -116,7 +116,7 @@ struct FilesAndCorruptionTests {
             let first = try openStore(path, logger: log.logger)
             #expect(first.openReport.quarantinedTo == nil)
             #expect(!first.openReport.checkedBeforeOpening)
-            let finding = first.backgroundIntegrityFinding(waitingUpTo: 20)
+            let finding = await first.deferredCheckFinding()
             #expect(finding != nil, "the background check did not find the damage")
             // The admin check reports it beside its own scan's findings.
             let report = await first.check()
@@ -186,7 +186,7 @@ struct FilesAndCorruptionTests {
 
         // Left open past the delay, the check still runs to its end.
         let kept = try openStore(path)
-        #expect(kept.backgroundIntegrityFinding(waitingUpTo: 20) == nil)
+        #expect(await kept.deferredCheckFinding() == nil)
         #expect(kept.backgroundCheckHasRun)
         kept.close()
         #expect(try sqlite3(path, "PRAGMA integrity_check") == "ok")
@@ -202,7 +202,7 @@ struct FilesAndCorruptionTests {
 
         let clean = try openStore(path)
         #expect(!clean.openReport.checkedBeforeOpening)
-        #expect(clean.backgroundIntegrityFinding(waitingUpTo: 20) == nil)
+        #expect(await clean.deferredCheckFinding() == nil)
         try await clean.upsert(token(try .vehicle("w"), expiresIn: 600))
         // Still open: its write-ahead log holds frames, as after a crash.
         let afterCrash = try openStore(path, mode: .readOnly)

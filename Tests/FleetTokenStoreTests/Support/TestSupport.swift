@@ -26,6 +26,15 @@ func openStore(_ path: String, mode: StoreOpenMode = .agent, configure: (inout S
 }
 
 extension SQLiteTokenRepository {
+    /// Runs the store's background work, as an engine's run() would, until the integrity check
+    /// deferred from start-up has ended (or `seconds` passed); returns what it found.
+    func deferredCheckFinding(within seconds: Double = 20) async -> String? {
+        let work = Task { await self.runBackgroundWork() }
+        defer { work.cancel() }
+        _ = await eventually(within: seconds) { self.backgroundCheckHasRun }
+        return backgroundIntegrityFinding()
+    }
+
     /// Moves `clock` (this store's change-feed poll clock) on one poll interval at a time, up
     /// to one second of clock time, until `delivered` holds: the README's "seen within 1 s",
     /// checked on the feed's own clock, so a loaded machine cannot make it fail or pass.

@@ -11,44 +11,57 @@ import TestSupportKit
 struct PromiseTests {
     // MARK: - Cross-process single flight (items 1-3)
 
+    // On test time: while the provider holds its answers, the clock moves past several lease
+    // lengths (the holder renews; waiters' waits end and they wait again); once it answers, the
+    // clock stands still, so a waiter can only end through the change feed, never by waiting
+    // out a lease. No real sleep, no bound on real time but a generous one for a loaded machine.
     @Test("two running engines on one store, 100 keys, a provider slower than the lease: one fetch per key, waiters end with the holder's answer")
     func twoRunningEnginesFetchEachKeyOnce() async throws {
         let dir = Scratch()
         var policy = RefreshPolicy()
         policy.leaseDuration = 1 // shorter than the provider's answer: the holder must renew it
-        // A provider that answers after a real delay, noting when each answer left it.
-        let answeredAt = Mutex<[TokenKey: Date]>([:])
-        let provider = ScriptedFetcher { key, _ in
-            try? await Task.sleep(for: .milliseconds(1500))
-            let token = TestJWT.make(for: key, issuedAt: Date(), lifetime: 3600)
-            answeredAt.withLock { $0[key] = Date() }
-            return FetchedToken(value: token)
-        }
+        let time = TestTime(start: Date())
+        let provider = ScriptedFetcher.minting(time)
+        provider.close()
         let keys = try (0..<100).map { try TokenKey.vehicle("truck-\($0)") }
         let logA = LogRecorder(), logB = LogRecorder()
         let storeA = try openStore(dir.file("tokens.sqlite")), storeB = try openStore(dir.file("tokens.sqlite"))
         defer { storeA.close(); storeB.close() }
-        let a = TokenSyncEngine(repository: storeA, fetcher: provider, policy: policy, logger: logA.logger)
-        let b = TokenSyncEngine(repository: storeB, fetcher: provider, policy: policy, logger: logB.logger)
+        let a = TokenSyncEngine(repository: storeA, fetcher: provider, policy: policy, logger: logA.logger,
+                                clock: time.clock, now: time.wall)
+        let b = TokenSyncEngine(repository: storeB, fetcher: provider, policy: policy, logger: logB.logger,
+                                clock: time.clock, now: time.wall)
         let runA = Task { try await a.run() }, runB = Task { try await b.run() }
         defer { runA.cancel(); runB.cancel() }
+        #expect(await eventually { let both = await (a.isRunning, b.isRunning); return both.0 && both.1 })
         await a.track(keys)
         // Callers on B ask for every key at once, while both schedulers fetch.
-        let waits = try await withThrowingTaskGroup(of: (TokenKey, Date).self) { group in
-            for key in keys { group.addTask { _ = try await b.token(for: key); return (key, Date()) } }
-            await b.track(keys)
-            return try await group.reduce(into: [TokenKey: Date]()) { $0[$1.0] = $1.1 }
+        let waits = Task {
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for key in keys { group.addTask { _ = try await b.token(for: key) } }
+                await b.track(keys)
+                try await group.waitForAll()
+            }
         }
-        #expect(await eventually(within: 20) { keys.allSatisfy { a.heldToken(for: $0) != nil && b.heldToken(for: $0) != nil } })
+        #expect(await eventually(within: 20) { provider.waitingAtGate >= policy.maxConcurrentFetches })
+        // Three lease lengths pass while the provider holds every answer.
+        for _ in 0..<12 { await time.advance(by: 0.25) }
+        #expect(keys.allSatisfy { provider.count($0) <= 1 }, "a lease lapsed and another engine fetched a held key")
+        provider.open()
+        // The clock stands still from here: every caller ends through the feed or its own fetch.
+        let served = await eventually(within: 30) { keys.allSatisfy { a.heldToken(for: $0) != nil && b.heldToken(for: $0) != nil } }
+        // Not served: callers still wait (a lost notification); the engines' shutdown ends them.
+        guard served else {
+            Issue.record("callers on B did not end with the holder's answer while the clock stood still")
+            waits.cancel()
+            return
+        }
+        try await waits.value
         // Both engines idle: a wrongful second fetch would have happened by now.
         #expect(await a.settle())
         #expect(await b.settle())
         let twice = keys.filter { provider.count($0) != 1 }
         #expect(twice.isEmpty, "fetched other than once: \(twice.map { "\($0)=\(provider.count($0))" })")
-        for (key, gotAt) in waits {
-            guard let answered = answeredAt.withLock({ $0[key] }) else { continue }
-            #expect(gotAt.timeIntervalSince(answered) < 1.5, "a caller of \(key) waited \(gotAt.timeIntervalSince(answered)) s past the provider's answer")
-        }
         for log in [logA, logB] {
             #expect(!log.allText.contains("noProgress") && !log.allText.contains("expires no later than"))
             #expect(log.messages(at: .warning).filter { $0.contains("refresh failed") }.isEmpty)
