@@ -84,6 +84,16 @@ let package = Package(
             ],
             path: "Sources/HitPair"
         ),
+        // The persist ratio's figure: repository and raw upserts in alternating blocks, median
+        // of the rounds' ratios.
+        .executableTarget(
+            name: "token-store-persist-pair",
+            dependencies: [
+                "BenchmarkSupport",
+                .product(name: "FleetTokenStore", package: "FleetTokenStore"),
+            ],
+            path: "Sources/PersistPair"
+        ),
         // One path in a loop, for counting its instructions under valgrind's callgrind.
         .executableTarget(
             name: "token-store-profile",
