@@ -58,22 +58,6 @@ func timeBaseline(_ fixture: HitFixture) -> Duration {
     return ContinuousClock.now - start
 }
 
-func nanoseconds(_ duration: Duration) -> Double {
-    Double(duration.components.seconds) * 1e9 + Double(duration.components.attoseconds) / 1e9
-}
-
-func median(_ values: [Double]) -> Double {
-    let sorted = values.sorted()
-    return sorted.count % 2 == 1 ? sorted[sorted.count / 2] : (sorted[sorted.count / 2 - 1] + sorted[sorted.count / 2]) / 2
-}
-
-func quantile(_ values: [Double], _ q: Double) -> Double {
-    let sorted = values.sorted()
-    return sorted[min(sorted.count - 1, Int((Double(sorted.count - 1) * q).rounded()))]
-}
-
-func round3(_ value: Double) -> Double { (value * 1000).rounded() / 1000 }
-
 struct Figures: Sendable {
     var ratios: [Double] = [], hits: [Double] = [], baselines: [Double] = []
 }
