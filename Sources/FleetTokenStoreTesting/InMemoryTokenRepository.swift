@@ -98,6 +98,9 @@ public final class InMemoryTokenRepository: TokenRepository, RefreshLeaseStore, 
     /// Returns at once: views deliver their changes as they commit, with nothing to poll.
     public func runBackgroundWork() async {}
 
+    /// Returns at once, as ``runBackgroundWork()`` does.
+    public func followChanges() async {}
+
     // MARK: - Engine writes
 
     /// Stores `token` unless the key's token expires later (see

@@ -32,3 +32,11 @@ public final class StreamRecorder<Element: Sendable>: Sendable {
 
     deinit { task.withLock { $0?.cancel() } }
 }
+
+/// Set once, read from any task (say, "this task has ended").
+public final class EndFlag: Sendable {
+    private let value = Mutex(false)
+    public init() {}
+    public func set() { value.withLock { $0 = true } }
+    public var isSet: Bool { value.withLock { $0 } }
+}

@@ -142,6 +142,22 @@ extension RepositoryContract {
         let waiter = Task { await backgroundWork.value; ended.set() }
         #expect(await eventually(within: 10) { ended.isSet }, "runBackgroundWork() went on after its task was cancelled")
         waiter.cancel()
+
+        // Following the feed alone (a lease wait of an engine without run()) makes it report
+        // too, and ends with its task.
+        let following = Task { await store.followChanges() }
+        let followed = try TokenKey.task("followed")
+        var reported = false
+        for attempt in 1...40 where !reported {
+            try await other.upsert(token(followed, expiresIn: 600 + Double(attempt)))
+            reported = await eventually(within: 0.25) { recorder.elements.contains(.upserted(followed)) }
+        }
+        #expect(reported, "followChanges() did not make the feed report another view's write")
+        following.cancel()
+        let followEnded = EndFlag()
+        let followWaiter = Task { await following.value; followEnded.set() }
+        #expect(await eventually(within: 10) { followEnded.isSet }, "followChanges() went on after its task was cancelled")
+        followWaiter.cancel()
     }
 
     func healthCheck(_ store: any ContractRepository) async {
@@ -154,11 +170,4 @@ extension RepositoryContract {
         #expect(report.schemaVersion == (try? await store.schemaVersion()))
         #expect(report.schemaVersion == report.buildSchemaVersion)
     }
-}
-
-/// Set once, read from any task.
-private final class EndFlag: Sendable {
-    private let value = Mutex(false)
-    func set() { value.withLock { $0 = true } }
-    var isSet: Bool { value.withLock { $0 } }
 }

@@ -18,6 +18,8 @@ import Synchronization
 /// the engine's `run()`), on a utility-priority thread so the cooperative pool is not held.
 /// ``stop()`` never waits: a check that has not begun never will, and a running one is ended by
 /// SQLite's progress handler at its next few thousand instructions and closes its own connection.
+/// Cancelling ``run(clock:)`` is not a stop: an interrupted check is pending again, and the
+/// next run does it whole.
 final class BackgroundIntegrityCheck: Sendable {
     private enum Phase { case pending, running, stopping, finished, stopped }
 
@@ -26,9 +28,12 @@ final class BackgroundIntegrityCheck: Sendable {
     private let logger: Logger
     /// Signalled once the check will not run any more, for ``waitUntilFinished(timeout:)``.
     private let finished = DispatchSemaphore(value: 0)
-    private let state = Mutex<(phase: Phase, finding: String?, ran: Bool)>((.pending, nil, false))
+    private let state = Mutex<(phase: Phase, finding: String?, ran: Bool, beginnings: Int)>((.pending, nil, false, 0))
     /// Read by SQLite's progress handler on the check's thread: true ends the running statement.
     private let stopRequested = Atomic<Bool>(false)
+    /// The running ``run(clock:)`` was cancelled: like a stop for the statement, but the check
+    /// stays to be done. Also read by the progress handler.
+    private let interrupted = Atomic<Bool>(false)
     /// How long after opening the check begins.
     static let startDelay: TimeInterval = 2
 
@@ -56,6 +61,10 @@ final class BackgroundIntegrityCheck: Sendable {
     /// check begins skips it; during the check, interrupts it.
     func run(clock: any Clock<Duration>) async {
         do { try await clock.sleep(for: .milliseconds(Int64(Self.startDelay * 1000))) } catch { return }
+        // A cancellation noted after an earlier run's check ended is not this run's.
+        state.withLock { state in
+            if state.phase == .pending { interrupted.store(false, ordering: .relaxed) }
+        }
         await withTaskCancellationHandler {
             await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
                 // Minutes of blocking SQLite work on a large store: not on the cooperative pool.
@@ -65,19 +74,27 @@ final class BackgroundIntegrityCheck: Sendable {
                 }
             }
         } onCancel: {
-            stopRequested.store(true, ordering: .relaxed)
+            interrupted.store(true, ordering: .relaxed)
         }
+    }
+
+    /// True when a stop or a cancellation asks the running statement to end.
+    private var shouldEnd: Bool {
+        stopRequested.load(ordering: .relaxed) || interrupted.load(ordering: .relaxed)
     }
 
     private func check() {
         let begins = state.withLock { state in
-            guard state.phase == .pending else { return false }
+            // Stopped before it began (stop() closed the connection and signalled), running
+            // in another run, or cancelled before it began (it stays pending).
+            guard state.phase == .pending, !interrupted.load(ordering: .relaxed) else { return false }
             state.phase = .running
+            state.beginnings += 1
             return true
         }
-        // Stopped before it began: stop() closed the connection and signalled.
         guard begins else { return }
-        defer { end() }
+        var completed = false
+        defer { end(completed: completed) }
         do {
             try connection.read { db in
                 // Every statement of this connection asks this handler every 1,000 virtual-machine
@@ -85,22 +102,24 @@ final class BackgroundIntegrityCheck: Sendable {
                 sqlite3_progress_handler(db.sqliteConnection, 1000, { context in
                     guard let context else { return 0 }
                     let check = Unmanaged<BackgroundIntegrityCheck>.fromOpaque(context).takeUnretainedValue()
-                    return check.stopRequested.load(ordering: .relaxed) ? 1 : 0
+                    return check.shouldEnd ? 1 : 0
                 }, Unmanaged.passUnretained(self).toOpaque())
                 defer { sqlite3_progress_handler(db.sqliteConnection, 0, nil, nil) }
                 try IntegrityCheck.run(db, path: files.path)
             }
+            completed = true
         } catch {
             let reason = TokenStoreError(error, path: files.path)
             if reason.code == .corrupt, let detail = reason.detail {
+                completed = true
                 state.withLock { $0.finding = detail }
                 let marked = files.markForCheck()
                 logger.error("token store is damaged (found by the background integrity check): restart the process; the next start moves the store aside and starts a fresh one (tokens will be refetched)", metadata: [
                     "store": .string(files.path), "detail": .string(detail),
                     "marked_for_check": .stringConvertible(marked),
                 ])
-            } else if !stopRequested.load(ordering: .relaxed) {
-                // When stopped, the interruption is ours and nothing was learned.
+            } else if !shouldEnd {
+                // When stopped or cancelled, the interruption is ours and nothing was learned.
                 logger.warning("token store background integrity check did not finish", metadata: [
                     "store": .string(files.path), "reason": .string(reason.description),
                 ])
@@ -108,16 +127,24 @@ final class BackgroundIntegrityCheck: Sendable {
         }
     }
 
-    /// The check has ended: close the connection if the store was closed meanwhile.
-    private func end() {
-        let closeHere = state.withLock { state in
+    /// The check has ended: close the connection if the store was closed meanwhile; back to
+    /// pending when only a cancellation cut it short.
+    private func end(completed: Bool) {
+        let (closeHere, over) = state.withLock { state in
             let stopping = state.phase == .stopping
-            state.phase = stopping ? .stopped : .finished
-            state.ran = !stopRequested.load(ordering: .relaxed)
-            return stopping
+            if stopping {
+                state.phase = .stopped
+            } else if completed || stopRequested.load(ordering: .relaxed) {
+                state.phase = .finished
+            } else {
+                state.phase = .pending
+                interrupted.store(false, ordering: .relaxed)
+            }
+            state.ran = completed
+            return (stopping, state.phase != .pending)
         }
         if closeHere { try? connection.close() }
-        finished.signal()
+        if over { finished.signal() }
     }
 
     /// What the check found, once it has finished; nil while running or when the store is sound.
@@ -126,6 +153,9 @@ final class BackgroundIntegrityCheck: Sendable {
     /// True once the check has run to its end (found damage or not), false while pending or
     /// running and when it was stopped first.
     var hasRun: Bool { state.withLock { $0.ran } }
+
+    /// How many times the check has begun (more than once only after a cancelled run).
+    var beginnings: Int { state.withLock { $0.beginnings } }
 
     /// Blocks the calling thread up to `timeout` for the check to finish; true if it did.
     /// Only for callers that chose to wait (``SQLiteTokenRepository/backgroundIntegrityFinding(waitingUpTo:)``).

@@ -115,8 +115,18 @@ public final class SQLiteTokenRepository: TokenRepository, RefreshLeaseStore, To
         }
     }
 
+    /// Polls for other processes' changes, until the calling task is cancelled or the store
+    /// closes: the part of ``runBackgroundWork()`` that makes ``changes()`` report, without the
+    /// deferred integrity check (a short wait must not begin a check it would interrupt).
+    public func followChanges() async {
+        await monitor.run()
+    }
+
     /// True once the deferred integrity check has run to its end (for tests).
     var backgroundCheckHasRun: Bool { backgroundCheck?.hasRun ?? false }
+
+    /// How many times the deferred integrity check has begun (for tests).
+    var backgroundCheckBeginnings: Int { backgroundCheck?.beginnings ?? 0 }
 
     /// Frees what SQLite caches (page caches, idle reader connections), waiting for accesses in
     /// progress. For after a bulk load such as tracking thousands of subjects at start-up: the

@@ -64,6 +64,13 @@ public protocol TokenRepository: Sendable {
     /// none. ``TokenSyncEngine`` runs it as a child task of its `run()`. No default: a wrapper
     /// around another repository must forward it, or its change feed would fall silent.
     func runBackgroundWork() async
+
+    /// Only the work that makes ``changes()`` report, until the calling task is cancelled or
+    /// the repository closes; returns at once when the feed needs none. For a caller that needs
+    /// the feed for a short while without the rest of ``runBackgroundWork()``: an engine used
+    /// without `run()` that waits for another process's refresh. No default, for the reason
+    /// ``runBackgroundWork()`` has none.
+    func followChanges() async
 }
 
 extension TokenRepository {

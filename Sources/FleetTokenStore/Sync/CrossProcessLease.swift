@@ -27,7 +27,8 @@ final class CrossProcessLease: Sendable {
     let holder = RefreshLeaseHolder.make()
     private let store: any RefreshLeaseStore
     private let changes: @Sendable () -> AsyncStream<TokenStoreChange>
-    /// The repository's background work, which makes its change feed report.
+    /// The repository's change following (``TokenRepository/followChanges()``), which makes its
+    /// feed report; not the rest of its background work.
     private let driveChanges: @Sendable () async -> Void
     /// True while the engine's `run()` drives the change feed; otherwise a wait drives it for
     /// its own length (an engine used without `run()` still learns a holder's result at once).

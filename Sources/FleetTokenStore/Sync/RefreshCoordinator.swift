@@ -29,7 +29,7 @@ actor RefreshCoordinator {
         let events = EventBroadcaster<TokenSyncEvent>()
         let health = StoreHealth(events: events, metrics: metrics, logger: logger)
         let lease = CrossProcessLease(store: leases, changes: { repository.changes() },
-                                      driveChanges: { await repository.runBackgroundWork() }, duration: policy.leaseDuration,
+                                      driveChanges: { await repository.followChanges() }, duration: policy.leaseDuration,
                                       clock: clock, now: now, logger: logger)
         let committer = GroupCommitter(repository: repository, health: health, events: events, logger: logger, clock: clock,
                                        committed: { await lease.releaseHandedOver($0) })

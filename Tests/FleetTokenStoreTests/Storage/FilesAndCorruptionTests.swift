@@ -192,6 +192,31 @@ struct FilesAndCorruptionTests {
         #expect(try sqlite3(path, "PRAGMA integrity_check") == "ok")
     }
 
+    // Cancelling the store's work is not closing the store: a check cut short by a cancelled
+    // run (an engine's run() ended, a short wait that drove the work) stays to be done, and
+    // the next run does it whole. It used to end for good, never having checked anything.
+    @Test("a deferred check cut short by cancellation is done whole by the next run of the store's work")
+    func cancelledCheckRunsAgain() async throws {
+        let dir = Scratch()
+        let path = dir.file("tokens.sqlite")
+        let seed = try openStore(path)
+        try await seed.upsert(token(try .vehicle("v"), expiresIn: 600))
+        seed.close()
+
+        // The start delay passes at once, so the cancellation reaches the check itself.
+        let store = try openStore(path, pollClock: UnwaitingClock())
+        defer { store.close() }
+        #expect(!store.openReport.checkedBeforeOpening)
+        let cancelled = Task {
+            withUnsafeCurrentTask { $0?.cancel() }
+            await store.runBackgroundWork()
+        }
+        await cancelled.value
+        #expect(!store.backgroundCheckHasRun)
+        #expect(await store.deferredCheckFinding() == nil)
+        #expect(store.backgroundCheckHasRun, "the next run of the store's work did the check")
+    }
+
     @Test("a sound store opened after a clean close is not scanned at start-up; after a crash it is")
     func fullCheckOnlyWhenNeeded() async throws {
         let dir = Scratch()
@@ -210,4 +235,12 @@ struct FilesAndCorruptionTests {
         afterCrash.close()
         clean.close()
     }
+}
+
+/// A clock whose sleeps end at once, cancelled or not: the deferred check's start delay passes
+/// before a cancellation can skip it.
+private struct UnwaitingClock: Clock {
+    var now: ContinuousClock.Instant { .now }
+    var minimumResolution: Duration { .zero }
+    func sleep(until deadline: ContinuousClock.Instant, tolerance: Duration?) async throws {}
 }

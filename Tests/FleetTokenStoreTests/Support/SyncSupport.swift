@@ -32,6 +32,7 @@ final class CountingRepository: TokenRepository, RefreshLeaseStore, Sendable {
     func deleteRetired(_ keys: [TokenKey], before cutoff: Date) async throws(TokenStoreError) -> Int { tick(); return try await base.deleteRetired(keys, before: cutoff) }
     func changes() -> AsyncStream<TokenStoreChange> { base.changes() }
     func runBackgroundWork() async { await base.runBackgroundWork() }
+    func followChanges() async { await base.followChanges() }
 
     func acquireRefreshLease(for key: TokenKey, holder: String, now: Date, duration: TimeInterval) async throws(TokenStoreError) -> RefreshLease {
         tick(); return try await base.acquireRefreshLease(for: key, holder: holder, now: now, duration: duration)

@@ -126,6 +126,55 @@ struct LifecycleTests {
         #expect(h.fetcher.total == 1)
     }
 
+    // Issue 15's last read: a wait on another process's lease drove the repository's whole
+    // background work, so a wait longer than the check's start delay began the deferred
+    // integrity check, and the wait's end cut it short for good. A wait follows the feed only.
+    @Test("an engine without run() waiting on another process's lease follows the feed only; the deferred check waits for run()")
+    func leaseWaitFollowsFeedOnly() async throws {
+        let dir = Scratch()
+        let seed = try openStore(dir.file("tokens.sqlite"))
+        seed.close() // closed cleanly: the next open defers its full check
+        let feedClock = ManualClock()
+        let h = try EngineHarness(dir: dir, feedClock: feedClock)
+        #expect(!h.store.openReport.checkedBeforeOpening)
+        let (other, otherStore) = try h.sibling()
+        defer { otherStore.close() }
+        let key = keys[0]
+        h.fetcher.close()
+        let holder = Task { try await other.token(for: key) }
+        #expect(await eventually(within: 20) { h.fetcher.waitingAtGate == 1 })
+        let ended = EndFlag()
+        let engine = h.engine
+        let waiter = Task {
+            defer { ended.set() }
+            return try await engine.token(for: key)
+        }
+        #expect(await eventually(within: 10) { h.engine.flightPhase(of: key)?.isWaitingForHolder == true })
+        // Past the check's start delay on the store's clock, with the wait still going on.
+        _ = await eventually(within: 1) { feedClock.sleeperCount >= 2 }
+        await feedClock.advance(by: .seconds(3))
+        #expect(!(await eventually(within: 1) { h.store.backgroundCheckBeginnings > 0 }),
+                "a lease wait began the integrity check deferred from start-up")
+
+        h.fetcher.open()
+        let first = try await holder.value
+        #expect(await h.store.deliversWithinOneSecond(feedClock) { ended.isSet },
+                "the waiter learns the holder's result through the feed it follows")
+        #expect(try await waiter.value.value == first.value)
+        #expect(h.fetcher.total == 1)
+
+        // The store's work, as run() runs it, still does the check whole.
+        let work = Task { await h.store.runBackgroundWork() }
+        defer { work.cancel() }
+        var ran = false
+        for _ in 0..<20 where !ran {
+            await feedClock.advance(by: .milliseconds(500))
+            ran = await eventually(within: 1) { h.store.backgroundCheckHasRun }
+        }
+        #expect(ran, "the deferred integrity check ran once the store's work ran")
+        #expect(h.store.backgroundCheckBeginnings == 1)
+    }
+
     @Test("a purge by another process is seen within a second and a tracked key is refetched")
     func externalPurge() async throws {
         let feedClock = ManualClock()
