@@ -21,6 +21,7 @@ let package = Package(
         .library(name: "FleetTokenService", targets: ["FleetTokenService"]),
         .library(name: "DevTokenIssuer", targets: ["DevTokenIssuer"]),
         .library(name: "FleetTokenStoreTesting", targets: ["FleetTokenStoreTesting"]),
+        .library(name: "FleetTokenPostgres", targets: ["FleetTokenPostgres"]),
         .executable(name: "token-agent", targets: ["token-agent"]),
         .executable(name: "dev-token-server", targets: ["dev-token-server"]),
         .executable(name: "tokenctl", targets: ["tokenctl"]),
@@ -47,6 +48,8 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-configuration", from: "1.4.0", traits: ["JSON", "YAML", "Reloading"]),
         .package(url: "https://github.com/jpsim/Yams", from: "6.2.0"),
         .package(url: "https://github.com/apple/swift-system", from: "1.4.0"),
+        // The PostgreSQL repository (FleetTokenPostgres only: the core and SQLite do not link it).
+        .package(url: "https://github.com/vapor/postgres-nio", from: "1.33.0"),
         // `swift package generate-documentation` for the DocC catalogs.
         .package(url: "https://github.com/swiftlang/swift-docc-plugin", from: "1.4.0"),
     ],
@@ -105,6 +108,21 @@ let package = Package(
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            swiftSettings: strictSettings
+        ),
+        // The PostgreSQL repository, for replicas on several hosts sharing one database. Its own
+        // target and product, so the core and the SQLite-only tools do not link postgres-nio.
+        .target(
+            name: "FleetTokenPostgres",
+            dependencies: [
+                "FleetTokenStore",
+                "FleetTokenMigrations",
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: strictSettings
         ),
@@ -264,6 +282,20 @@ let package = Package(
                 "token-agent",
                 "dev-token-server",
                 "tokenctl",
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: testSettings
+        ),
+        // The PostgreSQL repository against a real server: a private cluster each test process
+        // starts (initdb + pg_ctl, as an unprivileged user) and stops.
+        .testTarget(
+            name: "FleetTokenPostgresTests",
+            dependencies: [
+                "TestSupportKit",
+                "FleetTokenStoreTesting",
+                "FleetTokenStore",
+                "FleetTokenPostgres",
+                .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: testSettings

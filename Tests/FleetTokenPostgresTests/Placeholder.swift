@@ -1,0 +1,1 @@
+// The PostgreSQL tests; see PostgresServer in TestSupportKit for the private cluster.
