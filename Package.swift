@@ -63,6 +63,7 @@ let package = Package(
             resources: [
                 .embedInCode("V0001__create_tokens.sql"),
                 .embedInCode("V0002__leases_and_change_log.sql"),
+                .embedInCode("postgres/V0001__postgres_tokens_leases_notify.sql"),
             ],
             swiftSettings: strictSettings
         ),

@@ -33,6 +33,12 @@ public enum EmbeddedMigrations {
         make("V0002__leases_and_change_log", PackageResources.V0002__leases_and_change_log_sql),
     ]
 
+    /// The PostgreSQL schema's migrations (`postgres/` in this folder), sorted by version: the
+    /// same rules, numbered on their own.
+    public static let postgres: [EmbeddedMigration] = [
+        make("V0001__postgres_tokens_leases_notify", PackageResources.V0001__postgres_tokens_leases_notify_sql),
+    ]
+
     /// The schema version a store has once this build has migrated it.
     public static var latestVersion: Int { all.last?.version ?? 0 }
 

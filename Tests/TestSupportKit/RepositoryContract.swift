@@ -47,8 +47,9 @@ public struct RepositoryContract: Sendable {
     public struct Subject: Sendable, CustomTestStringConvertible {
         /// Its name in test output.
         public let name: String
-        /// Makes a fresh, empty store (and its second view) for one check.
-        public let makeFixture: @Sendable () throws -> Fixture
+        /// Runs one check's body with a fresh, empty store (and its second view), then ends
+        /// them: a scope, for stores that live inside one (PostgreSQL's connection pool).
+        public let withFixture: @Sendable ((Fixture) async throws -> Void) async throws -> Void
         /// A key whose subject id the store's constraints refuse (empty, or longer than
         /// `TokenKey.maximumSubjectIDLength` bytes): built without validation, through
         /// `@testable` access, since `TokenKey` never builds one.
@@ -56,9 +57,20 @@ public struct RepositoryContract: Sendable {
 
         /// An implementation called `name`, whose constraints refuse `refusedKey`, made fresh by `makeFixture`.
         public init(name: String, refusedKey: TokenKey, makeFixture: @escaping @Sendable () throws -> Fixture) {
+            self.init(name: name, refusedKey: refusedKey) { body in
+                let fixture = try makeFixture()
+                defer { fixture.tearDown() }
+                try await body(fixture)
+            }
+        }
+
+        /// An implementation called `name`, whose constraints refuse `refusedKey`, whose fresh
+        /// stores live for the length of `withFixture`'s body.
+        public init(name: String, refusedKey: TokenKey,
+                    withFixture: @escaping @Sendable ((Fixture) async throws -> Void) async throws -> Void) {
             self.name = name
             self.refusedKey = refusedKey
-            self.makeFixture = makeFixture
+            self.withFixture = withFixture
         }
 
         /// The name, for test output.
@@ -98,8 +110,10 @@ public struct RepositoryContract: Sendable {
 
     /// Runs `check` on a fresh store, then tears it down.
     public func run(_ check: Check) async throws {
-        let fixture = try subject.makeFixture()
-        defer { fixture.tearDown() }
+        try await subject.withFixture { fixture in try await run(check, on: fixture) }
+    }
+
+    private func run(_ check: Check, on fixture: Fixture) async throws {
         let store = fixture.store
         switch check {
         case .entryRoundTrip: try await entryRoundTrip(store)

@@ -88,7 +88,7 @@ public struct TokenKey: Hashable, Sendable, Comparable, CustomStringConvertible 
     }
 
     /// Builds a key from values already validated (read back from the store).
-    init(uncheckedKind kind: TokenKind, subjectID: String) {
+    package init(uncheckedKind kind: TokenKind, subjectID: String) {
         self.kind = kind
         self.subjectID = subjectID
     }

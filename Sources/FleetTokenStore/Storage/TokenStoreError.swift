@@ -15,6 +15,7 @@ public struct TokenStoreError: Error, Sendable, Equatable, CustomStringConvertib
             case directoryMissing, directoryNotWritable, notAFile, storeMissing, storeNewerThanBuild
             case storeOlderThanBuild, corrupt, migrationFailed, diskFull, busy, readOnly, closed, sqlite
             case symbolicLink, notOwnedByUser, fileModeTooOpen
+            case databaseUnavailable, database
         }
 
         fileprivate let value: Value
@@ -51,6 +52,10 @@ public struct TokenStoreError: Error, Sendable, Equatable, CustomStringConvertib
         public static let notOwnedByUser = Code(value: .notOwnedByUser)
         /// The store or one of its side files grants access to group or others.
         public static let fileModeTooOpen = Code(value: .fileModeTooOpen)
+        /// A database server (PostgreSQL) could not be reached or did not answer in time.
+        public static let databaseUnavailable = Code(value: .databaseUnavailable)
+        /// A database server (PostgreSQL) refused a statement.
+        public static let database = Code(value: .database)
 
         /// The code's stable name, e.g. `busy`.
         public var description: String { value.rawValue }
@@ -90,11 +95,14 @@ public struct TokenStoreError: Error, Sendable, Equatable, CustomStringConvertib
     public let userID: UInt32?
     /// The permission bits of ``file`` (``Code/fileModeTooOpen``).
     public let mode: Int?
+    /// The server's SQLSTATE code (``Code/database``), e.g. `42P01`.
+    public let sqlState: String?
 
     private init(_ code: Code, path: String, file: String? = nil, reason: String? = nil, storeVersion: Int? = nil,
                  buildVersion: Int? = nil, detail: String? = nil, migrationIdentifier: String? = nil,
                  timeoutSeconds: Double? = nil, sqliteCode: Int32? = nil, sqliteMessage: String? = nil,
-                 target: String? = nil, ownerID: UInt32? = nil, userID: UInt32? = nil, mode: Int? = nil) {
+                 target: String? = nil, ownerID: UInt32? = nil, userID: UInt32? = nil, mode: Int? = nil,
+                 sqlState: String? = nil) {
         self.code = code
         self.path = path
         self.file = file
@@ -110,6 +118,7 @@ public struct TokenStoreError: Error, Sendable, Equatable, CustomStringConvertib
         self.ownerID = ownerID
         self.userID = userID
         self.mode = mode
+        self.sqlState = sqlState
     }
 
     /// The store's directory does not exist and the store was not allowed to create it.
@@ -167,6 +176,17 @@ public struct TokenStoreError: Error, Sendable, Equatable, CustomStringConvertib
         Self(.fileModeTooOpen, path: path, file: file, reason: reason, mode: mode)
     }
 
+    /// The database server (PostgreSQL) at `path` (its URL without a password) could not be
+    /// reached, or did not answer within the statement timeout: `reason` says which.
+    public static func databaseUnavailable(path: String, reason: String) -> Self {
+        Self(.databaseUnavailable, path: path, reason: reason)
+    }
+    /// The database server (PostgreSQL) at `path` refused a statement, with its SQLSTATE code
+    /// and message (never statement arguments).
+    public static func database(path: String, sqlState: String, message: String) -> Self {
+        Self(.database, path: path, reason: message, sqlState: sqlState)
+    }
+
     /// What happened and what to do next.
     public var description: String {
         switch code.value {
@@ -204,6 +224,10 @@ public struct TokenStoreError: Error, Sendable, Equatable, CustomStringConvertib
             "\(file == path ? "token store \(path)" : "\(file ?? ""), a side file of token store \(path),") belongs to uid \(ownerID ?? 0), not to this user (uid \(userID ?? 0)), so its owner could read every token written to it: find out who made it, then remove it or chown it to this user; run every program that opens the store as the store's owner, and keep the store in a directory only that user can write"
         case .fileModeTooOpen where reason == nil:
             "token store file \(file ?? path) has mode \(String(mode ?? 0, radix: 8)), so other users can read its tokens: chmod 600 it (the agent tightens it when it starts)"
+        case .databaseUnavailable:
+            "cannot reach the token database \(path) (\(reason ?? "")): check that the server runs and that the URL, network, TLS settings and credentials are right; an agent keeps serving the tokens it holds and writes again once the database is back"
+        case .database:
+            "the token database \(path) refused a statement: PostgreSQL error \(sqlState ?? "?"): \(reason ?? "")"
         case .fileModeTooOpen:
             "token store file \(file ?? path) has mode \(String(mode ?? 0, radix: 8)) and could not be set to 0600 (\(reason ?? "")), so other users could read its tokens: chmod 600 it as its owner, or keep the store on a file system that keeps Unix modes"
         }

@@ -4,7 +4,7 @@ import Synchronization
 
 /// Gives each subscriber its own `AsyncStream` of the events emitted after it subscribed; a
 /// stream ends when its reader stops or the broadcaster finishes.
-final class EventBroadcaster<Event: Sendable>: Sendable {
+package final class EventBroadcaster<Event: Sendable>: Sendable {
     private struct State: Sendable {
         var continuations: [UInt64: AsyncStream<Event>.Continuation] = [:]
         var nextID: UInt64 = 0
@@ -15,12 +15,12 @@ final class EventBroadcaster<Event: Sendable>: Sendable {
     private let buffering: AsyncStream<Event>.Continuation.BufferingPolicy
 
     /// `buffering` bounds what a slow reader keeps.
-    init(buffering: AsyncStream<Event>.Continuation.BufferingPolicy = .bufferingNewest(10_000)) {
+    package init(buffering: AsyncStream<Event>.Continuation.BufferingPolicy = .bufferingNewest(10_000)) {
         self.buffering = buffering
     }
 
     /// A new stream of what is emitted from now on; already finished when the broadcaster is.
-    func subscribe() -> AsyncStream<Event> {
+    package func subscribe() -> AsyncStream<Event> {
         let (stream, continuation) = AsyncStream<Event>.makeStream(bufferingPolicy: buffering)
         let id: UInt64? = state.withLock { state in
             guard !state.finished else { return nil }
@@ -40,14 +40,14 @@ final class EventBroadcaster<Event: Sendable>: Sendable {
     }
 
     /// Whether any stream is still read.
-    var hasSubscribers: Bool { state.withLock { !$0.continuations.isEmpty } }
+    package var hasSubscribers: Bool { state.withLock { !$0.continuations.isEmpty } }
 
-    func emit(_ event: Event) {
+    package func emit(_ event: Event) {
         emit(contentsOf: [event])
     }
 
     /// Emits `events` in order to every subscriber.
-    func emit(contentsOf events: [Event]) {
+    package func emit(contentsOf events: [Event]) {
         guard !events.isEmpty else { return }
         let continuations = state.withLock { Array($0.continuations.values) }
         for event in events {
@@ -56,7 +56,7 @@ final class EventBroadcaster<Event: Sendable>: Sendable {
     }
 
     /// Ends every stream; later subscribers get an ended one.
-    func finish() {
+    package func finish() {
         let continuations = state.withLock { state in
             state.finished = true
             defer { state.continuations = [:] }

@@ -160,19 +160,21 @@ struct OpenAndMigrationTests {
         #expect(try sqlite3(path, "SELECT count(*) FROM tokens") == "2")
     }
 
-    @Test("every SQL file in Migrations/ is embedded and listed in order")
+    @Test("every SQL file in Migrations/ and Migrations/postgres/ is embedded and listed in order")
     func everyMigrationIsEmbedded() throws {
         let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
             .deletingLastPathComponent().deletingLastPathComponent()
-        let files = try FileManager.default.contentsOfDirectory(atPath: root.appendingPathComponent("Migrations").path)
-            .filter { $0.hasSuffix(".sql") }.sorted()
-        #expect(files.map { String($0.dropLast(4)) } == EmbeddedMigrations.all.map(\.identifier))
-        #expect(EmbeddedMigrations.all.map(\.version) == Array(1...EmbeddedMigrations.all.count))
         let manifest = try String(contentsOf: root.appendingPathComponent("Package.swift"), encoding: .utf8)
-        for file in files { #expect(manifest.contains(".embedInCode(\"\(file)\")")) }
-        for migration in EmbeddedMigrations.all {
-            let onDisk = try String(contentsOf: root.appendingPathComponent("Migrations/\(migration.identifier).sql"), encoding: .utf8)
-            #expect(onDisk == migration.sql)
+        for (folder, listed) in [("", EmbeddedMigrations.all), ("postgres/", EmbeddedMigrations.postgres)] {
+            let files = try FileManager.default.contentsOfDirectory(atPath: root.appendingPathComponent("Migrations/" + folder).path)
+                .filter { $0.hasSuffix(".sql") }.sorted()
+            #expect(files.map { String($0.dropLast(4)) } == listed.map(\.identifier))
+            #expect(listed.map(\.version) == Array(1...listed.count))
+            for file in files { #expect(manifest.contains(".embedInCode(\"\(folder)\(file)\")")) }
+            for migration in listed {
+                let onDisk = try String(contentsOf: root.appendingPathComponent("Migrations/\(folder)\(migration.identifier).sql"), encoding: .utf8)
+                #expect(onDisk == migration.sql)
+            }
         }
     }
 }

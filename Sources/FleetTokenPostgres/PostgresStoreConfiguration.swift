@@ -1,0 +1,97 @@
+// FleetTokenPostgres: how the repository talks to the database (timeouts, pool size, the
+// change feed's reconnect pacing), and the postgres-nio client settings made from it.
+public import FleetTokenStore
+public import Foundation
+import NIOSSL
+import PostgresNIO
+
+/// How ``PostgresTokenRepository`` uses its database.
+public struct PostgresStoreConfiguration: Sendable {
+    /// Where the database is.
+    public var location: PostgresStoreLocation
+    /// A file holding only the password (say, a systemd credential), read at open; comes
+    /// before the URL's password, `PGPASSWORD` and the libpq password file.
+    public var passwordFile: String?
+    /// The server ends any statement running longer (`statement_timeout`), and no operation
+    /// waits longer for a connection: the engine then serves from memory and retries.
+    public var statementTimeout: Duration = .seconds(10)
+    /// How long establishing one connection may take.
+    public var connectTimeout: Duration = .seconds(5)
+    /// Connections in the pool (one more is used by the change feed while it runs).
+    public var maximumConnections: Int = 8
+    /// The change feed's first wait before reconnecting after a lost connection; doubled
+    /// after each failed attempt up to ``feedReconnectMaximum``.
+    public var feedReconnectInitial: Duration = .milliseconds(200)
+    /// The longest wait between the change feed's reconnect attempts.
+    public var feedReconnectMaximum: Duration = .seconds(5)
+    /// The environment the password is looked up in (`PGPASSWORD`, `PGPASSFILE`, `HOME`).
+    public var environment: [String: String] = ProcessInfo.processInfo.environment
+
+    /// A configuration for `location`, with the defaults above.
+    public init(location: PostgresStoreLocation) {
+        self.location = location
+    }
+
+    /// A configuration for the connection URL `url`.
+    /// - Throws: ``PostgresURLError`` when the URL cannot be used.
+    public init(url: String) throws(PostgresURLError) {
+        self.init(location: try PostgresStoreLocation(url: url))
+    }
+
+    /// The postgres-nio client settings; `applicationName` marks this repository's own writes
+    /// in the change feed.
+    func clientConfiguration(applicationName: String) throws(TokenStoreError) -> PostgresClient.Configuration {
+        let password: String?
+        do { password = try location.password(passwordFile: passwordFile, environment: environment) } catch {
+            throw .databaseUnavailable(path: location.description, reason: error.description)
+        }
+        var configuration: PostgresClient.Configuration
+        if let socketPath = location.socketPath {
+            configuration = .init(unixSocketPath: socketPath, username: location.user, password: password,
+                                  database: location.database)
+        } else {
+            configuration = .init(host: location.host ?? "localhost", port: location.port, username: location.user,
+                                  password: password, database: location.database, tls: try tls())
+        }
+        configuration.options.connectTimeout = connectTimeout
+        configuration.options.maximumConnections = max(2, maximumConnections)
+        configuration.options.minimumConnections = 0
+        // Every statement of every connection: the tables live in the configured schema, and
+        // the server ends what runs too long.
+        configuration.options.additionalStartupParameters = [
+            ("search_path", location.schema),
+            ("statement_timeout", String(statementTimeout.components.seconds * 1000
+                                         + statementTimeout.components.attoseconds / 1_000_000_000_000_000)),
+            ("application_name", applicationName),
+        ]
+        return configuration
+    }
+
+    private func tls() throws(TokenStoreError) -> PostgresClient.Configuration.TLS {
+        var tls = TLSConfiguration.makeClientConfiguration()
+        if let ca = location.sslRootCertificate {
+            guard FileManager.default.isReadableFile(atPath: ca) else {
+                throw .databaseUnavailable(path: location.description, reason: "the CA file \(ca) (sslrootcert) cannot be read")
+            }
+            tls.trustRoots = .file(ca)
+        }
+        switch location.sslMode {
+        case .disable:
+            return .disable
+        case .prefer:
+            tls.certificateVerification = .none
+            return .prefer(tls)
+        case .require:
+            // libpq's require: encrypted, the server not verified (unless a CA file is given,
+            // where libpq verifies the chain as verify-ca does).
+            tls.certificateVerification = location.sslRootCertificate == nil ? .none : .noHostnameVerification
+            return .require(tls)
+        case .verifyCA:
+            tls.certificateVerification = .noHostnameVerification
+            return .require(tls)
+        case .verifyFull:
+            tls.certificateVerification = .fullVerification
+            return .require(tls)
+        }
+    }
+}

@@ -1,0 +1,231 @@
+// FleetTokenPostgres: where the token database is, read from a libpq-style connection URL
+// (`postgres://user@host:5432/db?sslmode=verify-full&sslrootcert=/path/ca.pem&schema=fleet`).
+// The password never appears in a description, a log or an error.
+public import FleetTokenStore
+public import Foundation
+
+/// Where a PostgreSQL token store lives and how to reach it, from a connection URL.
+///
+/// Accepted: `postgres://` or `postgresql://`, then `user[:password]@host[:port]/database`, then
+/// query parameters:
+/// - `sslmode`: `disable`, `prefer` (the default), `require` (encrypted, server not verified),
+///   `verify-ca` (the server's certificate chains to `sslrootcert`) or `verify-full` (that,
+///   and the certificate names the host);
+/// - `sslrootcert`: a PEM file of the CA(s) to trust (`verify-ca`, `verify-full`); without it
+///   the system's trust store is used;
+/// - `host`: a directory holding the server's Unix socket (`/var/run/postgresql`), instead of
+///   a TCP host;
+/// - `schema`: the schema holding the store's tables (default `fleet_token_store`), so several
+///   fleets can share one database;
+/// - `passfile`: a libpq password file (`host:port:database:user:password` lines).
+///
+/// The password comes from the URL, else `PGPASSWORD`, else the password file (`passfile`,
+/// `PGPASSFILE` or `~/.pgpass`); ``PostgresStoreConfiguration/passwordFile`` (a file holding
+/// just the password) comes before all of them.
+public struct PostgresStoreLocation: Sendable, Equatable, CustomStringConvertible {
+    /// How the connection is encrypted and what of the server is verified (libpq's names).
+    public enum SSLMode: String, Sendable, Equatable, CaseIterable {
+        case disable, prefer, require
+        case verifyCA = "verify-ca"
+        case verifyFull = "verify-full"
+    }
+
+    /// The TCP host, or nil when ``socketDirectory`` is set.
+    public var host: String?
+    /// The TCP port, also the number in the Unix socket's name.
+    public var port: Int
+    /// The directory of the server's Unix socket, when connecting through one.
+    public var socketDirectory: String?
+    /// The database user.
+    public var user: String
+    /// The database.
+    public var database: String
+    /// The schema holding the store's tables.
+    public var schema: String
+    /// The TLS mode.
+    public var sslMode: SSLMode
+    /// The CA file trusted for the server's certificate.
+    public var sslRootCertificate: String?
+    /// A libpq password file named in the URL.
+    public var passwordFileFromURL: String?
+    /// The password given in the URL; never described.
+    var urlPassword: String?
+
+    /// The default schema.
+    public static let defaultSchema = "fleet_token_store"
+
+    /// True when `text` looks like a PostgreSQL URL (as opposed to a SQLite store path).
+    public static func isPostgresURL(_ text: String) -> Bool {
+        let lower = text.lowercased()
+        return lower.hasPrefix("postgres://") || lower.hasPrefix("postgresql://")
+    }
+
+    /// Reads `url`.
+    /// - Throws: ``PostgresURLError`` naming what is wrong (never the password).
+    public init(url: String) throws(PostgresURLError) {
+        guard Self.isPostgresURL(url) else { throw .notAPostgresURL }
+        // URLComponents wants a host; libpq allows `postgres:///db` and `postgres://user@/db`.
+        guard let components = URLComponents(string: url) else { throw .malformed("not a valid URL") }
+        guard let user = components.user, !user.isEmpty else {
+            throw .malformed("no user: write postgres://USER@HOST:PORT/DATABASE")
+        }
+        self.user = user.removingPercentEncoding ?? user
+        urlPassword = components.password.map { $0.removingPercentEncoding ?? $0 }
+        let hostPart = components.host ?? ""
+        host = hostPart.isEmpty ? nil : hostPart.trimmingCharacters(in: CharacterSet(charactersIn: "[]"))
+        port = components.port ?? 5432
+        guard (1...65535).contains(port) else { throw .malformed("port \(port) is out of range") }
+        let path = components.path.hasPrefix("/") ? String(components.path.dropFirst()) : components.path
+        database = path.isEmpty ? self.user : (path.removingPercentEncoding ?? path)
+        guard !database.contains("/") else { throw .malformed("the database name contains '/'") }
+        schema = Self.defaultSchema
+        sslMode = .prefer
+        for item in components.queryItems ?? [] {
+            let value = item.value ?? ""
+            switch item.name {
+            case "sslmode":
+                guard let mode = SSLMode(rawValue: value) else {
+                    throw .badParameter(name: "sslmode", value: value,
+                                        expected: SSLMode.allCases.map(\.rawValue).joined(separator: ", "))
+                }
+                sslMode = mode
+            case "sslrootcert": sslRootCertificate = value
+            case "host":
+                guard value.hasPrefix("/") else {
+                    throw .badParameter(name: "host", value: value, expected: "an absolute directory holding the server's Unix socket")
+                }
+                socketDirectory = value
+            case "schema":
+                guard Self.isPlainIdentifier(value) else {
+                    throw .badParameter(name: "schema", value: value,
+                                        expected: "a lower-case name of letters, digits and '_' (at most 48 characters), not starting with a digit or pg_")
+                }
+                schema = value
+            case "passfile": passwordFileFromURL = value
+            default:
+                throw .badParameter(name: item.name, value: value,
+                                    expected: "one of sslmode, sslrootcert, host, schema, passfile")
+            }
+        }
+        if socketDirectory == nil && host == nil { host = "localhost" }
+        if socketDirectory != nil && sslMode != .disable && sslMode != .prefer {
+            throw .badParameter(name: "sslmode", value: sslMode.rawValue, expected: "disable or prefer with a Unix socket (TLS runs over TCP)")
+        }
+    }
+
+    /// A schema name used in SQL text without quoting: lower-case letters, digits and `_`.
+    static func isPlainIdentifier(_ name: String) -> Bool {
+        guard let first = name.unicodeScalars.first, name.unicodeScalars.count <= 48,
+              ("a"..."z").contains(first) || first == "_", !name.hasPrefix("pg_") else { return false }
+        return name.unicodeScalars.allSatisfy { ("a"..."z").contains($0) || ("0"..."9").contains($0) || $0 == "_" }
+    }
+
+    /// The Unix socket's path, when connecting through one.
+    public var socketPath: String? {
+        socketDirectory.map { "\($0)/.s.PGSQL.\(port)" }
+    }
+
+    /// The URL without its password, and the schema: for logs, errors and reports.
+    public var description: String {
+        var text = "postgres://\(user)@"
+        if let host { text += host.contains(":") ? "[\(host)]" : host }
+        text += ":\(port)/\(database)"
+        var parameters: [String] = []
+        if let socketDirectory { parameters.append("host=\(socketDirectory)") }
+        if sslMode != .prefer { parameters.append("sslmode=\(sslMode.rawValue)") }
+        if schema != Self.defaultSchema { parameters.append("schema=\(schema)") }
+        if !parameters.isEmpty { text += "?" + parameters.joined(separator: "&") }
+        return text
+    }
+
+    /// Equal when they name the same place the same way (the password is not compared).
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        lhs.description == rhs.description && lhs.sslRootCertificate == rhs.sslRootCertificate
+    }
+
+    /// The password to use: `passwordFile`'s contents, else the URL's, else `PGPASSWORD`, else
+    /// a matching line of the libpq password file; nil when none (trust or peer auth).
+    /// - Throws: ``PostgresURLError/passwordFile(path:reason:)`` when a named file cannot be used.
+    func password(passwordFile: String?, environment: [String: String]) throws(PostgresURLError) -> String? {
+        if let passwordFile {
+            let text: String
+            do { text = try String(contentsOfFile: passwordFile, encoding: .utf8) } catch {
+                throw .passwordFile(path: passwordFile, reason: "cannot be read")
+            }
+            let password = text.trimmingCharacters(in: .newlines)
+            guard !password.isEmpty else { throw .passwordFile(path: passwordFile, reason: "is empty") }
+            return password
+        }
+        if let urlPassword { return urlPassword }
+        if let password = environment["PGPASSWORD"], !password.isEmpty { return password }
+        let named = passwordFileFromURL ?? environment["PGPASSFILE"]
+        let file = named ?? environment["HOME"].map { "\($0)/.pgpass" }
+        guard let file, FileManager.default.fileExists(atPath: file) else {
+            if let named { throw .passwordFile(path: named, reason: "does not exist") }
+            return nil
+        }
+        guard let text = try? String(contentsOfFile: file, encoding: .utf8) else {
+            throw .passwordFile(path: file, reason: "cannot be read")
+        }
+        return PasswordFileLines(text).password(host: socketDirectory ?? host ?? "localhost", port: port,
+                                                database: database, user: user)
+    }
+}
+
+/// The lines of a libpq password file: `host:port:database:user:password`, `*` matching
+/// anything, `\:` and `\\` escaped; the first matching line wins.
+struct PasswordFileLines {
+    let lines: [[String]]
+
+    init(_ text: String) {
+        lines = text.split(whereSeparator: \.isNewline).compactMap { line in
+            guard !line.hasPrefix("#") else { return nil }
+            var fields: [String] = [], field = "", escaped = false
+            for character in line {
+                if escaped { field.append(character); escaped = false }
+                else if character == "\\" { escaped = true }
+                else if character == ":" && fields.count < 4 { fields.append(field); field = "" }
+                else { field.append(character) }
+            }
+            fields.append(field)
+            return fields.count == 5 ? fields : nil
+        }
+    }
+
+    func password(host: String, port: Int, database: String, user: String) -> String? {
+        let wanted = [host, String(port), database, user]
+        return lines.first { fields in zip(fields.prefix(4), wanted).allSatisfy { $0 == "*" || $0 == $1 } }?.last
+    }
+}
+
+/// A connection URL that cannot be used, worded for the operator; never carries the password.
+public struct PostgresURLError: Error, Sendable, Equatable, CustomStringConvertible {
+    enum Reason: Sendable, Equatable {
+        case notAPostgresURL
+        case malformed(String)
+        case badParameter(name: String, value: String, expected: String)
+        case passwordFile(path: String, reason: String)
+    }
+    let reason: Reason
+
+    static let notAPostgresURL = Self(reason: .notAPostgresURL)
+    static func malformed(_ what: String) -> Self { Self(reason: .malformed(what)) }
+    static func badParameter(name: String, value: String, expected: String) -> Self {
+        Self(reason: .badParameter(name: name, value: value, expected: expected))
+    }
+    static func passwordFile(path: String, reason: String) -> Self { Self(reason: .passwordFile(path: path, reason: reason)) }
+
+    /// What is wrong and how to write it instead.
+    public var description: String {
+        switch reason {
+        case .notAPostgresURL:
+            "not a PostgreSQL URL: write postgres://USER@HOST:PORT/DATABASE"
+        case .malformed(let what):
+            "the PostgreSQL URL is malformed (\(what)): write postgres://USER@HOST:PORT/DATABASE?sslmode=..."
+        case .badParameter(let name, let value, let expected):
+            "the PostgreSQL URL's parameter \(name)=\(value) is not accepted: expected \(expected)"
+        case .passwordFile(let path, let reason):
+            "the database password file \(path) \(reason)"
+        }
+    }
+}

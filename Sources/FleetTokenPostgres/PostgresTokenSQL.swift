@@ -1,0 +1,181 @@
+// FleetTokenPostgres: the `tokens` and `refresh_leases` tables' SQL for PostgreSQL: row
+// mapping, filters and the prepared upserts. Every value is a bound parameter; the schema is
+// the connection's search_path, so the text names no schema.
+import FleetTokenStore
+import Foundation
+import PostgresNIO
+
+enum PostgresTokenSQL {
+    /// The columns ``entry(from:)`` reads, in its order.
+    static let entryColumns = """
+        kind, subject_id, token, expires_at, issued_at, fetched_at, last_used_at, failure_count,
+        next_attempt_at, last_error_kind, last_error_message, last_failure_at
+        """
+
+    typealias EntryRow = (String, String, String?, Double?, Double?, Double?, Double?, Int32, Double?, String?, String?, Double?)
+
+    static func entry(from row: PostgresRow) throws -> TokenEntry? {
+        let (kindName, subjectID, value, expires, issued, fetched, lastUsed, failures, nextAttempt, errorKind, errorMessage, lastFailure)
+            = try row.decode(EntryRow.self)
+        guard let kind = TokenKind(rawValue: kindName) else { return nil }
+        let key = TokenKey(uncheckedKind: kind, subjectID: subjectID)
+        var token: StoredToken?
+        if let value, let expires {
+            token = StoredToken(key: key, value: value, expiresAt: Date(timeIntervalSince1970: expires),
+                                issuedAt: issued.map(Date.init(timeIntervalSince1970:)),
+                                fetchedAt: Date(timeIntervalSince1970: fetched ?? expires),
+                                lastUsedAt: lastUsed.map(Date.init(timeIntervalSince1970:)))
+        }
+        var failure: RefreshFailureState?
+        if failures > 0 {
+            failure = RefreshFailureState(
+                consecutiveFailures: Int(failures),
+                nextAttemptAt: nextAttempt.map(Date.init(timeIntervalSince1970:)) ?? .distantPast,
+                lastErrorKind: errorKind ?? "unknown", lastErrorMessage: errorMessage,
+                lastFailureAt: lastFailure.map(Date.init(timeIntervalSince1970:)) ?? .distantPast)
+        }
+        return TokenEntry(key: key, token: token, failure: failure)
+    }
+
+    /// A WHERE clause under construction, numbering its parameters.
+    struct Condition {
+        private(set) var clauses: [String] = []
+        private(set) var bindings = PostgresBindings()
+
+        /// `clause` with `?` for each of `values`, in order.
+        mutating func append(_ clause: String, _ values: [any PostgresNonThrowingEncodable & Sendable]) {
+            var text = ""
+            var remaining = values[...]
+            for character in clause {
+                if character == "?", let value = remaining.popFirst() {
+                    bindings.append(value)
+                    text += "$\(bindings.count)"
+                } else {
+                    text.append(character)
+                }
+            }
+            clauses.append(text)
+        }
+
+        /// The next parameter's placeholder, after binding `value`.
+        mutating func bind(_ value: some PostgresNonThrowingEncodable & Sendable) -> String {
+            bindings.append(value)
+            return "$\(bindings.count)"
+        }
+
+        var whereClause: String { clauses.isEmpty ? "WHERE true" : "WHERE " + clauses.joined(separator: " AND ") }
+    }
+
+    static func condition(for filter: TokenFilter) -> Condition {
+        var condition = Condition()
+        if let kind = filter.kind { condition.append("kind = ?", [kind.rawValue]) }
+        if let subject = filter.subjectID { condition.append("subject_id = ?", [subject]) }
+        switch filter.validity {
+        case .expired(let now): condition.append("expires_at <= ?", [now.timeIntervalSince1970])
+        case .valid(let now): condition.append("expires_at > ?", [now.timeIntervalSince1970])
+        case nil: break
+        }
+        return condition
+    }
+
+    /// Entries dead since before `cutoff` (the SQLite store's rule).
+    static func retiredCondition(before cutoff: Date) -> Condition {
+        var condition = Condition()
+        let seconds = cutoff.timeIntervalSince1970
+        condition.append("coalesce(expires_at, 0) < ?", [seconds])
+        condition.append("(failure_count = 0 OR (coalesce(last_failure_at, 0) < ? AND coalesce(next_attempt_at, 0) < ?))",
+                         [seconds, seconds])
+        return condition
+    }
+
+    /// The status rule of ``TokenStatus`` in SQL (the SQLite store's, with greatest()).
+    /// Parameters: $1 now, $2 soft-point fraction.
+    static let statusSQL = """
+        CASE
+          WHEN token IS NULL THEN 'backoff'
+          WHEN expires_at <= $1 THEN 'expired'
+          WHEN failure_count > 0 AND next_attempt_at > $1 THEN 'backoff'
+          WHEN $1 >= coalesce(issued_at, fetched_at)
+                     + $2 * greatest(0, expires_at - coalesce(issued_at, fetched_at)) THEN 'refresh_due'
+          ELSE 'valid'
+        END
+        """
+
+    /// The upsert's conflict clause: an older token never replaces a newer one.
+    static func onConflict(clearingFailure: Bool) -> String {
+        let resetFailure = clearingFailure
+            ? ", failure_count = 0, next_attempt_at = NULL, last_error_kind = NULL, last_error_message = NULL, last_failure_at = NULL"
+            : ""
+        return """
+            ON CONFLICT (kind, subject_id) DO UPDATE SET
+              token = excluded.token, expires_at = excluded.expires_at, issued_at = excluded.issued_at,
+              fetched_at = excluded.fetched_at,
+              last_used_at = coalesce(excluded.last_used_at, tokens.last_used_at)\(resetFailure)
+            WHERE tokens.token IS NULL OR excluded.expires_at >= tokens.expires_at
+            """
+    }
+
+    /// Many tokens in one statement (group commit): arrays unnested into rows. NaN stands for
+    /// a missing time, since postgres-nio binds no arrays with NULL elements.
+    static func batchUpsertSQL(clearingFailure: Bool) -> String {
+        """
+        INSERT INTO tokens (kind, subject_id, token, expires_at, issued_at, fetched_at, last_used_at)
+        SELECT k, s, t, e, nullif(i, 'NaN'::float8), f, nullif(u, 'NaN'::float8)
+        FROM unnest($1::text[], $2::text[], $3::text[], $4::float8[], $5::float8[], $6::float8[], $7::float8[])
+             AS batch(k, s, t, e, i, f, u)
+        \(onConflict(clearingFailure: clearingFailure))
+        """
+    }
+}
+
+/// One refreshed token, prepared once per connection: the engine's most frequent write.
+struct UpsertClearingFailure: PostgresPreparedStatement {
+    static let name = "fleet_token_upsert_clearing_failure"
+    static let sql = """
+        INSERT INTO tokens (kind, subject_id, token, expires_at, issued_at, fetched_at, last_used_at)
+        VALUES ($1, $2, $3, $4, $5, $6, $7)
+        \(PostgresTokenSQL.onConflict(clearingFailure: true))
+        """
+    static let bindingDataTypes: [PostgresDataType] = [.text, .text, .text, .float8, .float8, .float8, .float8]
+    typealias Row = Void
+
+    let token: StoredToken
+
+    func makeBindings() throws -> PostgresBindings {
+        upsertBindings(token)
+    }
+
+    func decodeRow(_ row: PostgresRow) throws {}
+}
+
+/// As ``UpsertClearingFailure``, keeping the key's failure state.
+struct UpsertKeepingFailure: PostgresPreparedStatement {
+    static let name = "fleet_token_upsert_keeping_failure"
+    static let sql = """
+        INSERT INTO tokens (kind, subject_id, token, expires_at, issued_at, fetched_at, last_used_at)
+        VALUES ($1, $2, $3, $4, $5, $6, $7)
+        \(PostgresTokenSQL.onConflict(clearingFailure: false))
+        """
+    static let bindingDataTypes: [PostgresDataType] = [.text, .text, .text, .float8, .float8, .float8, .float8]
+    typealias Row = Void
+
+    let token: StoredToken
+
+    func makeBindings() throws -> PostgresBindings {
+        upsertBindings(token)
+    }
+
+    func decodeRow(_ row: PostgresRow) throws {}
+}
+
+private func upsertBindings(_ token: StoredToken) -> PostgresBindings {
+    var bindings = PostgresBindings(capacity: 7)
+    bindings.append(token.key.kind.rawValue)
+    bindings.append(token.key.subjectID)
+    bindings.append(token.value)
+    bindings.append(token.expiresAt.timeIntervalSince1970)
+    bindings.append(token.issuedAt?.timeIntervalSince1970)
+    bindings.append(token.fetchedAt.timeIntervalSince1970)
+    bindings.append(token.lastUsedAt?.timeIntervalSince1970)
+    return bindings
+}

@@ -1,0 +1,26 @@
+// FleetTokenPostgresTests' support: configurations for a fresh database on the shared private
+// server, and the repository opened for the length of a test.
+
+import FleetTokenPostgres
+import FleetTokenStore
+import Foundation
+import Logging
+import TestSupportKit
+
+/// A configuration for `database` on `server`, over TCP with TLS verified against the
+/// server's CA, the password given as `PGPASSWORD` would give it.
+func configuration(_ server: PostgresServer, _ database: String, sslmode: String = "verify-full",
+                   schema: String? = nil) throws -> PostgresStoreConfiguration {
+    var url = server.url(database: database, sslmode: sslmode)
+    if let schema { url += "&schema=\(schema)" }
+    var configuration = try PostgresStoreConfiguration(url: url)
+    configuration.environment = ["PGPASSWORD": server.password]
+    configuration.statementTimeout = .seconds(10)
+    return configuration
+}
+
+/// A fresh database on the shared server, and its configuration.
+func freshDatabase(schema: String? = nil) throws -> (server: PostgresServer, database: String, configuration: PostgresStoreConfiguration) {
+    let (server, database) = try PostgresServer.makeDatabase()
+    return (server, database, try configuration(server, database, schema: schema))
+}
