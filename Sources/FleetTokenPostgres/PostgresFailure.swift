@@ -17,7 +17,9 @@ enum PostgresFailure {
                 if state == "57014" {
                     return .databaseUnavailable(path: store, reason: "a statement ran past the statement timeout (\(statementTimeout))")
                 }
-                if state.hasPrefix("08") || state.hasPrefix("57") || state.hasPrefix("53") {
+                // Class 28: the password or the user was refused; 3D000: no such database.
+                if state.hasPrefix("08") || state.hasPrefix("57") || state.hasPrefix("53") || state.hasPrefix("28")
+                    || state == "3D000" {
                     return .databaseUnavailable(path: store, reason: "\(message) (SQLSTATE \(state))")
                 }
                 return .database(path: store, sqlState: state, message: message)

@@ -7,6 +7,16 @@ import Foundation
 import Logging
 import PostgresNIO
 
+/// What opening a PostgreSQL store found and did.
+public struct PostgresOpenReport: Sendable, Equatable {
+    /// The schema was created by this open.
+    public var created: Bool
+    /// The schema version before this open (0 when created).
+    public var schemaVersionBefore: Int
+    /// The schema version after it.
+    public var schemaVersion: Int
+}
+
 /// Applies the embedded PostgreSQL migrations to one schema.
 struct PostgresSchemaMigrator: Sendable {
     let migrations: [EmbeddedMigration]
@@ -40,20 +50,20 @@ struct PostgresSchemaMigrator: Sendable {
         applied.compactMap { EmbeddedMigration(identifier: $0, sql: "")?.version }.max() ?? 0
     }
 
-    /// Checks the schema against this build and, as `mode` allows, creates and migrates it;
-    /// returns the schema version it is left at.
-    func prepare(_ connection: PostgresConnection, mode: StoreOpenMode, logger: Logger) async throws -> Int {
+    /// Checks the schema against this build and, as `mode` allows, creates and migrates it.
+    func prepare(_ connection: PostgresConnection, mode: StoreOpenMode, logger: Logger) async throws -> PostgresOpenReport {
         guard !mode.readOnly && (mode.createIfMissing || mode.applyMigrations) else {
-            return try verify(try await applied(connection, logger: logger), mode: mode)
+            let version = try verify(try await applied(connection, logger: logger), mode: mode)
+            return PostgresOpenReport(created: false, schemaVersionBefore: version, schemaVersion: version)
         }
         // One migrating process per schema at a time, on every host: the others wait here and
         // then find nothing left to do. A session lock, released below or with the connection.
         let lockKey = "fleet_token_store." + schema
         _ = try await connection.query("SELECT pg_advisory_lock(hashtext(\(lockKey)))", logger: logger).collect()
         do {
-            let version = try await migrate(connection, mode: mode, logger: logger)
+            let report = try await migrate(connection, mode: mode, logger: logger)
             _ = try? await connection.query("SELECT pg_advisory_unlock(hashtext(\(lockKey)))", logger: logger).collect()
-            return version
+            return report
         } catch {
             _ = try? await connection.query("SELECT pg_advisory_unlock(hashtext(\(lockKey)))", logger: logger).collect()
             throw error
@@ -80,11 +90,14 @@ struct PostgresSchemaMigrator: Sendable {
         }
     }
 
-    private func migrate(_ connection: PostgresConnection, mode: StoreOpenMode, logger: Logger) async throws -> Int {
+    private func migrate(_ connection: PostgresConnection, mode: StoreOpenMode, logger: Logger) async throws -> PostgresOpenReport {
         let before = try await applied(connection, logger: logger)
         if let before {
             try refuseNewer(before) // left untouched: nothing was written yet
-            if !mode.applyMigrations { return try verify(before, mode: mode) }
+            if !mode.applyMigrations {
+                let version = try verify(before, mode: mode)
+                return PostgresOpenReport(created: false, schemaVersionBefore: version, schemaVersion: version)
+            }
         } else {
             guard mode.createIfMissing else { throw TokenStoreError.storeMissing(path: store) }
             for statement in [
@@ -121,7 +134,8 @@ struct PostgresSchemaMigrator: Sendable {
             ])
             applied.insert(migration.identifier)
         }
-        return Self.version(of: applied)
+        return PostgresOpenReport(created: before == nil, schemaVersionBefore: Self.version(of: before ?? []),
+                                  schemaVersion: Self.version(of: applied))
     }
 }
 

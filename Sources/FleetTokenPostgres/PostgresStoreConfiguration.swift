@@ -38,36 +38,55 @@ public struct PostgresStoreConfiguration: Sendable {
         self.init(location: try PostgresStoreLocation(url: url))
     }
 
-    /// The postgres-nio client settings; `applicationName` marks this repository's own writes
-    /// in the change feed.
-    func clientConfiguration(applicationName: String) throws(TokenStoreError) -> PostgresClient.Configuration {
+    /// The postgres-nio settings for the pool and for one direct connection (opening and
+    /// migrating, where a refusal must be reported at once, not after the pool's retries);
+    /// `applicationName` marks this repository's own writes in the change feed.
+    func clientConfigurations(applicationName: String) throws(TokenStoreError)
+        -> (pool: PostgresClient.Configuration, direct: PostgresConnection.Configuration) {
         let password: String?
         do { password = try location.password(passwordFile: passwordFile, environment: environment) } catch {
             throw .databaseUnavailable(path: location.description, reason: error.description)
         }
-        var configuration: PostgresClient.Configuration
-        if let socketPath = location.socketPath {
-            configuration = .init(unixSocketPath: socketPath, username: location.user, password: password,
-                                  database: location.database)
-        } else {
-            configuration = .init(host: location.host ?? "localhost", port: location.port, username: location.user,
-                                  password: password, database: location.database, tls: try tls())
-        }
-        configuration.options.connectTimeout = connectTimeout
-        configuration.options.maximumConnections = max(2, maximumConnections)
-        configuration.options.minimumConnections = 0
         // Every statement of every connection: the tables live in the configured schema, and
         // the server ends what runs too long.
-        configuration.options.additionalStartupParameters = [
+        let timeout = statementTimeout.components
+        let parameters = [
             ("search_path", location.schema),
-            ("statement_timeout", String(statementTimeout.components.seconds * 1000
-                                         + statementTimeout.components.attoseconds / 1_000_000_000_000_000)),
+            ("statement_timeout", String(timeout.seconds * 1000 + timeout.attoseconds / 1_000_000_000_000_000)),
             ("application_name", applicationName),
         ]
-        return configuration
+        var pool: PostgresClient.Configuration
+        var direct: PostgresConnection.Configuration
+        if let socketPath = location.socketPath {
+            pool = .init(unixSocketPath: socketPath, username: location.user, password: password, database: location.database)
+            direct = .init(unixSocketPath: socketPath, username: location.user, password: password, database: location.database)
+        } else {
+            let host = location.host ?? "localhost"
+            let tls = try tlsConfiguration()
+            pool = .init(host: host, port: location.port, username: location.user, password: password,
+                         database: location.database, tls: tls.map { $0.enforced ? .require($0.settings) : .prefer($0.settings) } ?? .disable)
+            let directTLS: PostgresConnection.Configuration.TLS
+            do {
+                directTLS = try tls.map { $0.enforced ? .require(try NIOSSLContext(configuration: $0.settings))
+                                                      : .prefer(try NIOSSLContext(configuration: $0.settings)) } ?? .disable
+            } catch {
+                throw .databaseUnavailable(path: location.description, reason: "TLS could not be set up: \(error)")
+            }
+            direct = .init(host: host, port: location.port, username: location.user, password: password,
+                           database: location.database, tls: directTLS)
+        }
+        pool.options.connectTimeout = connectTimeout
+        pool.options.maximumConnections = max(2, maximumConnections)
+        pool.options.minimumConnections = 0
+        pool.options.additionalStartupParameters = parameters
+        direct.options.connectTimeout = .nanoseconds(Int64(connectTimeout.components.seconds) * 1_000_000_000
+                                                     + connectTimeout.components.attoseconds / 1_000_000_000)
+        direct.options.additionalStartupParameters = parameters
+        return (pool, direct)
     }
 
-    private func tls() throws(TokenStoreError) -> PostgresClient.Configuration.TLS {
+    /// The TLS settings `sslmode` asks for (nil: none), and whether TLS is required.
+    private func tlsConfiguration() throws(TokenStoreError) -> (settings: TLSConfiguration, enforced: Bool)? {
         var tls = TLSConfiguration.makeClientConfiguration()
         if let ca = location.sslRootCertificate {
             guard FileManager.default.isReadableFile(atPath: ca) else {
@@ -77,21 +96,21 @@ public struct PostgresStoreConfiguration: Sendable {
         }
         switch location.sslMode {
         case .disable:
-            return .disable
+            return nil
         case .prefer:
             tls.certificateVerification = .none
-            return .prefer(tls)
+            return (tls, false)
         case .require:
             // libpq's require: encrypted, the server not verified (unless a CA file is given,
             // where libpq verifies the chain as verify-ca does).
             tls.certificateVerification = location.sslRootCertificate == nil ? .none : .noHostnameVerification
-            return .require(tls)
+            return (tls, true)
         case .verifyCA:
             tls.certificateVerification = .noHostnameVerification
-            return .require(tls)
+            return (tls, true)
         case .verifyFull:
             tls.certificateVerification = .fullVerification
-            return .require(tls)
+            return (tls, true)
         }
     }
 }

@@ -31,6 +31,7 @@ public final class PostgresTokenRepository: TokenRepository, RefreshLeaseStore, 
     private let feed: PostgresChangeFeed
     private let closed = Atomic<Bool>(false)
     private let migrator: PostgresSchemaMigrator
+    private let report = Mutex(PostgresOpenReport(created: false, schemaVersionBefore: 0, schemaVersion: 0))
 
     private init(client: PostgresClient, configuration: PostgresStoreConfiguration, origin: String, logger: Logger) {
         self.client = client
@@ -53,29 +54,48 @@ public final class PostgresTokenRepository: TokenRepository, RefreshLeaseStore, 
         _ body: (PostgresTokenRepository) async throws -> Result
     ) async throws -> Result {
         let origin = "fleet-token-store/" + UUID().uuidString.prefix(8).lowercased()
-        let client = PostgresClient(configuration: try configuration.clientConfiguration(applicationName: origin),
-                                    backgroundLogger: logger.withLevelAtLeast(.warning))
+        let settings = try configuration.clientConfigurations(applicationName: origin)
+        let client = PostgresClient(configuration: settings.pool, backgroundLogger: logger.withLevelAtLeast(.warning))
         let repository = PostgresTokenRepository(client: client, configuration: configuration, origin: origin, logger: logger)
+        try await repository.open(mode: mode, direct: settings.direct)
         return try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask { await client.run() }
             defer {
                 repository.close()
                 group.cancelAll()
             }
-            try await repository.open(mode: mode)
             return try await body(repository)
         }
     }
 
-    private func open(mode: StoreOpenMode) async throws(TokenStoreError) {
+    /// Checks (and as `mode` allows, creates and migrates) the schema over one direct
+    /// connection, so that a refused password or an unreachable server is reported at once.
+    private func open(mode: StoreOpenMode, direct: PostgresConnection.Configuration) async throws(TokenStoreError) {
         let migrator = self.migrator, logger = self.logger
-        let version = try await perform(limit: max(configuration.statementTimeout, .seconds(30))) { client in
-            try await client.withConnection { connection in
-                try await migrator.prepare(connection, mode: mode, logger: logger)
+        let opened: PostgresOpenReport
+        do {
+            opened = try await PostgresFailure.withDeadline(configuration.connectTimeout + max(configuration.statementTimeout, .seconds(30))) {
+                let connection = try await PostgresConnection.connect(configuration: direct, id: 0, logger: logger.withLevelAtLeast(.warning))
+                do {
+                    let report = try await migrator.prepare(connection, mode: mode, logger: logger)
+                    try? await connection.close()
+                    return report
+                } catch {
+                    try? await connection.close()
+                    throw error
+                }
             }
+        } catch {
+            throw PostgresFailure.storeError(error, store: storeDescription, statementTimeout: configuration.statementTimeout)
         }
-        logger.debug("token database opened", metadata: ["store": .string(storeDescription), "schema_version": .stringConvertible(version)])
+        report.withLock { $0 = opened }
+        logger.debug("token database opened", metadata: [
+            "store": .string(storeDescription), "schema_version": .stringConvertible(opened.schemaVersion),
+        ])
     }
+
+    /// What opening the store found and did (for `tokenctl migrate`).
+    public var openReport: PostgresOpenReport { report.withLock { $0 } }
 
     /// Ends the change feed's streams; later calls fail with ``TokenStoreError/Code/closed``.
     /// ``withRepository(_:mode:logger:_:)`` calls it when its closure returns.

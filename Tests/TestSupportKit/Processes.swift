@@ -142,6 +142,12 @@ public final class IssuerProcess: Sendable {
         let object = try JSONSerialization.jsonObject(with: data) as? [String: Int] ?? [:]
         return (object["issued"] ?? -1, object["requests"] ?? -1)
     }
+
+    /// When each subject's tokens were issued, by `kind/id`, from GET /stats/issued.
+    public func issuedTimes() async throws -> [String: [Double]] {
+        let (data, _) = try await URLSession.shared.data(from: URL(string: base + "/stats/issued")!)
+        return try JSONSerialization.jsonObject(with: data) as? [String: [Double]] ?? [:]
+    }
 }
 
 /// Runs a command (an absolute path, then its arguments) to completion and captures its output.

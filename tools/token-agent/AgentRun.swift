@@ -3,6 +3,7 @@
 
 import DevTokenIssuer
 import FleetTokenHTTP
+import FleetTokenPostgres
 import FleetTokenService
 import FleetTokenStore
 import Foundation
@@ -73,6 +74,26 @@ struct AgentRun {
             await issuer?.stop()
             throw ValidationError(OperatorHints.describe(error))
         }
+        if PostgresStoreLocation.isPostgresURL(path) {
+            let configuration: PostgresStoreConfiguration
+            do { configuration = try PostgresStoreConfiguration(url: path) } catch {
+                await client.shutdown()
+                await issuer?.stop()
+                throw ValidationError("\(settings.origins.name("db")): \(error)")
+            }
+            do {
+                try await PostgresTokenRepository.withRepository(configuration, mode: .agent, logger: logger) { store in
+                    logger.notice("token store on PostgreSQL", metadata: ["store": .string(store.storeDescription)])
+                    try await serve(store: store, releaseStoreMemory: {}, closeStore: {})
+                }
+            } catch let error as TokenStoreError {
+                await client.shutdown()
+                await issuer?.stop()
+                FileHandle.standardError.write(Data("token-agent: \(OperatorHints.describe(error))\n".utf8))
+                throw ExitCode(1)
+            }
+            return
+        }
         let store: SQLiteTokenRepository
         do {
             store = try SQLiteTokenRepository(path: path, mode: .agent, logger: logger)
@@ -85,51 +106,58 @@ struct AgentRun {
         if let moved = store.openReport.quarantinedTo {
             FileHandle.standardError.write(Data("token-agent: the token store was corrupt; moved it to \(moved) and started a fresh one\n".utf8))
         }
-        let engine = TokenSyncEngine(repository: store, fetcher: client, policy: settings.policy, logger: logger)
-        let output = AgentOutput(json: settings.json)
-        /// Releases what was opened, for every way out of the run.
-        func close() async {
-            await client.shutdown()
-            store.close()
-            await issuer?.stop()
-        }
+        try await serve(store: store, releaseStoreMemory: { store.releaseMemory() }, closeStore: { store.close() })
 
-        if settings.once {
-            let failed = await OnceRun(engine: engine, keys: keys, output: output).run()
-            await engine.shutdown()
+        /// The engine on `store`, then --once or the long-lived services; every way out
+        /// releases what was opened (`closeStore` closes the store when the run owns it).
+        func serve(store: any TokenRepository & RefreshLeaseStore, releaseStoreMemory: @escaping @Sendable () -> Void,
+                   closeStore: () -> Void) async throws {
+            let engine = TokenSyncEngine(repository: store, fetcher: client, policy: settings.policy, logger: logger)
+            let output = AgentOutput(json: settings.json)
+            /// Releases what was opened, for every way out of the run.
+            func close() async {
+                await client.shutdown()
+                closeStore()
+                await issuer?.stop()
+            }
+
+            if settings.once {
+                let failed = await OnceRun(engine: engine, keys: keys, output: output).run()
+                await engine.shutdown()
+                await close()
+                if failed { throw ExitCode(1) }
+                return
+            }
+            let subjects = ConfiguredSubjects(keys)
+            var services = LongLivedServices()
+            do {
+                services.api = try prepareAPI(engine: engine, keys: keys, demo: issuer != nil, registry: registry, logger: logger)
+                services.sink = try prepareSink(engine: engine, logger: logger)
+            } catch {
+                await close()
+                FileHandle.standardError.write(Data("token-agent: \(OperatorHints.describe(error))\n".utf8))
+                throw ExitCode(1)
+            }
+            let serviceManager = ServiceManagerState(notifier: SystemdNotifier(environment: environment, logger: logger))
+            services.reports = ServiceManagerReports(engine: engine, state: serviceManager, subjects: subjects, logger: logger)
+            if settings.exitOnPermanentError {
+                services.permanentErrors = PermanentErrorWatch(engine: engine, subjects: subjects, attempts: settings.permanentErrorAttempts, logger: logger)
+            }
+            let reloader = AgentReloader(
+                engine: engine, sources: sources, environment: environment, template: template!, demo: issuer != nil,
+                defaultKeys: issuer != nil && configuredKeys.isEmpty ? keys : [], client: client, logLevel: logLevel,
+                serviceManager: serviceManager, subjects: subjects, output: output, logger: logger,
+                api: services.api?.api, settings: settings, lastProposed: settings, trust: TrustFiles(settings))
+            do {
+                try await LongLivedRun(engine: engine, keys: keys, output: output, logger: logger, services: services, reloader: reloader,
+                                       releaseStoreMemory: releaseStoreMemory).run()
+            } catch let refusal as ProviderRefusesEverySubject {
+                await close()
+                FileHandle.standardError.write(Data("token-agent: \(refusal)\n".utf8))
+                throw ExitCode(ProviderRefusesEverySubject.exitCode)
+            }
             await close()
-            if failed { throw ExitCode(1) }
-            return
         }
-        let subjects = ConfiguredSubjects(keys)
-        var services = LongLivedServices()
-        do {
-            services.api = try prepareAPI(engine: engine, keys: keys, demo: issuer != nil, registry: registry, logger: logger)
-            services.sink = try prepareSink(engine: engine, logger: logger)
-        } catch {
-            await close()
-            FileHandle.standardError.write(Data("token-agent: \(OperatorHints.describe(error))\n".utf8))
-            throw ExitCode(1)
-        }
-        let serviceManager = ServiceManagerState(notifier: SystemdNotifier(environment: environment, logger: logger))
-        services.reports = ServiceManagerReports(engine: engine, state: serviceManager, subjects: subjects, logger: logger)
-        if settings.exitOnPermanentError {
-            services.permanentErrors = PermanentErrorWatch(engine: engine, subjects: subjects, attempts: settings.permanentErrorAttempts, logger: logger)
-        }
-        let reloader = AgentReloader(
-            engine: engine, sources: sources, environment: environment, template: template!, demo: issuer != nil,
-            defaultKeys: issuer != nil && configuredKeys.isEmpty ? keys : [], client: client, logLevel: logLevel,
-            serviceManager: serviceManager, subjects: subjects, output: output, logger: logger,
-            api: services.api?.api, settings: settings, lastProposed: settings, trust: TrustFiles(settings))
-        do {
-            try await LongLivedRun(engine: engine, keys: keys, output: output, logger: logger, services: services, reloader: reloader,
-                                   releaseStoreMemory: { store.releaseMemory() }).run()
-        } catch let refusal as ProviderRefusesEverySubject {
-            await close()
-            FileHandle.standardError.write(Data("token-agent: \(refusal)\n".utf8))
-            throw ExitCode(ProviderRefusesEverySubject.exitCode)
-        }
-        await close()
     }
 
     /// The local token API, bound now so that a taken address fails the start.

@@ -40,6 +40,7 @@ enum OperatorHints {
     private static func hint(for error: TokenStoreError) -> String? {
         switch error.code {
         case .directoryMissing, .directoryNotWritable: "--db or TOKEN_STORE_DB sets the store path"
+        case .databaseUnavailable: "--db or TOKEN_STORE_DB sets the database URL"
         case .symbolicLink where error.file == error.path: error.target.map { "--db \($0)" }
         default: nil
         }

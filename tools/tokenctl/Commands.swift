@@ -1,4 +1,5 @@
 import ArgumentParser
+import FleetTokenPostgres
 import FleetTokenStore
 import Foundation
 
@@ -18,11 +19,12 @@ struct List: AsyncParsableCommand {
 
     func run() async throws {
         try await reportingFailures {
-            let repository = try store.open(.readOnly)
-            defer { repository.close() }
             let now = Date()
             let validity: TokenFilter.Validity? = expired ? .expired(asOf: now) : valid ? .valid(asOf: now) : nil
-            let entries = try await repository.list(TokenFilter(kind: kind, subjectID: id, validity: validity), page: .everything)
+            let filter = TokenFilter(kind: kind, subjectID: id, validity: validity)
+            let entries = try await store.withStore(.readOnly) { repository, _ in
+                try await repository.list(filter, page: .everything)
+            }
             if json {
                 printJSON(entries.map { EntryView($0, now: now).json })
             } else {
@@ -49,11 +51,10 @@ struct Show: AsyncParsableCommand {
     func run() async throws {
         try await reportingFailures {
             let key = try validatedKey(kind, id)
-            let repository = try store.open(.readOnly)
-            defer { repository.close() }
-            guard let entry = try await repository.entry(for: key) else {
-                throw Failure("no entry for \(key) in \(repository.path)")
+            let (found, where_) = try await store.withStore(.readOnly) { repository, name in
+                (try await repository.entry(for: key), name)
             }
+            guard let entry = found else { throw Failure("no entry for \(key) in \(where_)") }
             let view = EntryView(entry, now: Date())
             var object = view.json
             object["issued_at"] = iso(entry.token?.issuedAt)
@@ -142,17 +143,12 @@ struct Purge: AsyncParsableCommand {
             if all && !yes && !dryRun {
                 throw Failure("--all removes every entry: add --yes to confirm (nothing was removed)")
             }
-            let repository = try store.open(dryRun ? .readOnly : .adminReadWrite)
-            defer { repository.close() }
             let scope: PurgeScope = includeFailures ? .tokensAndFailureState : .tokens
-            let matched: Int
-            let purged: Int
-            if dryRun {
-                matched = try await repository.count(filter, scope: scope)
-                purged = 0
-            } else {
-                purged = try await withProgress("purging") { try await repository.purge(filter, scope: scope) }
-                matched = purged
+            let filter = self.filter, dryRun = self.dryRun
+            let (matched, purged) = try await store.withStore(dryRun ? .readOnly : .adminReadWrite) { repository, _ in
+                if dryRun { return (try await repository.count(filter, scope: scope), 0) }
+                let purged = try await withProgress("purging") { try await repository.purge(filter, scope: scope) }
+                return (purged, purged)
             }
             if json {
                 printJSON(["matched": matched, "purged": purged])
@@ -173,10 +169,10 @@ struct Stats: AsyncParsableCommand {
 
     func run() async throws {
         try await reportingFailures {
-            let repository = try store.open(.readOnly)
-            defer { repository.close() }
             let now = Date()
-            let stats = try await repository.stats(at: now)
+            let (stats, name) = try await store.withStore(.readOnly) { repository, name in
+                (try await repository.stats(at: now), name)
+            }
             if json {
                 var byKind: [String: [String: Int]] = [:]
                 for (kind, counts) in stats.counts {
@@ -189,7 +185,7 @@ struct Stats: AsyncParsableCommand {
                 ])
                 return
             }
-            print("store           \(repository.path)")
+            print("store           \(name)")
             print("schema version  \(stats.schemaVersion)")
             print("file size       \(stats.fileSizeBytes) bytes")
             print("entries         \(stats.total)")
@@ -213,7 +209,7 @@ struct Check: AsyncParsableCommand {
 
     func run() async throws {
         try await reportingFailures {
-            let report = await SQLiteTokenRepository.check(path: store.path, logger: store.logger)
+            let report = store.isPostgres ? await postgresReport() : await SQLiteTokenRepository.check(path: store.path, logger: store.logger)
             let view = CheckView(report: report)
             if json {
                 printJSON(view.json)
@@ -225,6 +221,20 @@ struct Check: AsyncParsableCommand {
     }
 }
 
+extension Check {
+    /// The database's report; a database that cannot be opened is one problem.
+    private func postgresReport() async -> StoreCheckReport {
+        do {
+            return try await store.withPostgres(.readOnly) { await $0.check() }
+        } catch {
+            let location = (try? PostgresStoreLocation(url: store.path))?.description ?? "the database"
+            return StoreCheckReport(storePath: location, buildSchemaVersion: PostgresTokenRepository.buildSchemaVersion,
+                                    schemaVersion: nil, integrityProblems: nil, backgroundIntegrityFinding: nil,
+                                    files: nil, problems: ["\(error)"])
+        }
+    }
+}
+
 struct Migrate: AsyncParsableCommand {
     static let configuration = CommandConfiguration(abstract: "Create the store if missing and apply pending migrations.")
 
@@ -232,15 +242,26 @@ struct Migrate: AsyncParsableCommand {
 
     func run() async throws {
         try await reportingFailures {
-            let repository = try await withProgress("migrating") { try store.open(.migrate) }
-            defer { repository.close() }
-            let report = repository.openReport
-            if report.created {
-                print("created \(repository.path) at schema version \(report.schemaVersion)")
-            } else if report.schemaVersionBefore == report.schemaVersion {
-                print("\(repository.path) is at schema version \(report.schemaVersion); nothing to do")
+            let (name, created, before, after): (String, Bool, Int, Int)
+            if store.isPostgres {
+                (name, created, before, after) = try await withProgress("migrating") {
+                    try await store.withPostgres(.migrate) { repository in
+                        let report = repository.openReport
+                        return (repository.storeDescription, report.created, report.schemaVersionBefore, report.schemaVersion)
+                    }
+                }
             } else {
-                print("migrated \(repository.path) from schema version \(report.schemaVersionBefore) to \(report.schemaVersion)")
+                let repository = try await withProgress("migrating") { try store.open(.migrate) }
+                defer { repository.close() }
+                let report = repository.openReport
+                (name, created, before, after) = (repository.path, report.created, report.schemaVersionBefore, report.schemaVersion)
+            }
+            if created {
+                print("created \(name) at schema version \(after)")
+            } else if before == after {
+                print("\(name) is at schema version \(after); nothing to do")
+            } else {
+                print("migrated \(name) from schema version \(before) to \(after)")
             }
         }
     }

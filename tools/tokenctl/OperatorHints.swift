@@ -13,6 +13,7 @@ enum OperatorHints {
     private static func hint(for error: TokenStoreError) -> String? {
         switch error.code {
         case .directoryMissing, .directoryNotWritable: "--db or TOKEN_STORE_DB sets the store path"
+        case .databaseUnavailable: "--db or TOKEN_STORE_DB sets the database URL"
         case .storeMissing: "check --db / TOKEN_STORE_DB, or create one with `tokenctl migrate`"
         case .storeOlderThanBuild: "run `tokenctl migrate`, or start the agent, which migrates"
         case .symbolicLink where error.file == error.path: error.target.map { "--db \($0)" }

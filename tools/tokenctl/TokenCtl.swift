@@ -1,6 +1,7 @@
 // tokenctl: list, show, purge, count, check and migrate a token store, safely beside a live agent.
 
 public import ArgumentParser
+import FleetTokenPostgres
 import FleetTokenStore
 import Foundation
 import Logging
@@ -26,7 +27,7 @@ struct TokenCtl: AsyncParsableCommand {
 
 /// Options every subcommand takes.
 struct StoreOptions: ParsableArguments {
-    @Option(help: "The token store (default: $TOKEN_STORE_DB, else ./tokens.sqlite).")
+    @Option(help: "The token store: a SQLite file path, or a postgres://USER@HOST:PORT/DATABASE URL (default: $TOKEN_STORE_DB, else ./tokens.sqlite).")
     var db: String?
 
     var path: String {
@@ -40,7 +41,35 @@ struct StoreOptions: ParsableArguments {
         return logger
     }
 
-    /// Opens the store as `mode` allows, turning store errors into an operator message and exit 1.
+    /// True when ``path`` is a PostgreSQL URL.
+    var isPostgres: Bool { PostgresStoreLocation.isPostgresURL(path) }
+
+    /// Runs `body` with the store opened as `mode` allows (a SQLite file, or a PostgreSQL
+    /// database for the length of the call) and how to name it; store errors become an
+    /// operator message and exit 1.
+    func withStore<T: Sendable>(_ mode: StoreOpenMode, _ body: (any AdminStore, String) async throws -> T) async throws -> T {
+        guard isPostgres else {
+            let repository = try open(mode)
+            defer { repository.close() }
+            return try await body(repository, repository.path)
+        }
+        return try await withPostgres(mode) { try await body($0, $0.storeDescription) }
+    }
+
+    /// Runs `body` with the PostgreSQL store at ``path`` opened as `mode` allows.
+    func withPostgres<T: Sendable>(_ mode: StoreOpenMode, _ body: (PostgresTokenRepository) async throws -> T) async throws -> T {
+        let configuration: PostgresStoreConfiguration
+        do { configuration = try PostgresStoreConfiguration(url: path) } catch {
+            throw ValidationError("--db: \(error)")
+        }
+        do {
+            return try await PostgresTokenRepository.withRepository(configuration, mode: mode, logger: logger, body)
+        } catch let error as TokenStoreError {
+            throw Failure(OperatorHints.describe(error))
+        }
+    }
+
+    /// Opens the SQLite store as `mode` allows, turning store errors into an operator message and exit 1.
     func open(_ mode: StoreOpenMode) throws -> SQLiteTokenRepository {
         do {
             return try SQLiteTokenRepository(path: path, mode: mode, logger: logger)
@@ -49,6 +78,9 @@ struct StoreOptions: ParsableArguments {
         }
     }
 }
+
+/// What every command needs of a store, SQLite or PostgreSQL.
+typealias AdminStore = TokenRepository & TokenStoreAdmin
 
 /// An operational failure: the message goes to stderr and the exit code is 1.
 struct Failure: Error, CustomStringConvertible {

@@ -133,6 +133,11 @@ public final class DevTokenIssuer: Sendable {
             let body = #"{"issued":\#(counters.issued.withLock { $0 }),"requests":\#(counters.requests.withLock { $0 })}"#
             return Response(status: .ok, headers: [.contentType: "application/json"], body: .init(byteBuffer: ByteBuffer(string: body)))
         }
+        router.get("stats/issued") { _, _ in
+            let times = counters.issuedAt.withLock { $0 }
+            let body = (try? JSONSerialization.data(withJSONObject: times, options: [.sortedKeys])) ?? Data("{}".utf8)
+            return Response(status: .ok, headers: [.contentType: "application/json"], body: .init(byteBuffer: ByteBuffer(bytes: body)))
+        }
         let (portStream, portContinuation) = AsyncStream<Int>.makeStream()
         let app = Application(
             router: router,
@@ -203,4 +208,12 @@ public final class DevTokenIssuer: Sendable {
 final class Counters: Sendable {
     let issued = Mutex(0)
     let requests = Mutex(0)
+    /// When each subject's tokens were issued (Unix seconds), for GET /stats/issued: tests of
+    /// several agents check that no key was fetched twice within one token lifetime.
+    let issuedAt = Mutex<[String: [Double]]>([:])
+
+    func noteIssued(kind: String, subject: String, at time: Date) {
+        issued.withLock { $0 += 1 }
+        issuedAt.withLock { $0["\(kind)/\(subject)", default: []].append(time.timeIntervalSince1970) }
+    }
 }

@@ -74,7 +74,7 @@ struct TokenIssuing: Sendable {
         default: break
         }
         var token = try await mint(kind: kind, subject: subject, issuedAt: issuedAt, lifetime: lifetime)
-        counters.issued.withLock { $0 += 1 }
+        counters.noteIssued(kind: kind, subject: id, at: now)
         if fault == .badBase64 {
             let parts = token.split(separator: ".")
             token = "\(parts[0]).%%%not-base64%%%.\(parts[2])"
