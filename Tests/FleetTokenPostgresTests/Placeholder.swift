@@ -1,1 +1,0 @@
-// The PostgreSQL tests; see PostgresServer in TestSupportKit for the private cluster.
