@@ -20,6 +20,10 @@ final class GroupCommitter: Sendable {
 
     private struct State: Sendable {
         var pending: [TokenKey: StoredToken] = [:]
+        /// The keys of the batch being written: still pending for the change feed's
+        /// reconcile, which would otherwise read the store before the write commits and judge
+        /// the token removed by another process.
+        var inFlight: Set<TokenKey> = []
         /// A batch loop is writing; it goes on until nothing is pending.
         var writing = false
         var writeWaiters: [CheckedContinuation<Void, Never>] = []
@@ -68,7 +72,7 @@ final class GroupCommitter: Sendable {
 
     /// Whether a token of `key` waits for its commit.
     func isPending(_ key: TokenKey) -> Bool {
-        state.withLock { $0.pending[key] != nil }
+        state.withLock { $0.pending[key] != nil || $0.inFlight.contains(key) }
     }
 
     /// Drops `key`'s pending token (it was rejected); true when there was one.
@@ -126,6 +130,7 @@ final class GroupCommitter: Sendable {
         while let batch = nextBatch() {
             do {
                 try await repository.upsert(batch, clearFailure: true)
+                state.withLock { $0.inFlight.removeAll(keepingCapacity: true) }
                 health.writeSucceeded()
                 await committed(batch.map(\.key))
                 for token in batch {
@@ -140,6 +145,7 @@ final class GroupCommitter: Sendable {
                 // Keep the newest token per key for the next attempt; memory keeps serving.
                 let stopping = state.withLock { state in
                     for token in batch where state.pending[token.key] == nil { state.pending[token.key] = token }
+                    state.inFlight.removeAll(keepingCapacity: true)
                     return state.stopping
                 }
                 if stopping || Task.isCancelled || state.withLock({ $0.stopping }) { return finishWriting() }
@@ -155,6 +161,7 @@ final class GroupCommitter: Sendable {
         let (batch, waiters) = state.withLock { state -> ([StoredToken]?, [CheckedContinuation<Void, Never>]) in
             guard state.pending.isEmpty else {
                 defer { state.pending.removeAll(keepingCapacity: true) }
+                state.inFlight = Set(state.pending.keys)
                 return (Array(state.pending.values), [])
             }
             return (nil, Self.endLoop(&state))

@@ -1,0 +1,102 @@
+// The store's change feed against the group commit: a token whose write is on its way to the
+// store must not be taken for one another process removed.
+
+import FleetTokenStoreTesting
+import Foundation
+import Synchronization
+import Testing
+import TestSupportKit
+@testable import FleetTokenStore
+
+/// An in-memory store whose batch writes wait at a gate, and whose change feed can be told
+/// to report `.unknown` (as PostgreSQL's does after a lost connection).
+private final class GatedWrites: TokenRepository, RefreshLeaseStore, Sendable {
+    let base = InMemoryTokenRepository()
+    private let gate = Mutex<[CheckedContinuation<Void, Never>]?>(nil)
+    private let feeds = Mutex<[AsyncStream<TokenStoreChange>.Continuation]>([])
+    let writesWaiting = Atomic<Int>(0)
+
+    func closeGate() { gate.withLock { $0 = $0 ?? [] } }
+    func openGate() {
+        let waiters = gate.withLock { gate in defer { gate = nil }; return gate ?? [] }
+        for waiter in waiters { waiter.resume() }
+    }
+    func reportUnknown() { for feed in feeds.withLock({ $0 }) { feed.yield(.unknown) } }
+
+    private func passGate() async {
+        await withCheckedContinuation { (waiter: CheckedContinuation<Void, Never>) in
+            let held = gate.withLock { gate -> Bool in
+                guard gate != nil else { return false }
+                gate!.append(waiter)
+                return true
+            }
+            if held { writesWaiting.add(1, ordering: .relaxed) } else { waiter.resume() }
+        }
+    }
+
+    func entry(for key: TokenKey) async throws(TokenStoreError) -> TokenEntry? { try await base.entry(for: key) }
+    func entries(for keys: [TokenKey]) async throws(TokenStoreError) -> [TokenKey: TokenEntry] { try await base.entries(for: keys) }
+    func upsert(_ token: StoredToken, clearFailure: Bool) async throws(TokenStoreError) {
+        await passGate()
+        try await base.upsert(token, clearFailure: clearFailure)
+    }
+    func upsert(_ tokens: [StoredToken], clearFailure: Bool) async throws(TokenStoreError) {
+        await passGate()
+        try await base.upsert(tokens, clearFailure: clearFailure)
+    }
+    func removeToken(for key: TokenKey) async throws(TokenStoreError) { try await base.removeToken(for: key) }
+    func recordFailure(_ failure: RefreshFailureState, for key: TokenKey) async throws(TokenStoreError) {
+        try await base.recordFailure(failure, for: key)
+    }
+    func changes() -> AsyncStream<TokenStoreChange> {
+        let (stream, continuation) = AsyncStream<TokenStoreChange>.makeStream()
+        feeds.withLock { $0.append(continuation) }
+        return stream
+    }
+    func runBackgroundWork() async {}
+    func followChanges() async {}
+    func acquireRefreshLease(for key: TokenKey, holder: String, now: Date, duration: TimeInterval) async throws(TokenStoreError) -> RefreshLease {
+        try await base.acquireRefreshLease(for: key, holder: holder, now: now, duration: duration)
+    }
+    func takeOverRefreshLease(for key: TokenKey, from deadHolder: String, holder: String, now: Date,
+                              duration: TimeInterval) async throws(TokenStoreError) -> RefreshLease {
+        try await base.takeOverRefreshLease(for: key, from: deadHolder, holder: holder, now: now, duration: duration)
+    }
+    func releaseRefreshLeases(for keys: [TokenKey], holder: String) async throws(TokenStoreError) {
+        try await base.releaseRefreshLeases(for: keys, holder: holder)
+    }
+}
+
+@Suite("The change feed against the group commit")
+struct CommitRaceTests {
+    // Found by the PostgreSQL fault test: after the database came back, the feed's `.unknown`
+    // made the engine re-read a key whose token was being written at that moment; the read
+    // found nothing, the engine judged the token removed by another process and fetched it
+    // again. A batch on its way to the store is as pending as one waiting for its turn.
+    @Test("a token whose write is in flight is not judged removed when the feed says .unknown")
+    func inFlightWriteIsPending() async throws {
+        let time = TestTime()
+        let store = GatedWrites()
+        let fetcher = ScriptedFetcher.minting(time)
+        let engine = TokenSyncEngine(repository: store, fetcher: fetcher, logger: LogRecorder().logger,
+                                     clock: time.clock, now: time.wall)
+        let events = StreamRecorder(engine.events())
+        let running = Task { try await engine.run() }
+        defer { running.cancel() }
+        #expect(await eventually(within: 10) { await engine.isRunning })
+        let key = try TokenKey.vehicle("in-flight")
+        store.closeGate()
+        let token = try await engine.token(for: key)
+        #expect(await eventually(within: 10) { store.writesWaiting.load(ordering: .relaxed) == 1 }, "the write reached the store")
+
+        store.reportUnknown()
+        // The engine re-reads what it holds; give it the time to (wrongly) act.
+        try await Task.sleep(for: .milliseconds(300))
+        #expect(!events.elements.contains(.removedExternally(key: key)))
+        #expect(engine.heldToken(for: key)?.token == token)
+        store.openGate()
+        #expect(await eventually(within: 10) { (try? await store.entry(for: key))?.token == token })
+        #expect(await engine.settle())
+        #expect(fetcher.count(key) == 1)
+    }
+}
