@@ -298,6 +298,7 @@ let package = Package(
                 "FleetTokenStoreTesting",
                 "FleetTokenStore",
                 "FleetTokenPostgres",
+                "FleetTokenMigrations",
                 "token-agent",
                 "tokenctl",
                 "dev-token-server",

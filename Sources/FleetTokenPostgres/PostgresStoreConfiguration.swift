@@ -1,6 +1,7 @@
 // FleetTokenPostgres: how the repository talks to the database (timeouts, pool size, the
 // change feed's reconnect pacing), and the postgres-nio client settings made from it.
 public import FleetTokenStore
+import FleetTokenMigrations
 public import Foundation
 import NIOSSL
 import PostgresNIO
@@ -26,6 +27,8 @@ public struct PostgresStoreConfiguration: Sendable {
     public var feedReconnectMaximum: Duration = .seconds(5)
     /// The environment the password is looked up in (`PGPASSWORD`, `PGPASSFILE`, `HOME`).
     public var environment: [String: String] = ProcessInfo.processInfo.environment
+    /// The migrations applied (tests replace them to build older and newer schemas).
+    var migrations: [EmbeddedMigration] = EmbeddedMigrations.postgres
 
     /// A configuration for `location`, with the defaults above.
     public init(location: PostgresStoreLocation) {

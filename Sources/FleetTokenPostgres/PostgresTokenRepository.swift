@@ -38,7 +38,8 @@ public final class PostgresTokenRepository: TokenRepository, RefreshLeaseStore, 
         self.configuration = configuration
         self.logger = logger
         self.storeDescription = configuration.location.description
-        self.migrator = PostgresSchemaMigrator(schema: configuration.location.schema, store: configuration.location.description)
+        self.migrator = PostgresSchemaMigrator(schema: configuration.location.schema, store: configuration.location.description,
+                                               migrations: configuration.migrations)
         self.feed = PostgresChangeFeed(client: client, schema: configuration.location.schema, origin: origin,
                                        store: configuration.location.description, configuration: configuration, logger: logger)
     }

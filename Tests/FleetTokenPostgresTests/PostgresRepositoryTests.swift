@@ -1,0 +1,234 @@
+// What only the PostgreSQL store does: its connection URL, its schema's migrations between
+// hosts, and an engine on it while the server goes away and comes back.
+
+import FleetTokenMigrations
+import FleetTokenStoreTesting
+import Foundation
+import Logging
+import Testing
+import TestSupportKit
+@testable import FleetTokenPostgres
+@testable import FleetTokenStore
+
+@Suite("PostgresStoreLocation: the connection URL")
+struct PostgresURLTests {
+    @Test("host, port, database, user and defaults; the description never shows the password")
+    func parts() throws {
+        let location = try PostgresStoreLocation(url: "postgres://fleet:s3cr%40t@db.example:6543/tokens?sslmode=verify-full&sslrootcert=/etc/ca.pem&schema=fleet_a")
+        #expect(location.host == "db.example" && location.port == 6543 && location.database == "tokens" && location.user == "fleet")
+        #expect(location.sslMode == .verifyFull && location.sslRootCertificate == "/etc/ca.pem" && location.schema == "fleet_a")
+        #expect(location.urlPassword == "s3cr@t")
+        #expect(location.description == "postgres://fleet@db.example:6543/tokens?sslmode=verify-full&schema=fleet_a")
+        #expect(!location.description.contains("s3cr"))
+
+        let plain = try PostgresStoreLocation(url: "postgresql://agent@localhost/fleet")
+        #expect(plain.port == 5432 && plain.sslMode == .prefer && plain.schema == PostgresStoreLocation.defaultSchema)
+        let socket = try PostgresStoreLocation(url: "postgres://agent@/fleet?host=/run/postgresql")
+        #expect(socket.socketPath == "/run/postgresql/.s.PGSQL.5432" && socket.host == nil)
+        #expect(PostgresStoreLocation.isPostgresURL("postgres://a@b/c") && !PostgresStoreLocation.isPostgresURL("/var/lib/tokens.sqlite"))
+    }
+
+    @Test("bad URLs are refused with what to write instead, never echoing the password", arguments: [
+        ("postgres://db.example/tokens", "no user"),
+        ("postgres://u:pw@h/d?sslmode=maybe", "sslmode=maybe"),
+        ("postgres://u:pw@h/d?schema=Fleet-A", "schema=Fleet-A"),
+        ("postgres://u:pw@h/d?schema=pg_catalog", "schema=pg_catalog"),
+        ("postgres://u:pw@h/d?host=relative/dir", "host=relative/dir"),
+        ("postgres://u:pw@h/d?sslmode=verify-full&host=/run/pg", "Unix socket"),
+        ("postgres://u:pw@h/d?user=x", "user=x"),
+        ("postgres://u:pw@h:99999/d", "out of range"),
+    ])
+    func refused(url: String, says: String) {
+        #expect(throws: PostgresURLError.self) { try PostgresStoreLocation(url: url) }
+        do { _ = try PostgresStoreLocation(url: url) } catch {
+            #expect(error.description.contains(says), "\(error)")
+            #expect(!error.description.contains("pw"), "\(error)")
+        }
+    }
+
+    @Test("the password: a password file first, then the URL, PGPASSWORD, then a matching libpq password file line")
+    func passwordSources() throws {
+        let scratch = Scratch()
+        let file = scratch.file("password")
+        try "from-file\n".write(toFile: file, atomically: true, encoding: .utf8)
+        let pgpass = scratch.file("pgpass")
+        try """
+            # comment
+            other:5432:fleet:agent:not-this
+            db.example:5432:fleet:agent:from-pgpass
+            *:*:*:*:fallback
+            """.write(toFile: pgpass, atomically: true, encoding: .utf8)
+        let withPassword = try PostgresStoreLocation(url: "postgres://agent:from-url@db.example/fleet")
+        let without = try PostgresStoreLocation(url: "postgres://agent@db.example/fleet")
+        #expect(try withPassword.password(passwordFile: file, environment: ["PGPASSWORD": "env"]) == "from-file")
+        #expect(try withPassword.password(passwordFile: nil, environment: ["PGPASSWORD": "env"]) == "from-url")
+        #expect(try without.password(passwordFile: nil, environment: ["PGPASSWORD": "env", "PGPASSFILE": pgpass]) == "env")
+        #expect(try without.password(passwordFile: nil, environment: ["PGPASSFILE": pgpass]) == "from-pgpass")
+        let elsewhere = try PostgresStoreLocation(url: "postgres://agent@elsewhere/fleet?passfile=\(pgpass)")
+        #expect(try elsewhere.password(passwordFile: nil, environment: [:]) == "fallback")
+        #expect(try without.password(passwordFile: nil, environment: ["HOME": scratch.path]) == nil)
+        #expect(throws: PostgresURLError.self) { try without.password(passwordFile: scratch.file("missing"), environment: [:]) }
+        #expect(throws: PostgresURLError.self) {
+            try PostgresStoreLocation(url: "postgres://agent@h/f?passfile=\(scratch.file("none"))").password(passwordFile: nil, environment: [:])
+        }
+    }
+
+    @Test("SQL scripts split at top-level semicolons only")
+    func scriptSplitting() {
+        let script = """
+            -- a comment; with a semicolon
+            CREATE TABLE a (x text DEFAULT 'a;b');
+            CREATE FUNCTION f() RETURNS int LANGUAGE sql AS $body$ SELECT 1; $body$;
+            /* block; comment */ SELECT 'it''s; fine', $1;
+            """
+        #expect(SQLStatements.split(script) == [
+            "CREATE TABLE a (x text DEFAULT 'a;b')",
+            "CREATE FUNCTION f() RETURNS int LANGUAGE sql AS $body$ SELECT 1; $body$",
+            "SELECT 'it''s; fine', $1",
+        ])
+        #expect(SQLStatements.split(EmbeddedMigrations.postgres[0].sql).count >= 5)
+    }
+}
+
+@Suite("PostgreSQL schema migrations between hosts", .enabled(if: PostgresServer.testsEnabled))
+struct PostgresMigrationTests {
+    let logger = Logger(label: "migrations")
+
+    @Test("a schema written by a newer release is refused with the typed error and left untouched")
+    func newerSchemaRefused() async throws {
+        let (server, database, configuration) = try freshDatabase()
+        try await PostgresTokenRepository.withRepository(configuration, logger: logger) { store in
+            try await store.upsert(token(try .vehicle("kept"), expiresIn: 600))
+        }
+        _ = try server.psql("INSERT INTO fleet_token_store.schema_migrations (identifier) VALUES ('V0099__from_the_future')",
+                            database: database)
+        let snapshot = """
+            SELECT (SELECT string_agg(identifier, ',' ORDER BY identifier) FROM fleet_token_store.schema_migrations)
+                || '|' || (SELECT string_agg(kind || '/' || subject_id || '/' || md5(token), ',') FROM fleet_token_store.tokens)
+                || '|' || (SELECT count(*) FROM information_schema.tables WHERE table_schema = 'fleet_token_store')
+            """
+        let before = try server.psql(snapshot, database: database)
+        for mode in [StoreOpenMode.agent, .migrate, .readOnly, .adminReadWrite] {
+            await #expect {
+                try await PostgresTokenRepository.withRepository(configuration, mode: mode, logger: logger) { _ in }
+            } throws: { error in
+                guard let error = error as? TokenStoreError else { return false }
+                return error.code == .storeNewerThanBuild && error.storeVersion == 99 && error.buildVersion == 1
+                    && error.description.contains("newer than this build")
+            }
+        }
+        #expect(try server.psql(snapshot, database: database) == before)
+    }
+
+    @Test("a missing schema is refused by the admin modes and created by the agent's")
+    func missingSchema() async throws {
+        let (_, _, configuration) = try freshDatabase(schema: "fleet_b")
+        for mode in [StoreOpenMode.readOnly, .adminReadWrite] {
+            await #expect {
+                try await PostgresTokenRepository.withRepository(configuration, mode: mode, logger: logger) { _ in }
+            } throws: { ($0 as? TokenStoreError)?.code == .storeMissing }
+        }
+        let report = try await PostgresTokenRepository.withRepository(configuration, mode: .agent, logger: logger) { $0.openReport }
+        #expect(report == PostgresOpenReport(created: true, schemaVersionBefore: 0, schemaVersion: 1))
+    }
+
+    @Test("four hosts opening an old schema at once: each migration runs once, every open succeeds")
+    func concurrentMigrations() async throws {
+        let (server, database, base) = try freshDatabase()
+        var old = base
+        old.migrations = [EmbeddedMigrations.postgres[0]]
+        try await PostgresTokenRepository.withRepository(old, logger: logger) { _ in }
+        // A slow second migration that fails if run twice (the table exists then).
+        var new = base
+        new.migrations = EmbeddedMigrations.postgres + [EmbeddedMigration(identifier: "V0002__test_slow", sql: """
+            SELECT pg_sleep(0.3);
+            CREATE TABLE migrated_once (id integer PRIMARY KEY);
+            INSERT INTO migrated_once VALUES (1);
+            """)!]
+        let newer = new, logger = self.logger
+        let reports = try await withThrowingTaskGroup(of: PostgresOpenReport.self) { group in
+            for _ in 0..<4 {
+                group.addTask { try await PostgresTokenRepository.withRepository(newer, logger: logger) { $0.openReport } }
+            }
+            return try await group.reduce(into: []) { $0.append($1) }
+        }
+        #expect(reports.count == 4 && reports.allSatisfy { $0.schemaVersion == 2 })
+        #expect(reports.filter { $0.schemaVersionBefore == 1 }.count == 1, "\(reports)")
+        #expect(try server.psql("SELECT count(*) FROM fleet_token_store.migrated_once", database: database) == "1")
+        #expect(try server.psql("SELECT count(*) FROM fleet_token_store.schema_migrations", database: database) == "2")
+    }
+
+    @Test("a failing migration is rolled back whole and named; the earlier schema stays")
+    func failingMigration() async throws {
+        let (server, database, base) = try freshDatabase()
+        var broken = base
+        broken.migrations = EmbeddedMigrations.postgres + [EmbeddedMigration(identifier: "V0002__broken", sql: """
+            CREATE TABLE half_done (id integer);
+            SELECT no_such_function();
+            """)!]
+        await #expect {
+            try await PostgresTokenRepository.withRepository(broken, logger: logger) { _ in }
+        } throws: { error in
+            guard let error = error as? TokenStoreError else { return false }
+            return error.code == .migrationFailed && error.migrationIdentifier == "V0002__broken"
+        }
+        #expect(try server.psql("SELECT to_regclass('fleet_token_store.half_done') IS NULL", database: database) == "t")
+        #expect(try server.psql("SELECT string_agg(identifier, ',') FROM fleet_token_store.schema_migrations", database: database)
+                == EmbeddedMigrations.postgres[0].identifier)
+    }
+
+    @Test("four tokenctl migrate processes at once on a new database: one creates, the others find nothing to do")
+    func concurrentMigrateProcesses() async throws {
+        let (server, database) = try PostgresServer.makeDatabase()
+        let scratch = Scratch()
+        let url = server.url(database: database)
+        let results = try await withThrowingTaskGroup(of: (status: Int32, stdout: String, stderr: String).self) { group in
+            for _ in 0..<4 {
+                group.addTask { try await runToEnd("tokenctl", ["migrate", "--db", url], environment: ["PGPASSWORD": server.password], in: scratch) }
+            }
+            return try await group.reduce(into: []) { $0.append($1) }
+        }
+        #expect(results.allSatisfy { $0.status == 0 }, "\(results.map(\.stderr))")
+        #expect(results.filter { $0.stdout.contains("created") }.count == 1, "\(results.map(\.stdout))")
+        #expect(results.filter { $0.stdout.contains("nothing to do") }.count == 3)
+    }
+}
+
+@Suite("An engine on PostgreSQL while the server goes away", .enabled(if: PostgresServer.testsEnabled))
+struct PostgresFaultTests {
+    @Test("the server stopped: tokens are served from memory, a new key is fetched and served, store-degraded is reported; back: store-recovered and the write lands")
+    func serverStopsAndReturns() async throws {
+        let server = try PostgresServer()
+        defer { try? server.stop() }
+        try server.createDatabase("faults")
+        var configuration = try configuration(server, "faults")
+        configuration.statementTimeout = .seconds(2)
+        configuration.connectTimeout = .seconds(1)
+        let fetcher = ScriptedFetcher { key, _ in FetchedToken(value: TestJWT.make(for: key, issuedAt: Date(), lifetime: 3600)) }
+        let log = LogRecorder()
+        try await PostgresTokenRepository.withRepository(configuration, logger: log.logger) { store in
+            let engine = TokenSyncEngine(repository: store, fetcher: fetcher, logger: log.logger)
+            let events = StreamRecorder(engine.events())
+            let running = Task { try await engine.run() }
+            defer { running.cancel() }
+            let held = try TokenKey.vehicle("held"), later = try TokenKey.vehicle("later")
+            let first = try await engine.token(for: held)
+            let stored = "SELECT count(*) FROM fleet_token_store.tokens WHERE token IS NOT NULL"
+            #expect(await eventually(within: 10) { (try? server.psql(stored, database: "faults")) == "1" })
+
+            try server.shutDown(mode: .fast)
+            #expect(try await engine.token(for: held) == first, "a held token is served while the database is down")
+            let second = try await engine.token(for: later)
+            #expect(second.key == later)
+            #expect(await eventually(within: 30) { events.elements.contains { if case .storeDegraded = $0 { true } else { false } } })
+            #expect(try await engine.token(for: later) == second)
+
+            try server.start()
+            #expect(await eventually(within: 60) { events.elements.contains(.storeRecovered) }, "\(log.messages(at: .warning))")
+            #expect(await eventually(within: 10) { (try? server.psql(stored, database: "faults")) == "2" },
+                    "the token fetched while the database was down is written once it is back")
+            #expect(fetcher.count(later) == 1 && fetcher.count(held) == 1)
+            #expect(!log.allText.contains(server.password))
+        }
+    }
+}
