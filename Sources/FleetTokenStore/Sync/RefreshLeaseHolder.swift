@@ -15,14 +15,17 @@ import Darwin
 /// restarted successor — a different holder — would wait out all of them before refetching those
 /// keys. With short-lived tokens that wait is longer than the time left before the floor.
 ///
-/// The name is `pid-<pid>-<random>@<machine>`, where `<machine>` is the kernel's boot id and the
-/// PID namespace, so a PID is only ever judged in the namespace it was taken in. The store only
+/// The name is `<host>/pid-<pid>-<random>@<machine>`: `<host>` is the host name, for the
+/// operator reading a shared database's leases; `<machine>` is the kernel's boot id and the PID
+/// namespace, so a PID is only ever judged in the namespace it was taken in, and a holder on
+/// another host (another boot id) is never judged dead: its lease is waited out. The store only
 /// keeps lease records: the engine judges a holder with ``isDeadProcess(_:)`` and then asks the
 /// store to take the lease over from exactly that holder.
 enum RefreshLeaseHolder {
     /// A new holder name for this process.
     static func make() -> String {
-        let base = "pid-\(getpid())-\(UUID().uuidString.prefix(8))"
+        let host = ProcessInfo.processInfo.hostName.filter { !"/@".contains($0) }
+        let base = (host.isEmpty ? "" : host.prefix(64) + "/") + "pid-\(getpid())-\(UUID().uuidString.prefix(8))"
         guard let machine = machineIdentity else { return base }
         return base + "@" + machine
     }
@@ -33,7 +36,9 @@ enum RefreshLeaseHolder {
     static func isDeadProcess(_ holder: String) -> Bool {
         guard let machine = machineIdentity,
               let at = holder.lastIndex(of: "@"), holder[holder.index(after: at)...] == machine else { return false }
-        let parts = holder[..<at].split(separator: "-")
+        // Older names have no `<host>/` in front.
+        let process = holder[..<at].split(separator: "/").last ?? ""
+        let parts = process.split(separator: "-")
         guard parts.count >= 3, parts[0] == "pid", let pid = pid_t(parts[1]), pid > 0, pid != getpid() else { return false }
         return kill(pid, 0) != 0 && errno == ESRCH
     }
