@@ -49,4 +49,27 @@ struct PostgresToolsTests {
         }
         issuer.process.signal(SIGTERM)
     }
+
+    @Test("--print-config shows a database URL without its password")
+    func printConfigRedactsPassword() async throws {
+        let scratch = Scratch()
+        let result = try await runToEnd("token-agent", ["--db", "postgres://agent:Sup3rSecret@db.example:5432/fleet?sslmode=verify-full",
+                                                        "--vehicle", "v1", "--print-config"], in: scratch)
+        #expect(result.status == 0, "\(result.stderr)")
+        #expect(result.stdout.contains("db: \"postgres://agent:***@db.example:5432/fleet?sslmode=verify-full\""), "\(result.stdout)")
+        #expect(!result.stdout.contains("Sup3rSecret") && !result.stderr.contains("Sup3rSecret"))
+    }
+
+    @Test("an unreachable database: the agent exits 1 at once, naming the URL without its password and what to check")
+    func unreachableDatabase() async throws {
+        let scratch = Scratch()
+        // A port nothing listens on (bound and closed by the harness's free-port probe would do;
+        // port 1 needs privileges to listen on, so nobody does).
+        let result = try await runToEnd("token-agent", ["--db", "postgres://agent:Sup3rSecret@127.0.0.1:1/fleet?sslmode=disable",
+                                                        "--vehicle", "v1"], in: scratch, timeout: 30)
+        #expect(result.status == 1, "\(result.stderr)")
+        #expect(result.stderr.contains("cannot reach the token database postgres://agent@127.0.0.1:1/fleet"), "\(result.stderr)")
+        #expect(result.stderr.contains("--db or TOKEN_STORE_DB sets the database URL"))
+        #expect(!result.stderr.contains("Sup3rSecret") && !result.stdout.contains("Sup3rSecret"))
+    }
 }

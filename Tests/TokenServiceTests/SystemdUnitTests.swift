@@ -48,10 +48,15 @@ struct SystemdUnitTests {
 
     /// Runs verify on `unit` saved as `token-agent.service` in a fresh directory; returns the
     /// problems: the output lines naming the unit (by path or by name), and a failed exit.
-    static func verify(_ unit: String) async throws -> (problems: [String], output: String) {
+    static func verify(_ unit: String, dropIn: String? = nil) async throws -> (problems: [String], output: String) {
         let scratch = Scratch()
         let path = scratch.file("token-agent.service")
         try unit.write(toFile: path, atomically: true, encoding: .utf8)
+        if let dropIn {
+            // verify reads drop-ins from <unit>.d/ beside the unit, as systemd does from /etc.
+            try FileManager.default.createDirectory(atPath: scratch.file("token-agent.service.d"), withIntermediateDirectories: true)
+            try dropIn.write(toFile: scratch.file("token-agent.service.d/postgres.conf"), atomically: true, encoding: .utf8)
+        }
         let executable = try #require(Self.analyzer)
         // --recursive-errors=no: the exit status speaks for this unit, not for whatever state
         // the machine's own units (network-online.target, multi-user.target) are in.
@@ -60,7 +65,7 @@ struct SystemdUnitTests {
                                         in: scratch, timeout: 60)
         let output = result.stdout + result.stderr
         var problems = output.split(separator: "\n").map(String.init)
-            .filter { $0.contains(path) || $0.contains("token-agent.service") }
+            .filter { $0.contains(path) || $0.contains("token-agent.service") || $0.contains("postgres.conf") }
         if result.status != 0 { problems.append("exit status \(result.status)") }
         return (problems, output)
     }
@@ -92,6 +97,22 @@ struct SystemdUnitTests {
         try #require(good.contains(edit.from), "the unit has \(edit.from.trimmingCharacters(in: .newlines))")
         let (problems, output) = try await Self.verify(good.replacingOccurrences(of: edit.from, with: edit.to))
         #expect(problems.contains { $0.contains(edit.reported) }, "systemd-analyze verify: \(output)")
+    }
+
+    static let shippedPostgresDropIn = URL(fileURLWithPath: shippedUnit).deletingLastPathComponent()
+        .appendingPathComponent("token-agent-postgres.conf").path
+
+    @Test("the PostgreSQL drop-in verifies with the unit; a misspelled key in it is reported", .enabled(if: analyzer != nil, skipReason))
+    func postgresDropInVerifies() async throws {
+        let dropIn = try String(contentsOfFile: Self.shippedPostgresDropIn, encoding: .utf8)
+        let (problems, output) = try await Self.verify(try Self.localCopy(), dropIn: dropIn)
+        #expect(problems.isEmpty, "systemd-analyze verify: \(output)")
+        try #require(dropIn.contains("\nLoadCredential="))
+        let broken = try await Self.verify(try Self.localCopy(), dropIn: dropIn.replacingOccurrences(of: "\nLoadCredential=", with: "\nLoadCredentials="))
+        #expect(broken.problems.contains { $0.contains("LoadCredentials") }, "systemd-analyze verify: \(broken.output)")
+        let lines = Set(dropIn.split(separator: "\n").map(String.init))
+        #expect(lines.isSuperset(of: ["LoadCredential=pgpass:/etc/token-agent/pgpass", "Environment=PGPASSFILE=%d/pgpass",
+                                      "StartLimitIntervalSec=0"]))
     }
 
     @Test("the unit states what token-agent relies on")

@@ -56,6 +56,7 @@ struct EffectiveConfiguration {
     /// shape (a password or query values may be credentials); other secrets go whole.
     private func redact(_ value: String, of option: AgentOption) -> String {
         if option.key == "provider-url" { return Self.redactedURL(value) }
+        if option.key == "db" { return Self.redactedDatabasePassword(value) }
         guard option.secret else { return value }
         switch option.key {
         case "header":
@@ -70,6 +71,16 @@ struct EffectiveConfiguration {
 
     /// `https://user:***@host/path/{id}?api_key=<redacted>`: userinfo password and query values
     /// hidden, placeholders kept.
+    /// A PostgreSQL URL's password as `***` (its parameters, such as sslmode, stay: they are
+    /// no secret); a SQLite path as it is.
+    static func redactedDatabasePassword(_ text: String) -> String {
+        guard let scheme = text.range(of: "://"), let at = text[scheme.upperBound...].firstIndex(of: "@"),
+              let colon = text[scheme.upperBound..<at].firstIndex(of: ":") else { return text }
+        var result = text
+        result.replaceSubrange(result.index(after: colon)..<at, with: "***")
+        return result
+    }
+
     static func redactedURL(_ text: String) -> String {
         var result = text
         if let scheme = result.range(of: "://"), let at = result[scheme.upperBound...].firstIndex(of: "@"),
