@@ -25,8 +25,15 @@ public import Foundation
 public struct PostgresStoreLocation: Sendable, Equatable, CustomStringConvertible {
     /// How the connection is encrypted and what of the server is verified (libpq's names).
     public enum SSLMode: String, Sendable, Equatable, CaseIterable {
-        case disable, prefer, require
+        /// No TLS.
+        case disable
+        /// TLS when the server offers it, the server not verified (libpq's default).
+        case prefer
+        /// TLS or no connection; the server verified only when a CA file is given.
+        case require
+        /// TLS, with a server certificate that chains to the CA file (or the system's roots).
         case verifyCA = "verify-ca"
+        /// As ``verifyCA``, and the certificate must name the host: the mode to use across a network.
         case verifyFull = "verify-full"
     }
 

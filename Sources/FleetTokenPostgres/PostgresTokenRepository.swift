@@ -13,11 +13,11 @@ import Synchronization
 ///
 /// Open it with ``withRepository(_:mode:logger:_:)``, which runs the connection pool for the
 /// length of the closure (structured: nothing outlives it). Inside, hand the repository to a
-/// ``TokenSyncEngine`` as its repository and lease store; its `run()` runs the change feed.
+/// `TokenSyncEngine` as its repository and lease store; its `run()` runs the change feed.
 ///
 /// The same tables serve every host; the configured schema (``PostgresStoreLocation/schema``)
 /// lets several fleets share a database. When the database is unreachable, every call fails
-/// within the statement timeout with ``TokenStoreError/Code/databaseUnavailable``, which the
+/// within the statement timeout with `TokenStoreError/Code/databaseUnavailable`, which the
 /// engine reports as `store-degraded` while it goes on serving from memory.
 public final class PostgresTokenRepository: TokenRepository, RefreshLeaseStore, TokenStoreAdmin {
     /// Where the store is, without a password: for logs and reports.
@@ -44,11 +44,11 @@ public final class PostgresTokenRepository: TokenRepository, RefreshLeaseStore, 
                                        store: configuration.location.description, configuration: configuration, logger: logger)
     }
 
-    /// Opens the store described by `configuration` as `mode` allows (``StoreOpenMode/agent``
-    /// creates and migrates the schema; ``StoreOpenMode/readOnly-type.property`` changes
+    /// Opens the store described by `configuration` as `mode` allows (`StoreOpenMode/agent`
+    /// creates and migrates the schema; `StoreOpenMode/readOnly` changes
     /// nothing), runs `body` with it, and closes it: the connection pool runs as a child task
     /// for exactly that long.
-    /// - Throws: ``TokenStoreError`` when the store cannot be opened (unreachable, missing,
+    /// - Throws: `TokenStoreError` when the store cannot be opened (unreachable, missing,
     ///   newer than this build, a failed migration), or what `body` throws.
     public static func withRepository<Result: Sendable>(
         _ configuration: PostgresStoreConfiguration, mode: StoreOpenMode = .agent, logger: Logger,
@@ -98,7 +98,7 @@ public final class PostgresTokenRepository: TokenRepository, RefreshLeaseStore, 
     /// What opening the store found and did (for `tokenctl migrate`).
     public var openReport: PostgresOpenReport { report.withLock { $0 } }
 
-    /// Ends the change feed's streams; later calls fail with ``TokenStoreError/Code/closed``.
+    /// Ends the change feed's streams; later calls fail with `TokenStoreError/Code/closed`.
     /// ``withRepository(_:mode:logger:_:)`` calls it when its closure returns.
     public func close() {
         closed.store(true, ordering: .relaxed)
@@ -151,7 +151,7 @@ public final class PostgresTokenRepository: TokenRepository, RefreshLeaseStore, 
     // MARK: - Engine reads
 
     /// The entry for `key`, or nil.
-    /// - Throws: ``TokenStoreError`` when the database cannot be read.
+    /// - Throws: `TokenStoreError` when the database cannot be read.
     public func entry(for key: TokenKey) async throws(TokenStoreError) -> TokenEntry? {
         var bindings = PostgresBindings()
         bindings.append(key.kind.rawValue)
@@ -161,7 +161,7 @@ public final class PostgresTokenRepository: TokenRepository, RefreshLeaseStore, 
     }
 
     /// The entries for `keys`, in one statement.
-    /// - Throws: ``TokenStoreError`` when the database cannot be read.
+    /// - Throws: `TokenStoreError` when the database cannot be read.
     public func entries(for keys: [TokenKey]) async throws(TokenStoreError) -> [TokenKey: TokenEntry] {
         guard !keys.isEmpty else { return [:] }
         let (kinds, subjects) = Self.keyArrays(Set(keys))
@@ -175,8 +175,8 @@ public final class PostgresTokenRepository: TokenRepository, RefreshLeaseStore, 
         return Dictionary(found.map { ($0.key, $0) }, uniquingKeysWith: { first, _ in first })
     }
 
-    /// Keys dead since before `cutoff` (see ``TokenRepository/retiredKeys(before:after:limit:)``).
-    /// - Throws: ``TokenStoreError`` when the database cannot be read.
+    /// Keys dead since before `cutoff` (see `TokenRepository/retiredKeys(before:after:limit:)`).
+    /// - Throws: `TokenStoreError` when the database cannot be read.
     public func retiredKeys(before cutoff: Date, after: TokenKey?, limit: Int) async throws(TokenStoreError) -> [TokenKey] {
         var condition = PostgresTokenSQL.retiredCondition(before: cutoff)
         if let after { condition.append("(kind, subject_id) > (?, ?)", [after.kind.rawValue, after.subjectID]) }
@@ -213,7 +213,7 @@ public final class PostgresTokenRepository: TokenRepository, RefreshLeaseStore, 
 
     /// Stores `token` in one statement, replacing the key's previous token unless that one
     /// expires later.
-    /// - Throws: ``TokenStoreError``; on failure nothing was written.
+    /// - Throws: `TokenStoreError`; on failure nothing was written.
     public func upsert(_ token: StoredToken, clearFailure: Bool) async throws(TokenStoreError) {
         let logger = self.logger
         try await perform { client in
@@ -227,7 +227,7 @@ public final class PostgresTokenRepository: TokenRepository, RefreshLeaseStore, 
 
     /// Stores `tokens` in one statement (group commit): all or nothing. Of two tokens of one
     /// key, the one expiring later is written.
-    /// - Throws: ``TokenStoreError``; on failure nothing was written.
+    /// - Throws: `TokenStoreError`; on failure nothing was written.
     public func upsert(_ tokens: [StoredToken], clearFailure: Bool) async throws(TokenStoreError) {
         guard !tokens.isEmpty else { return }
         if tokens.count == 1 { return try await upsert(tokens[0], clearFailure: clearFailure) }
@@ -259,7 +259,7 @@ public final class PostgresTokenRepository: TokenRepository, RefreshLeaseStore, 
     }
 
     /// Removes the token of `key`, keeping its failure state (the entry goes when it has none).
-    /// - Throws: ``TokenStoreError``; on failure nothing was changed.
+    /// - Throws: `TokenStoreError`; on failure nothing was changed.
     public func removeToken(for key: TokenKey) async throws(TokenStoreError) {
         var bindings = PostgresBindings()
         bindings.append(key.kind.rawValue)
@@ -273,7 +273,7 @@ public final class PostgresTokenRepository: TokenRepository, RefreshLeaseStore, 
     }
 
     /// Records a failed refresh of `key`.
-    /// - Throws: ``TokenStoreError``; on failure nothing was written.
+    /// - Throws: `TokenStoreError`; on failure nothing was written.
     public func recordFailure(_ failure: RefreshFailureState, for key: TokenKey) async throws(TokenStoreError) {
         var bindings = PostgresBindings()
         bindings.append(key.kind.rawValue)
@@ -295,7 +295,7 @@ public final class PostgresTokenRepository: TokenRepository, RefreshLeaseStore, 
     }
 
     /// Deletes the entries of `keys` still dead since before `cutoff`, in one statement.
-    /// - Throws: ``TokenStoreError``; on failure nothing was deleted.
+    /// - Throws: `TokenStoreError`; on failure nothing was deleted.
     public func deleteRetired(_ keys: [TokenKey], before cutoff: Date) async throws(TokenStoreError) -> Int {
         guard !keys.isEmpty else { return 0 }
         var condition = PostgresTokenSQL.retiredCondition(before: cutoff)
@@ -312,21 +312,21 @@ public final class PostgresTokenRepository: TokenRepository, RefreshLeaseStore, 
     // MARK: - Refresh leases
 
     /// Takes (or renews) `key`'s lease for `holder` unless another holder has it past `now`.
-    /// - Throws: ``TokenStoreError``; on failure no lease was taken.
+    /// - Throws: `TokenStoreError`; on failure no lease was taken.
     public func acquireRefreshLease(for key: TokenKey, holder: String, now: Date,
                                     duration: TimeInterval) async throws(TokenStoreError) -> RefreshLease {
         try await claim(key, holder: holder, replacing: nil, now: now, duration: duration)
     }
 
     /// Takes `key`'s lease from `deadHolder` when it still has it (or the lease is free).
-    /// - Throws: ``TokenStoreError``; on failure no lease was taken.
+    /// - Throws: `TokenStoreError`; on failure no lease was taken.
     public func takeOverRefreshLease(for key: TokenKey, from deadHolder: String, holder: String, now: Date,
                                      duration: TimeInterval) async throws(TokenStoreError) -> RefreshLease {
         try await claim(key, holder: holder, replacing: deadHolder, now: now, duration: duration)
     }
 
     /// Gives up `holder`'s leases on `keys`, in one statement.
-    /// - Throws: ``TokenStoreError``; on failure the leases run until they expire.
+    /// - Throws: `TokenStoreError`; on failure the leases run until they expire.
     public func releaseRefreshLeases(for keys: [TokenKey], holder: String) async throws(TokenStoreError) {
         guard !keys.isEmpty else { return }
         let (kinds, subjects) = Self.keyArrays(Set(keys))
@@ -398,7 +398,7 @@ public final class PostgresTokenRepository: TokenRepository, RefreshLeaseStore, 
     // MARK: - Administration
 
     /// The entries matching `filter`, in (kind, subject id) order, one page at a time.
-    /// - Throws: ``TokenStoreError`` when the database cannot be read.
+    /// - Throws: `TokenStoreError` when the database cannot be read.
     public func list(_ filter: TokenFilter, page: TokenPage) async throws(TokenStoreError) -> [TokenEntry] {
         var condition = PostgresTokenSQL.condition(for: filter)
         if let after = page.after { condition.append("(kind, subject_id) > (?, ?)", [after.kind.rawValue, after.subjectID]) }
@@ -410,7 +410,7 @@ public final class PostgresTokenRepository: TokenRepository, RefreshLeaseStore, 
     }
 
     /// How many entries a purge of `filter` with `scope` would remove.
-    /// - Throws: ``TokenStoreError`` when the database cannot be read.
+    /// - Throws: `TokenStoreError` when the database cannot be read.
     public func count(_ filter: TokenFilter, scope: PurgeScope) async throws(TokenStoreError) -> Int {
         var condition = PostgresTokenSQL.condition(for: filter)
         if scope == .tokens { condition.append("token IS NOT NULL", []) }
@@ -419,7 +419,7 @@ public final class PostgresTokenRepository: TokenRepository, RefreshLeaseStore, 
 
     /// Removes what `scope` names from the entries matching `filter`, in one statement; every
     /// replica hears of it through the change feed.
-    /// - Throws: ``TokenStoreError``; on failure nothing was removed.
+    /// - Throws: `TokenStoreError`; on failure nothing was removed.
     public func purge(_ filter: TokenFilter, scope: PurgeScope) async throws(TokenStoreError) -> Int {
         var condition = PostgresTokenSQL.condition(for: filter)
         switch scope {
@@ -440,7 +440,7 @@ public final class PostgresTokenRepository: TokenRepository, RefreshLeaseStore, 
     }
 
     /// Counts by kind and status at `now`, the schema version and the tables' size on disk.
-    /// - Throws: ``TokenStoreError`` when the database cannot be read.
+    /// - Throws: `TokenStoreError` when the database cannot be read.
     public func stats(at now: Date, policy: RefreshPolicy) async throws(TokenStoreError) -> TokenStoreStats {
         var bindings = PostgresBindings()
         bindings.append(now.timeIntervalSince1970)
@@ -467,7 +467,7 @@ public final class PostgresTokenRepository: TokenRepository, RefreshLeaseStore, 
     }
 
     /// Deletes every entry whose token expired before `date`; returns how many went.
-    /// - Throws: ``TokenStoreError``; on failure nothing was deleted.
+    /// - Throws: `TokenStoreError`; on failure nothing was deleted.
     public func deleteExpired(before date: Date) async throws(TokenStoreError) -> Int {
         var bindings = PostgresBindings()
         bindings.append(date.timeIntervalSince1970)
@@ -476,7 +476,7 @@ public final class PostgresTokenRepository: TokenRepository, RefreshLeaseStore, 
     }
 
     /// Clears `key`'s failure state (its backoff), removing the entry when it has no token.
-    /// - Throws: ``TokenStoreError``; on failure nothing was changed.
+    /// - Throws: `TokenStoreError`; on failure nothing was changed.
     public func clearFailure(for key: TokenKey) async throws(TokenStoreError) {
         var bindings = PostgresBindings()
         bindings.append(key.kind.rawValue)
@@ -490,7 +490,7 @@ public final class PostgresTokenRepository: TokenRepository, RefreshLeaseStore, 
     }
 
     /// The schema version recorded in the database.
-    /// - Throws: ``TokenStoreError`` when the database cannot be read.
+    /// - Throws: `TokenStoreError` when the database cannot be read.
     public func schemaVersion() async throws(TokenStoreError) -> Int {
         let migrator = self.migrator, logger = self.logger
         return try await perform { client in

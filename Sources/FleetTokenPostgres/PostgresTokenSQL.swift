@@ -88,7 +88,7 @@ enum PostgresTokenSQL {
         return condition
     }
 
-    /// The status rule of ``TokenStatus`` in SQL (the SQLite store's, with greatest()).
+    /// The status rule of `TokenStatus` in SQL (the SQLite store's, with greatest()).
     /// Parameters: $1 now, $2 soft-point fraction.
     static let statusSQL = """
         CASE
