@@ -13,8 +13,6 @@ final class PostgresChangeFeed: Sendable {
         var running = false
         /// LISTEN is in force: what commits from now on is delivered.
         var listening = false
-        /// Someone subscribed while nothing listened: the first LISTEN reports `.unknown`.
-        var missedWhileDeaf = false
         var closed = false
     }
 
@@ -38,11 +36,11 @@ final class PostgresChangeFeed: Sendable {
         self.logger = logger
     }
 
+    /// What commits from now on, once listening (not before: a lease wait of an engine without
+    /// `run()` listens for its own length, and reporting `.unknown` at each such start would
+    /// end every wait at once and start it again, LISTEN after LISTEN).
     func subscribe() -> AsyncStream<TokenStoreChange> {
-        state.withLock { state in
-            if !state.listening { state.missedWhileDeaf = true }
-        }
-        return broadcaster.subscribe()
+        broadcaster.subscribe()
     }
 
     /// True while LISTEN is in force (for tests).
@@ -76,17 +74,14 @@ final class PostgresChangeFeed: Sendable {
                     try await connection.listen(on: channel) { notifications in
                         // Queries on one connection run in order: once this answers, LISTEN is in force.
                         _ = try await connection.query("SELECT 1", logger: logger).collect()
-                        let caughtUp = state.withLock { state in
-                            state.listening = true
-                            defer { state.missedWhileDeaf = false }
-                            return state.missedWhileDeaf
-                        }
+                        state.withLock { $0.listening = true }
                         if lostConnection {
+                            // What committed while deaf cannot be itemized: subscribers re-read.
                             logger.notice("token database change feed is back; subscribers re-read what they hold", metadata: [
                                 "store": .string(store),
                             ])
+                            broadcaster.emit(.unknown)
                         }
-                        if caughtUp || lostConnection { broadcaster.emit(.unknown) }
                         delay = configuration.feedReconnectInitial
                         lostConnection = false
                         for try await notification in notifications {

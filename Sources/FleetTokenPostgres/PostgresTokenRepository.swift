@@ -190,8 +190,8 @@ public final class PostgresTokenRepository: TokenRepository, RefreshLeaseStore, 
 
     /// Changes to tokens committed by other repositories (this host's or another's, tokenctl,
     /// psql), delivered at their commit while ``runBackgroundWork()`` or ``followChanges()``
-    /// runs. A stream begun while nothing listened gets `.unknown` once listening begins, and
-    /// every stream gets it after a lost connection is re-established.
+    /// runs and listens; every stream gets `.unknown` after a lost connection is re-established
+    /// (what committed meanwhile cannot be itemized).
     public func changes() -> AsyncStream<TokenStoreChange> {
         feed.subscribe()
     }

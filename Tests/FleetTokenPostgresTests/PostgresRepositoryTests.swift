@@ -232,3 +232,69 @@ struct PostgresFaultTests {
         }
     }
 }
+
+@Suite("The PostgreSQL change feed and leases between engines", .enabled(if: PostgresServer.testsEnabled))
+struct PostgresFeedTests {
+    let logger = Logger(label: "feed")
+
+    @Test("a lost LISTEN connection is re-established; subscribers get .unknown, then changes again")
+    func reconnects() async throws {
+        let (server, database, base) = try freshDatabase()
+        var configuration = base
+        configuration.feedReconnectInitial = .milliseconds(50)
+        try await PostgresTokenRepository.withRepository(configuration, logger: logger) { store in
+            try await PostgresTokenRepository.withRepository(configuration, logger: logger) { other in
+                let work = Task { await store.runBackgroundWork() }
+                defer { work.cancel() }
+                let recorder = StreamRecorder(store.changes())
+                #expect(await eventually(within: 10) { store.isListening })
+                let first = try TokenKey.vehicle("before")
+                try await other.upsert(token(first, expiresIn: 600))
+                #expect(await eventually(within: 5) { recorder.elements.contains(.upserted(first)) })
+
+                // The server ends every session of the database (the listening one among them), as
+                // a restart or a network cut would.
+                let ended = try server.psql("""
+                    SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+                    WHERE datname = '\(database)' AND pid <> pg_backend_pid()
+                    """, database: database)
+                #expect((Int(ended) ?? 0) >= 1)
+                #expect(await eventually(within: 10) { recorder.elements.contains(.unknown) }, "\(recorder.elements)")
+                #expect(await eventually(within: 10) { store.isListening })
+                let second = try TokenKey.vehicle("after")
+                try await other.upsert(token(second, expiresIn: 600))
+                #expect(await eventually(within: 5) { recorder.elements.contains(.upserted(second)) })
+            }
+        }
+    }
+
+    @Test("two engines without run() on one database fetch a missing key once; the waiter ends through the feed")
+    func twoEnginesOneFetch() async throws {
+        let (_, _, configuration) = try freshDatabase()
+        let fetcher = ScriptedFetcher { key, _ in FetchedToken(value: TestJWT.make(for: key, issuedAt: Date(), lifetime: 3600)) }
+        let key = try TokenKey.vehicle("shared")
+        try await PostgresTokenRepository.withRepository(configuration, logger: logger) { first in
+            try await PostgresTokenRepository.withRepository(configuration, logger: logger) { second in
+                let a = TokenSyncEngine(repository: first, fetcher: fetcher, logger: logger)
+                let b = TokenSyncEngine(repository: second, fetcher: fetcher, logger: logger)
+                fetcher.close()
+                async let fromA = a.token(for: key)
+                #expect(await eventually(within: 10) { fetcher.waitingAtGate == 1 })
+                async let fromB = b.token(for: key)
+                #expect(await eventually(within: 10) {
+                    if case .waitingForHolder = b.flightPhase(of: key) { true } else { false }
+                })
+                // b listens for the length of its wait (no run()): a's write reaches it by NOTIFY.
+                #expect(await eventually(within: 10) { second.isListening })
+                fetcher.open()
+                let started = ContinuousClock.now
+                let (tokenA, tokenB) = try await (fromA, fromB)
+                #expect(tokenA.value == tokenB.value)
+                #expect(fetcher.total == 1)
+                #expect(ContinuousClock.now - started < .seconds(5), "the waiter learned the result through the feed, not its lease's expiry")
+                await a.shutdown()
+                await b.shutdown()
+            }
+        }
+    }
+}
