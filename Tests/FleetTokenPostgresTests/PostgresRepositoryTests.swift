@@ -298,3 +298,41 @@ struct PostgresFeedTests {
         }
     }
 }
+
+@Suite("TLS to the database", .enabled(if: PostgresServer.testsEnabled))
+struct PostgresTLSTests {
+    let logger = Logger(label: "tls")
+
+    @Test("sslmode disable, require and verify-full connect as they say; verify-full against another CA is refused, saying so")
+    func modes() async throws {
+        let (server, database) = try PostgresServer.makeDatabase()
+        let sessions = """
+            SELECT coalesce(string_agg(DISTINCT s.ssl::text, ','), '') FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid)
+            WHERE a.datname = '\(database)' AND a.application_name LIKE 'fleet-token-store/%'
+            """
+        for (mode, encrypted) in [("disable", "false"), ("require", "true"), ("verify-full", "true")] {
+            let configuration = try configuration(server, database, sslmode: mode)
+            let seen = try await PostgresTokenRepository.withRepository(configuration, logger: logger) { store in
+                try await store.upsert(token(try .vehicle("tls-\(mode)"), expiresIn: 600))
+                return try server.psql(sessions, database: database)
+            }
+            #expect(seen == encrypted, "sslmode=\(mode): sessions with ssl=\(seen)")
+        }
+
+        // Verified against a CA that did not sign the server's certificate.
+        let scratch = Scratch()
+        let otherCA = scratch.file("other-ca.pem")
+        let made = try runCapturing(["/usr/bin/openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                                     "-nodes", "-keyout", scratch.file("other-ca.key"), "-out", otherCA, "-days", "1",
+                                     "-subj", "/CN=another CA"])
+        try #require(made.status == 0, "\(made.stderr)")
+        var wrong = try PostgresStoreConfiguration(url: "postgres://fleet@127.0.0.1:\(server.port)/\(database)?sslmode=verify-full&sslrootcert=\(otherCA)")
+        wrong.environment = ["PGPASSWORD": server.password]
+        await #expect {
+            try await PostgresTokenRepository.withRepository(wrong, logger: logger) { _ in }
+        } throws: { error in
+            guard let error = error as? TokenStoreError else { return false }
+            return error.code == .databaseUnavailable && !error.description.contains(server.password)
+        }
+    }
+}
