@@ -42,6 +42,21 @@ enum PostgresTokenSQL {
         private(set) var clauses: [String] = []
         private(set) var bindings = PostgresBindings()
 
+        /// The shared clauses (`?` placeholders, values in order), numbered.
+        init(_ shared: TokenConditions = TokenConditions()) {
+            var values = shared.values[...]
+            for clause in shared.clauses {
+                let count = clause.filter { $0 == "?" }.count
+                append(clause, values.prefix(count).map { value -> any PostgresNonThrowingEncodable & Sendable in
+                    switch value {
+                    case .text(let text): text
+                    case .real(let number): number
+                    }
+                })
+                values = values.dropFirst(count)
+            }
+        }
+
         /// `clause` with `?` for each of `values`, in order.
         mutating func append(_ clause: String, _ values: [any PostgresNonThrowingEncodable & Sendable]) {
             var text = ""
@@ -67,25 +82,12 @@ enum PostgresTokenSQL {
     }
 
     static func condition(for filter: TokenFilter) -> Condition {
-        var condition = Condition()
-        if let kind = filter.kind { condition.append("kind = ?", [kind.rawValue]) }
-        if let subject = filter.subjectID { condition.append("subject_id = ?", [subject]) }
-        switch filter.validity {
-        case .expired(let now): condition.append("expires_at <= ?", [now.timeIntervalSince1970])
-        case .valid(let now): condition.append("expires_at > ?", [now.timeIntervalSince1970])
-        case nil: break
-        }
-        return condition
+        Condition(.matching(filter))
     }
 
-    /// Entries dead since before `cutoff` (the SQLite store's rule).
+    /// Entries dead since before `cutoff` (the rule the SQLite store shares).
     static func retiredCondition(before cutoff: Date) -> Condition {
-        var condition = Condition()
-        let seconds = cutoff.timeIntervalSince1970
-        condition.append("coalesce(expires_at, 0) < ?", [seconds])
-        condition.append("(failure_count = 0 OR (coalesce(last_failure_at, 0) < ? AND coalesce(next_attempt_at, 0) < ?))",
-                         [seconds, seconds])
-        return condition
+        Condition(.retired(before: cutoff))
     }
 
     /// The status rule of `TokenStatus` in SQL (the SQLite store's, with greatest()).
@@ -115,6 +117,17 @@ enum PostgresTokenSQL {
             """
     }
 
+    /// One token's upsert (``UpsertClearingFailure``, ``UpsertKeepingFailure``).
+    static func upsertSQL(clearingFailure: Bool) -> String {
+        """
+        INSERT INTO tokens (kind, subject_id, token, expires_at, issued_at, fetched_at, last_used_at)
+        VALUES ($1, $2, $3, $4, $5, $6, $7)
+        \(onConflict(clearingFailure: clearingFailure))
+        """
+    }
+
+    static let upsertBindingTypes: [PostgresDataType] = [.text, .text, .text, .float8, .float8, .float8, .float8]
+
     /// Many tokens in one statement (group commit): arrays unnested into rows. NaN stands for
     /// a missing time, since postgres-nio binds no arrays with NULL elements.
     static func batchUpsertSQL(clearingFailure: Bool) -> String {
@@ -128,54 +141,41 @@ enum PostgresTokenSQL {
     }
 }
 
-/// One refreshed token, prepared once per connection: the engine's most frequent write.
-struct UpsertClearingFailure: PostgresPreparedStatement {
+/// One refreshed token's upsert, prepared once per connection: the engine's most frequent
+/// write. The two statements differ only in whether the key's failure state is cleared.
+protocol TokenUpsertStatement: PostgresPreparedStatement where Row == Void {
+    var token: StoredToken { get }
+}
+
+extension TokenUpsertStatement {
+    static var bindingDataTypes: [PostgresDataType] { PostgresTokenSQL.upsertBindingTypes }
+
+    func makeBindings() throws -> PostgresBindings {
+        var bindings = PostgresBindings(capacity: 7)
+        bindings.append(token.key.kind.rawValue)
+        bindings.append(token.key.subjectID)
+        bindings.append(token.value)
+        bindings.append(token.expiresAt.timeIntervalSince1970)
+        bindings.append(token.issuedAt?.timeIntervalSince1970)
+        bindings.append(token.fetchedAt.timeIntervalSince1970)
+        bindings.append(token.lastUsedAt?.timeIntervalSince1970)
+        return bindings
+    }
+
+    func decodeRow(_ row: PostgresRow) throws {}
+}
+
+/// A refreshed token: the key's failure state is cleared.
+struct UpsertClearingFailure: TokenUpsertStatement {
     static let name = "fleet_token_upsert_clearing_failure"
-    static let sql = """
-        INSERT INTO tokens (kind, subject_id, token, expires_at, issued_at, fetched_at, last_used_at)
-        VALUES ($1, $2, $3, $4, $5, $6, $7)
-        \(PostgresTokenSQL.onConflict(clearingFailure: true))
-        """
-    static let bindingDataTypes: [PostgresDataType] = [.text, .text, .text, .float8, .float8, .float8, .float8]
-    typealias Row = Void
-
+    // Stored, not computed: postgres-nio reads it on every execution.
+    static let sql = PostgresTokenSQL.upsertSQL(clearingFailure: true)
     let token: StoredToken
-
-    func makeBindings() throws -> PostgresBindings {
-        upsertBindings(token)
-    }
-
-    func decodeRow(_ row: PostgresRow) throws {}
 }
 
-/// As ``UpsertClearingFailure``, keeping the key's failure state.
-struct UpsertKeepingFailure: PostgresPreparedStatement {
+/// A token stored while the key's failure state stays.
+struct UpsertKeepingFailure: TokenUpsertStatement {
     static let name = "fleet_token_upsert_keeping_failure"
-    static let sql = """
-        INSERT INTO tokens (kind, subject_id, token, expires_at, issued_at, fetched_at, last_used_at)
-        VALUES ($1, $2, $3, $4, $5, $6, $7)
-        \(PostgresTokenSQL.onConflict(clearingFailure: false))
-        """
-    static let bindingDataTypes: [PostgresDataType] = [.text, .text, .text, .float8, .float8, .float8, .float8]
-    typealias Row = Void
-
+    static let sql = PostgresTokenSQL.upsertSQL(clearingFailure: false)
     let token: StoredToken
-
-    func makeBindings() throws -> PostgresBindings {
-        upsertBindings(token)
-    }
-
-    func decodeRow(_ row: PostgresRow) throws {}
-}
-
-private func upsertBindings(_ token: StoredToken) -> PostgresBindings {
-    var bindings = PostgresBindings(capacity: 7)
-    bindings.append(token.key.kind.rawValue)
-    bindings.append(token.key.subjectID)
-    bindings.append(token.value)
-    bindings.append(token.expiresAt.timeIntervalSince1970)
-    bindings.append(token.issuedAt?.timeIntervalSince1970)
-    bindings.append(token.fetchedAt.timeIntervalSince1970)
-    bindings.append(token.lastUsedAt?.timeIntervalSince1970)
-    return bindings
 }

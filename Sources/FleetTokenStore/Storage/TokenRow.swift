@@ -10,6 +10,16 @@ enum TokenRow {
         private(set) var clauses: [String] = []
         private(set) var arguments: [DatabaseValue] = []
 
+        init(_ shared: TokenConditions = TokenConditions()) {
+            clauses = shared.clauses
+            arguments = shared.values.map { value in
+                switch value {
+                case .text(let text): text.databaseValue
+                case .real(let number): number.databaseValue
+                }
+            }
+        }
+
         mutating func append(_ clause: String, _ values: [any DatabaseValueConvertible]) {
             clauses.append(clause)
             arguments.append(contentsOf: values.map(\.databaseValue))
@@ -19,26 +29,12 @@ enum TokenRow {
     }
 
     static func condition(for filter: TokenFilter) -> Condition {
-        var condition = Condition()
-        if let kind = filter.kind { condition.append("kind = ?", [kind.rawValue]) }
-        if let subject = filter.subjectID { condition.append("subject_id = ?", [subject]) }
-        switch filter.validity {
-        case .expired(let now): condition.append("expires_at <= ?", [now.timeIntervalSince1970])
-        case .valid(let now): condition.append("expires_at > ?", [now.timeIntervalSince1970])
-        case nil: break
-        }
-        return condition
+        Condition(.matching(filter))
     }
 
-    /// Entries dead since before `cutoff`: no token, or one that expired before it, and no
-    /// failure or planned retry after it (a key still being retried is someone's, and its
-    /// backoff must survive).
+    /// Entries dead since before `cutoff` (``TokenConditions/retired(before:)``).
     static func retiredCondition(before cutoff: Date) -> Condition {
-        var condition = Condition()
-        condition.append("coalesce(expires_at, 0) < ?", [cutoff.timeIntervalSince1970])
-        condition.append("(failure_count = 0 OR (coalesce(last_failure_at, 0) < ? AND coalesce(next_attempt_at, 0) < ?))",
-                         [cutoff.timeIntervalSince1970, cutoff.timeIntervalSince1970])
-        return condition
+        Condition(.retired(before: cutoff))
     }
 
     /// The status rule of ``TokenStatus/init(token:failure:at:policy:)`` in SQL, for counting

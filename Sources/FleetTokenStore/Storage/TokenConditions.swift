@@ -1,0 +1,49 @@
+// Storage layer: the WHERE conditions over the `tokens` table that every SQL store shares
+// (SQLite here, PostgreSQL in FleetTokenPostgres): which rows a filter selects and which entries
+// are retired. Clauses carry `?` for each value; each store binds them its own way.
+package import Foundation
+
+/// A value bound to a parameter of a ``TokenConditions`` clause.
+package enum TokenSQLValue: Sendable, Equatable {
+    case text(String)
+    case real(Double)
+}
+
+/// WHERE clauses over the `tokens` table, with `?` for each of ``values`` in order.
+package struct TokenConditions: Sendable, Equatable {
+    package private(set) var clauses: [String] = []
+    package private(set) var values: [TokenSQLValue] = []
+
+    package init() {}
+
+    /// Adds `clause`, whose `?` placeholders take `values` in order.
+    package mutating func append(_ clause: String, _ values: [TokenSQLValue]) {
+        clauses.append(clause)
+        self.values += values
+    }
+
+    /// The rows `filter` selects.
+    package static func matching(_ filter: TokenFilter) -> Self {
+        var conditions = Self()
+        if let kind = filter.kind { conditions.append("kind = ?", [.text(kind.rawValue)]) }
+        if let subject = filter.subjectID { conditions.append("subject_id = ?", [.text(subject)]) }
+        switch filter.validity {
+        case .expired(let now): conditions.append("expires_at <= ?", [.real(now.timeIntervalSince1970)])
+        case .valid(let now): conditions.append("expires_at > ?", [.real(now.timeIntervalSince1970)])
+        case nil: break
+        }
+        return conditions
+    }
+
+    /// Entries dead since before `cutoff`: no token, or one that expired before it, and no
+    /// failure or planned retry after it (a key still being retried is someone's, and its
+    /// backoff must survive).
+    package static func retired(before cutoff: Date) -> Self {
+        var conditions = Self()
+        let seconds = cutoff.timeIntervalSince1970
+        conditions.append("coalesce(expires_at, 0) < ?", [.real(seconds)])
+        conditions.append("(failure_count = 0 OR (coalesce(last_failure_at, 0) < ? AND coalesce(next_attempt_at, 0) < ?))",
+                          [.real(seconds), .real(seconds)])
+        return conditions
+    }
+}
