@@ -15,6 +15,8 @@ let package = Package(
         .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.28.0"),
         .package(url: "https://github.com/apple/swift-http-types", from: "1.0.0"),
         .package(url: "https://github.com/apple/swift-nio", from: "2.101.0"),
+        // The raw baseline of the PostgreSQL figures: the client the repository is built on.
+        .package(url: "https://github.com/vapor/postgres-nio", from: "1.33.0"),
     ],
     targets: [
         // Fixtures shared by the benchmarks and the measurements: stores, tokens, the raw SQLite baseline.
@@ -93,6 +95,21 @@ let package = Package(
                 .product(name: "FleetTokenStore", package: "FleetTokenStore"),
             ],
             path: "Sources/PersistPair"
+        ),
+        // The PostgreSQL figures against a server given by --url: the repository's upserts
+        // against raw postgres-nio (alternating blocks) and fetches per key per lifetime of
+        // three engines on one database. Prints JSON like the above.
+        .executableTarget(
+            name: "token-store-postgres-measurements",
+            dependencies: [
+                "BenchmarkSupport",
+                .product(name: "FleetTokenStore", package: "FleetTokenStore"),
+                .product(name: "FleetTokenPostgres", package: "FleetTokenStore"),
+                .product(name: "FleetTokenStoreTesting", package: "FleetTokenStore"),
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            path: "Sources/PostgresMeasurements"
         ),
         // One path in a loop, for counting its instructions under valgrind's callgrind.
         .executableTarget(
