@@ -18,6 +18,11 @@ public struct PostgresStoreConfiguration: Sendable {
     public var statementTimeout: Duration = .seconds(10)
     /// How long establishing one connection may take.
     public var connectTimeout: Duration = .seconds(5)
+    /// How long a call waits for a pooled connection before checking, with one direct
+    /// connection attempt, whether the database is there at all. When it is not, the call and
+    /// every call after it fail at once (one a second tries again) instead of waiting out the
+    /// statement timeout: a refresh then goes on without its lease instead of waiting.
+    public var connectionWait: Duration = .seconds(1)
     /// Connections in the pool (one more is used by the change feed while it runs).
     public var maximumConnections: Int = 8
     /// The change feed's first wait before reconnecting after a lost connection; doubled

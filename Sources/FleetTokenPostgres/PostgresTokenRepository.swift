@@ -32,9 +32,13 @@ public final class PostgresTokenRepository: TokenRepository, RefreshLeaseStore, 
     private let closed = Atomic<Bool>(false)
     private let migrator: PostgresSchemaMigrator
     private let report = Mutex(PostgresOpenReport(created: false, schemaVersionBefore: 0, schemaVersion: 0))
+    private let availability: PostgresAvailability
 
-    private init(client: PostgresClient, configuration: PostgresStoreConfiguration, origin: String, logger: Logger) {
+    private init(client: PostgresClient, direct: PostgresConnection.Configuration, configuration: PostgresStoreConfiguration,
+                 origin: String, logger: Logger) {
         self.client = client
+        self.availability = PostgresAvailability(direct: direct, store: configuration.location.description,
+                                                 statementTimeout: configuration.statementTimeout, logger: logger)
         self.configuration = configuration
         self.logger = logger
         self.storeDescription = configuration.location.description
@@ -57,7 +61,8 @@ public final class PostgresTokenRepository: TokenRepository, RefreshLeaseStore, 
         let origin = "fleet-token-store/" + UUID().uuidString.prefix(8).lowercased()
         let settings = try configuration.clientConfigurations(applicationName: origin)
         let client = PostgresClient(configuration: settings.pool, backgroundLogger: logger.withLevelAtLeast(.warning))
-        let repository = PostgresTokenRepository(client: client, configuration: configuration, origin: origin, logger: logger)
+        let repository = PostgresTokenRepository(client: client, direct: settings.direct, configuration: configuration,
+                                                 origin: origin, logger: logger)
         try await repository.open(mode: mode, direct: settings.direct)
         return try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask { await client.run() }
@@ -107,28 +112,50 @@ public final class PostgresTokenRepository: TokenRepository, RefreshLeaseStore, 
 
     // MARK: - Running operations
 
-    /// Runs `operation` on the client under the statement timeout (a pool waiting for a server
-    /// that is down would otherwise hold the caller), with its failure as a store error.
-    private func perform<T: Sendable>(limit: Duration? = nil,
-                                      _ operation: @escaping @Sendable (PostgresClient) async throws -> T) async throws(TokenStoreError) -> T {
+    /// Runs `operation` on a pooled connection, with its failure as a store error. It fails at
+    /// once while the database is known to be down (see `PostgresAvailability`); a connection
+    /// not leased within ``PostgresStoreConfiguration/connectionWait`` makes it find out; the
+    /// whole call is bounded by the statement timeout (the server ends the statement then too).
+    private func perform<T: Sendable>(_ operation: @escaping @Sendable (PostgresConnection) async throws -> T) async throws(TokenStoreError) -> T {
         guard !closed.load(ordering: .relaxed) else { throw .closed(path: storeDescription) }
-        let client = self.client
+        try await availability.admit()
+        let client = self.client, availability = self.availability
+        let wait = configuration.connectionWait, limit = configuration.statementTimeout + .seconds(1)
+        let leased = LeaseFlag()
         do {
-            return try await PostgresFailure.withDeadline(limit ?? configuration.statementTimeout + .seconds(1)) {
-                try await operation(client)
+            return try await withThrowingTaskGroup(of: T?.self) { group in
+                group.addTask {
+                    try await client.withConnection { connection in
+                        leased.set()
+                        return try await operation(connection)
+                    }
+                }
+                group.addTask {
+                    let deadline = ContinuousClock.now + limit
+                    try await Task.sleep(for: wait)
+                    if !leased.isSet, let down = await availability.connectionIsSlow() { throw down }
+                    try await Task.sleep(until: deadline, clock: .continuous)
+                    return nil
+                }
+                defer { group.cancelAll() }
+                guard let first = try await group.next(), let value = first else { throw PostgresFailure.DeadlinePassed() }
+                return value
             }
         } catch {
             throw PostgresFailure.storeError(error, store: storeDescription, statementTimeout: configuration.statementTimeout)
         }
     }
 
+    /// True while the database is judged down and calls fail at once (for tests).
+    package var isJudgedDown: Bool { availability.isDown }
+
     /// Runs `sql` with `bindings`, returning each row through `decode`.
     private func rows<T: Sendable>(_ sql: String, _ bindings: PostgresBindings = PostgresBindings(),
                                    _ decode: @escaping @Sendable (PostgresRow) throws -> T?) async throws(TokenStoreError) -> [T] {
         let logger = self.logger
-        return try await perform { client in
+        return try await perform { connection in
             var found: [T] = []
-            for try await row in try await client.query(PostgresQuery(unsafeSQL: sql, binds: bindings), logger: logger) {
+            for try await row in try await connection.query(PostgresQuery(unsafeSQL: sql, binds: bindings), logger: logger) {
                 if let value = try decode(row) { found.append(value) }
             }
             return found
@@ -216,11 +243,11 @@ public final class PostgresTokenRepository: TokenRepository, RefreshLeaseStore, 
     /// - Throws: `TokenStoreError`; on failure nothing was written.
     public func upsert(_ token: StoredToken, clearFailure: Bool) async throws(TokenStoreError) {
         let logger = self.logger
-        try await perform { client in
+        try await perform { connection in
             if clearFailure {
-                _ = try await client.execute(UpsertClearingFailure(token: token), logger: logger).reduce(()) { _, _ in }
+                _ = try await connection.execute(UpsertClearingFailure(token: token), logger: logger).reduce(()) { _, _ in }
             } else {
-                _ = try await client.execute(UpsertKeepingFailure(token: token), logger: logger).reduce(()) { _, _ in }
+                _ = try await connection.execute(UpsertKeepingFailure(token: token), logger: logger).reduce(()) { _, _ in }
             }
         }
     }
@@ -354,8 +381,7 @@ public final class PostgresTokenRepository: TokenRepository, RefreshLeaseStore, 
         bindings.append(now.addingTimeInterval(duration).timeIntervalSince1970)
         bindings.append(replacing ?? holder)
         let claimBindings = bindings, logger = self.logger
-        let answer: (claimed: Bool, holder: String?, until: Double?, entry: TokenEntry?) = try await perform { client in
-            try await client.withConnection { connection in
+        let answer: (claimed: Bool, holder: String?, until: Double?, entry: TokenEntry?) = try await perform { connection in
                 let claimed = try await connection.query(PostgresQuery(unsafeSQL: """
                     INSERT INTO refresh_leases AS lease (kind, subject_id, holder, acquired_at, expires_at)
                     VALUES ($1, $2, $3, $4, $5)
@@ -385,7 +411,6 @@ public final class PostgresTokenRepository: TokenRepository, RefreshLeaseStore, 
                     entry = try PostgresTokenSQL.entry(from: row)
                 }
                 return (!claimed.isEmpty, other?.0, other?.1, entry)
-            }
         }
         if answer.claimed { return .acquired(current: answer.entry) }
         guard let other = answer.holder, let until = answer.until else {
@@ -493,10 +518,8 @@ public final class PostgresTokenRepository: TokenRepository, RefreshLeaseStore, 
     /// - Throws: `TokenStoreError` when the database cannot be read.
     public func schemaVersion() async throws(TokenStoreError) -> Int {
         let migrator = self.migrator, logger = self.logger
-        return try await perform { client in
-            try await client.withConnection { connection in
-                PostgresSchemaMigrator.version(of: try await migrator.applied(connection, logger: logger) ?? [])
-            }
+        return try await perform { connection in
+            PostgresSchemaMigrator.version(of: try await migrator.applied(connection, logger: logger) ?? [])
         }
     }
 
@@ -531,4 +554,11 @@ extension Logger {
         if copy.logLevel < level { copy.logLevel = level }
         return copy
     }
+}
+
+/// Set once a pooled connection is leased, read by the call's timer.
+private final class LeaseFlag: Sendable {
+    private let leased = Atomic<Bool>(false)
+    func set() { leased.store(true, ordering: .relaxed) }
+    var isSet: Bool { leased.load(ordering: .relaxed) }
 }

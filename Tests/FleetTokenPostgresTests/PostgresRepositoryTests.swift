@@ -202,8 +202,8 @@ struct PostgresFaultTests {
         defer { try? server.stop() }
         try server.createDatabase("faults")
         var configuration = try configuration(server, "faults")
-        configuration.statementTimeout = .seconds(2)
-        configuration.connectTimeout = .seconds(1)
+        configuration.statementTimeout = .seconds(5)
+        configuration.connectTimeout = .seconds(5)
         let fetcher = ScriptedFetcher { key, _ in FetchedToken(value: TestJWT.make(for: key, issuedAt: Date(), lifetime: 3600)) }
         let log = LogRecorder()
         try await PostgresTokenRepository.withRepository(configuration, logger: log.logger) { store in
@@ -217,6 +217,18 @@ struct PostgresFaultTests {
             #expect(await eventually(within: 10) { (try? server.psql(stored, database: "faults")) == "1" })
 
             try server.shutDown(mode: .fast)
+            // Found out within the connection wait (1 s) and a refused direct connection, not
+            // the statement timeout (5 s here, 10 s by default); then at once.
+            let clock = ContinuousClock()
+            var failed = false
+            let noticed = await clock.measure {
+                do { _ = try await store.entry(for: held) } catch { failed = (error as? TokenStoreError)?.code == .databaseUnavailable }
+            }
+            #expect(noticed < .milliseconds(1800), "the first call after the server stopped took \(noticed)")
+            #expect(failed)
+            #expect(store.isJudgedDown)
+            let next = await clock.measure { _ = try? await store.acquireRefreshLease(for: later, holder: "h", now: Date(), duration: 30) }
+            #expect(next < .milliseconds(200), "a call while the database is known down took \(next)")
             #expect(try await engine.token(for: held) == first, "a held token is served while the database is down")
             let second = try await engine.token(for: later)
             #expect(second.key == later)
@@ -225,6 +237,9 @@ struct PostgresFaultTests {
 
             try server.start()
             #expect(await eventually(within: 60) { events.elements.contains(.storeRecovered) }, "\(log.messages(at: .warning))")
+            // A call that waited through the outage may judge it down once more; the next call
+            // a second later finds the server and clears it.
+            #expect(await eventually(within: 10) { (try? await store.entry(for: held)) != nil && !store.isJudgedDown })
             #expect(await eventually(within: 10) { (try? server.psql(stored, database: "faults")) == "2" },
                     "the token fetched while the database was down is written once it is back")
             #expect(fetcher.count(later) == 1 && fetcher.count(held) == 1)

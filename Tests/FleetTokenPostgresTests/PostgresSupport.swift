@@ -15,7 +15,11 @@ func configuration(_ server: PostgresServer, _ database: String, sslmode: String
     if let schema { url += "&schema=\(schema)" }
     var configuration = try PostgresStoreConfiguration(url: url)
     configuration.environment = ["PGPASSWORD": server.password]
-    configuration.statementTimeout = .seconds(10)
+    // Generous: the whole suite starts at once on two cores, private clusters' initdb among it,
+    // and a pool's first TLS connection then took over 10 s in a run. Tests of the timeouts
+    // set their own.
+    configuration.statementTimeout = .seconds(30)
+    configuration.connectTimeout = .seconds(20)
     return configuration
 }
 
