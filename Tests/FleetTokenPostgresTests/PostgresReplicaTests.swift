@@ -10,13 +10,13 @@ import TestSupportKit
 import Glibc
 #endif
 
-@Suite("Replicas sharing one PostgreSQL database", .serialized, .enabled(if: PostgresServer.testsEnabled))
+@Suite("Replicas sharing one PostgreSQL database", .serialized, .exclusive, .enabled(if: PostgresServer.testsEnabled))
 struct PostgresReplicaTests {
     // MARK: - 1. Three replicas, 200 keys, three lifetimes
 
     @Test("three token-agents on one database, 200 keys of 10 s tokens, 3+ lifetimes: each key fetched once per lifetime between them, none below its floor")
     func threeReplicasFetchEachKeyOncePerLifetime() async throws {
-        let (server, database) = try PostgresServer.makeDatabase()
+        let (server, database) = try await PostgresServer.makeDatabase()
         let scratch = Scratch()
         let lifetime = 10.0
         let floor = min(30, 0.1 * lifetime)
@@ -45,10 +45,10 @@ struct PostgresReplicaTests {
         var lapsed: [String] = []   // keys below the floor in a short sample: id, issued_at, expires_at, fetched_at, now
         while Date().timeIntervalSince1970 < end {
             let at = Date().timeIntervalSince1970
-            let valid = Int(try server.psql(validSQL, database: database)) ?? -1
+            let valid = Int(try await server.psql(validSQL, database: database)) ?? -1
             samples.append((at, valid))
             if valid != 200, lapsed.count < 20 {
-                let rows = try server.psql("SELECT subject_id || ' iat+' || round((extract(epoch from now()) - issued_at)::numeric, 2) "
+                let rows = try await server.psql("SELECT subject_id || ' iat+' || round((extract(epoch from now()) - issued_at)::numeric, 2) "
                     + "|| ' exp-' || round((expires_at - extract(epoch from now()))::numeric, 2) || ' fetched+' "
                     + "|| round((fetched_at - issued_at)::numeric, 2) FROM fleet_token_store.tokens "
                     + "WHERE token IS NULL OR expires_at <= extract(epoch from now()) + \(floor)", database: database)
@@ -89,7 +89,7 @@ struct PostgresReplicaTests {
 
     @Test("kill -9 of the replica holding refresh leases mid-fetch: the other replica takes over and every key gets a token")
     func killedLeaseHolderIsTakenOver() async throws {
-        let (server, database) = try PostgresServer.makeDatabase()
+        let (server, database) = try await PostgresServer.makeDatabase()
         let scratch = Scratch()
         let issuer = try await IssuerProcess(scratch: scratch)
         defer { issuer.process.signal(SIGTERM) }
@@ -113,8 +113,8 @@ struct PostgresReplicaTests {
                      "B never found a key leased by A: \(b.stderr.suffix(3000))")
 
         // Kill A while it holds leases with its fetches running (each takes 3 s).
-        let held = try server.psql(leasesOfA, database: database).split(separator: "\n").map(String.init)
-        let stored = Set(try server.psql("SELECT subject_id FROM fleet_token_store.tokens WHERE token IS NOT NULL", database: database)
+        let held = try await server.psql(leasesOfA, database: database).split(separator: "\n").map(String.init)
+        let stored = Set(try await server.psql("SELECT subject_id FROM fleet_token_store.tokens WHERE token IS NOT NULL", database: database)
             .split(separator: "\n").map(String.init))
         let orphaned = held.filter { !stored.contains($0) }
         a.signal(SIGKILL)
@@ -133,7 +133,7 @@ struct PostgresReplicaTests {
         let valid = "SELECT count(*) FROM fleet_token_store.tokens WHERE token IS NOT NULL AND expires_at > extract(epoch from now()) + 30"
         let allValid = await eventually(within: bound) { (try? server.psql(valid, database: database)) == "20" }
         let elapsed = Date().timeIntervalSince(killed)
-        let validNow = (try? server.psql(valid, database: database)) ?? "?"
+        let validNow = (try? await server.psql(valid, database: database)) ?? "?"
         #expect(allValid, "not every key had a token \(String(format: "%.1f", elapsed)) s after A was killed: \(validNow)/20 valid; B: \(b.stderr.suffix(3000))")
         #expect(b.isRunning, "B exited: \(b.stderr.suffix(2000))")
 
@@ -153,10 +153,10 @@ struct PostgresReplicaTests {
 
     @Test("pg_ctl restart while two token-agents run: they keep serving tokens above the floor, writes resume, nothing committed is lost")
     func serverRestartWhileReplicasRun() async throws {
-        let server = try PostgresServer()
+        let server = try await PostgresServer.make()
         defer { try? server.stop() }
         let database = "replicas"
-        try server.createDatabase(database)
+        try await server.createDatabase(database)
         let scratch = Scratch()
         let lifetime = 6.0
         let issuer = try await IssuerProcess(scratch: scratch, lifetime: Int(lifetime))
@@ -184,7 +184,7 @@ struct PostgresReplicaTests {
         let resumed = await eventually(within: 2 * lifetime + 10) { (try? server.psql(freshSQL, database: database)) == "4" }
         let resumeSeconds = Date().timeIntervalSince(restarted)
         let (rounds, problems) = await probe.finish()
-        let rows = (try? server.psql("SELECT subject_id, issued_at, expires_at FROM fleet_token_store.tokens", database: database)) ?? "?"
+        let rows = (try? await server.psql("SELECT subject_id, issued_at, expires_at FROM fleet_token_store.tokens", database: database)) ?? "?"
         #expect(resumed, "not every key was written after the restart within \(2 * lifetime + 10) s: \(rows)")
         #expect(rounds >= 10, "only \(rounds) probe rounds")
         #expect(problems.isEmpty, "\(problems.count) bad answers around the restart (restart began \(restartBegan.timeIntervalSince1970)): \(problems.prefix(10).map(\.what))")
@@ -224,10 +224,10 @@ struct PostgresReplicaTests {
     // tokens of a lifetime under ~100 s are affected.
     @Test("the database down for 30 s while two token-agents run 6 s tokens: they keep serving above the floor, refresh in memory, report store-degraded and store-recovered, and write what they fetched once it is back")
     func databaseOutageWhileReplicasRun() async throws {
-        let server = try PostgresServer()
+        let server = try await PostgresServer.make()
         defer { try? server.stop() }
         let database = "replicas"
-        try server.createDatabase(database)
+        try await server.createDatabase(database)
         let scratch = Scratch()
         let lifetime = 6.0
         let issuer = try await IssuerProcess(scratch: scratch, lifetime: Int(lifetime))
@@ -258,7 +258,7 @@ struct PostgresReplicaTests {
         let written = await eventually(within: 15) { (try? server.psql(fetchedSince, database: database)) == "4" }
         let writtenSeconds = Date().timeIntervalSince(back)
         let (rounds, problems) = await probe.finish()
-        let rows = (try? server.psql("SELECT subject_id, issued_at, expires_at FROM fleet_token_store.tokens", database: database)) ?? "?"
+        let rows = (try? await server.psql("SELECT subject_id, issued_at, expires_at FROM fleet_token_store.tokens", database: database)) ?? "?"
         #expect(written, "not every key had a token fetched since the outage began written within 15 s of the server's start: \(rows) (outage \(outageBegan.timeIntervalSince1970) to \(back.timeIntervalSince1970))")
         #expect(rounds >= 40, "only \(rounds) probe rounds")
         let first = problems.first.map { "first at +\(String(format: "%.1f", $0.at - outageBegan.timeIntervalSince1970)) s into the outage" } ?? ""
@@ -281,7 +281,7 @@ struct PostgresReplicaTests {
 
     @Test("tokenctl purge --vehicle X --db postgres://…: every replica has a refetched token within 2 s, fetched once between them")
     func purgeIsRefetchedByEveryReplica() async throws {
-        let (server, database) = try PostgresServer.makeDatabase()
+        let (server, database) = try await PostgresServer.makeDatabase()
         let scratch = Scratch()
         let issuer = try await IssuerProcess(scratch: scratch, lifetime: 600)
         defer { issuer.process.signal(SIGTERM) }
@@ -301,7 +301,7 @@ struct PostgresReplicaTests {
             guard let stored = try? server.psql(tokenSQL, database: database), !stored.isEmpty else { return false }
             return sinks.allSatisfy { sinkToken($0) == stored }
         }, "the replicas did not all hold \(target)'s token: \(Self.tails(replicas))")
-        let old = try server.psql(tokenSQL, database: database)
+        let old = try await server.psql(tokenSQL, database: database)
         let issuedBefore = try await issuer.issuedTimes()
         #expect(issuedBefore["vehicle/\(target)"]?.count == 1, "three replicas starting fetched \(target) \(issuedBefore["vehicle/\(target)"]?.count ?? 0) times")
 
@@ -320,7 +320,7 @@ struct PostgresReplicaTests {
         var seenAt: [String: Double] = [:]
         let everywhere = await eventually(within: 2) {
             let elapsed = Date().timeIntervalSince(purged)
-            if seenAt["database"] == nil, let stored = try? server.psql(tokenSQL, database: database), !stored.isEmpty, stored != old {
+            if seenAt["database"] == nil, let stored = try? await server.psql(tokenSQL, database: database), !stored.isEmpty, stored != old {
                 seenAt["database"] = elapsed
             }
             if seenAt["issuer"] == nil, let times = try? await issuer.issuedTimes(), (times["vehicle/\(target)"]?.count ?? 0) >= 2 {
@@ -341,7 +341,7 @@ struct PostgresReplicaTests {
         let after = (issued["vehicle/\(target)"] ?? []).filter { $0 > (issuedBefore["vehicle/\(target)"]?.last ?? 0) }
         #expect(after.count == 1, "the issuer issued \(after.count) new tokens for \(target) after the purge")
         #expect(issued["vehicle/kept-1"]?.count == 1, "the purge of \(target) refetched kept-1 too")
-        let stored = try server.psql(tokenSQL, database: database)
+        let stored = try await server.psql(tokenSQL, database: database)
         for (index, sink) in sinks.enumerated() {
             #expect(sinkToken(sink) == stored, "replica \(index)'s copy is not the database's new token")
         }

@@ -100,14 +100,14 @@ struct PostgresMigrationTests {
         try await PostgresTokenRepository.withRepository(configuration, logger: logger) { store in
             try await store.upsert(token(try .vehicle("kept"), expiresIn: 600))
         }
-        _ = try server.psql("INSERT INTO fleet_token_store.schema_migrations (identifier) VALUES ('V0099__from_the_future')",
+        _ = try await server.psql("INSERT INTO fleet_token_store.schema_migrations (identifier) VALUES ('V0099__from_the_future')",
                             database: database)
         let snapshot = """
             SELECT (SELECT string_agg(identifier, ',' ORDER BY identifier) FROM fleet_token_store.schema_migrations)
                 || '|' || (SELECT string_agg(kind || '/' || subject_id || '/' || md5(token), ',') FROM fleet_token_store.tokens)
                 || '|' || (SELECT count(*) FROM information_schema.tables WHERE table_schema = 'fleet_token_store')
             """
-        let before = try server.psql(snapshot, database: database)
+        let before = try await server.psql(snapshot, database: database)
         for mode in [StoreOpenMode.agent, .migrate, .readOnly, .adminReadWrite] {
             await #expect {
                 try await PostgresTokenRepository.withRepository(configuration, mode: mode, logger: logger) { _ in }
@@ -117,7 +117,7 @@ struct PostgresMigrationTests {
                     && error.description.contains("newer than this build")
             }
         }
-        #expect(try server.psql(snapshot, database: database) == before)
+        #expect(try await server.psql(snapshot, database: database) == before)
     }
 
     @Test("a missing schema is refused by the admin modes and created by the agent's")
@@ -154,8 +154,8 @@ struct PostgresMigrationTests {
         }
         #expect(reports.count == 4 && reports.allSatisfy { $0.schemaVersion == 2 })
         #expect(reports.filter { $0.schemaVersionBefore == 1 }.count == 1, "\(reports)")
-        #expect(try server.psql("SELECT count(*) FROM fleet_token_store.migrated_once", database: database) == "1")
-        #expect(try server.psql("SELECT count(*) FROM fleet_token_store.schema_migrations", database: database) == "2")
+        #expect(try await server.psql("SELECT count(*) FROM fleet_token_store.migrated_once", database: database) == "1")
+        #expect(try await server.psql("SELECT count(*) FROM fleet_token_store.schema_migrations", database: database) == "2")
     }
 
     @Test("a failing migration is rolled back whole and named; the earlier schema stays")
@@ -172,14 +172,14 @@ struct PostgresMigrationTests {
             guard let error = error as? TokenStoreError else { return false }
             return error.code == .migrationFailed && error.migrationIdentifier == "V0002__broken"
         }
-        #expect(try server.psql("SELECT to_regclass('fleet_token_store.half_done') IS NULL", database: database) == "t")
-        #expect(try server.psql("SELECT string_agg(identifier, ',') FROM fleet_token_store.schema_migrations", database: database)
+        #expect(try await server.psql("SELECT to_regclass('fleet_token_store.half_done') IS NULL", database: database) == "t")
+        #expect(try await server.psql("SELECT string_agg(identifier, ',') FROM fleet_token_store.schema_migrations", database: database)
                 == EmbeddedMigrations.postgres[0].identifier)
     }
 
     @Test("four tokenctl migrate processes at once on a new database: one creates, the others find nothing to do")
     func concurrentMigrateProcesses() async throws {
-        let (server, database) = try PostgresServer.makeDatabase()
+        let (server, database) = try await PostgresServer.makeDatabase()
         let scratch = Scratch()
         let url = server.url(database: database)
         let results = try await withThrowingTaskGroup(of: (status: Int32, stdout: String, stderr: String).self) { group in
@@ -194,16 +194,14 @@ struct PostgresMigrationTests {
     }
 }
 
-@Suite("An engine on PostgreSQL while the server goes away", .enabled(if: PostgresServer.testsEnabled))
+@Suite("An engine on PostgreSQL while the server goes away", .exclusive, .enabled(if: PostgresServer.testsEnabled))
 struct PostgresFaultTests {
     @Test("the server stopped: tokens are served from memory, a new key is fetched and served, store-degraded is reported; back: store-recovered and the write lands")
     func serverStopsAndReturns() async throws {
-        let server = try PostgresServer()
+        let server = try await PostgresServer.make()
         defer { try? server.stop() }
-        try server.createDatabase("faults")
-        var configuration = try configuration(server, "faults")
-        configuration.statementTimeout = .seconds(5)
-        configuration.connectTimeout = .seconds(5)
+        try await server.createDatabase("faults")
+        let configuration = try configuration(server, "faults")
         let fetcher = ScriptedFetcher { key, _ in FetchedToken(value: TestJWT.make(for: key, issuedAt: Date(), lifetime: 3600)) }
         let log = LogRecorder()
         try await PostgresTokenRepository.withRepository(configuration, logger: log.logger) { store in
@@ -216,26 +214,27 @@ struct PostgresFaultTests {
             let stored = "SELECT count(*) FROM fleet_token_store.tokens WHERE token IS NOT NULL"
             #expect(await eventually(within: 10) { (try? server.psql(stored, database: "faults")) == "1" })
 
-            try server.shutDown(mode: .fast)
+            try await server.shutDown(mode: .fast)
             // Found out within the connection wait (1 s) and a refused direct connection, not
-            // the statement timeout (5 s here, 10 s by default); then at once.
+            // the statement timeout (30 s in these tests, 10 s by default); then at once. The
+            // bounds leave room for a loaded machine and still tell the two apart.
             let clock = ContinuousClock()
             var failed = false
             let noticed = await clock.measure {
                 do { _ = try await store.entry(for: held) } catch { failed = (error as? TokenStoreError)?.code == .databaseUnavailable }
             }
-            #expect(noticed < .milliseconds(1800), "the first call after the server stopped took \(noticed)")
+            #expect(noticed < .seconds(8), "the first call after the server stopped took \(noticed)")
             #expect(failed)
             #expect(store.isJudgedDown)
             let next = await clock.measure { _ = try? await store.acquireRefreshLease(for: later, holder: "h", now: Date(), duration: 30) }
-            #expect(next < .milliseconds(200), "a call while the database is known down took \(next)")
+            #expect(next < .seconds(1), "a call while the database is known down took \(next)")
             #expect(try await engine.token(for: held) == first, "a held token is served while the database is down")
             let second = try await engine.token(for: later)
             #expect(second.key == later)
             #expect(await eventually(within: 30) { events.elements.contains { if case .storeDegraded = $0 { true } else { false } } })
             #expect(try await engine.token(for: later) == second)
 
-            try server.start()
+            try await server.start()
             #expect(await eventually(within: 60) { events.elements.contains(.storeRecovered) }, "\(log.messages(at: .warning))")
             // A call that waited through the outage may judge it down once more; the next call
             // a second later finds the server and clears it.
@@ -269,7 +268,7 @@ struct PostgresFeedTests {
 
                 // The server ends every session of the database (the listening one among them), as
                 // a restart or a network cut would.
-                let ended = try server.psql("""
+                let ended = try await server.psql("""
                     SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
                     WHERE datname = '\(database)' AND pid <> pg_backend_pid()
                     """, database: database)
@@ -320,7 +319,7 @@ struct PostgresTLSTests {
 
     @Test("sslmode disable, require and verify-full connect as they say; verify-full against another CA is refused, saying so")
     func modes() async throws {
-        let (server, database) = try PostgresServer.makeDatabase()
+        let (server, database) = try await PostgresServer.makeDatabase()
         let sessions = """
             SELECT coalesce(string_agg(DISTINCT s.ssl::text, ','), '') FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid)
             WHERE a.datname = '\(database)' AND a.application_name LIKE 'fleet-token-store/%'
@@ -329,7 +328,7 @@ struct PostgresTLSTests {
             let configuration = try configuration(server, database, sslmode: mode)
             let seen = try await PostgresTokenRepository.withRepository(configuration, logger: logger) { store in
                 try await store.upsert(token(try .vehicle("tls-\(mode)"), expiresIn: 600))
-                return try server.psql(sessions, database: database)
+                return try await server.psql(sessions, database: database)
             }
             #expect(seen == encrypted, "sslmode=\(mode): sessions with ssl=\(seen)")
         }

@@ -26,39 +26,39 @@ struct PostgresAvailabilityTests {
 @Suite("PostgresServer: the shared server", needsPostgres)
 struct SharedPostgresServerTests {
     @Test("answers SELECT 1 over its Unix socket")
-    func answersOverTheSocket() throws {
-        let server = try PostgresServer.shared()
-        #expect(try server.psql("SELECT 1") == "1")
-        #expect(try PostgresServer.shared() === server)
+    func answersOverTheSocket() async throws {
+        let server = try await PostgresServer.shared()
+        #expect(try await server.psql("SELECT 1") == "1")
+        #expect(try await PostgresServer.shared() === server)
     }
 
     @Test("makeDatabase gives each test a fresh database of its own")
-    func freshDatabases() throws {
-        let (server, first) = try PostgresServer.makeDatabase()
-        let (_, second) = try PostgresServer.makeDatabase()
+    func freshDatabases() async throws {
+        let (server, first) = try await PostgresServer.makeDatabase()
+        let (_, second) = try await PostgresServer.makeDatabase()
         #expect(first != second)
-        _ = try server.psql("CREATE TABLE t (x int); INSERT INTO t VALUES (7)", database: first)
-        #expect(try server.psql("SELECT x FROM t", database: first) == "7")
-        #expect(try server.psql("SELECT count(*) FROM pg_tables WHERE tablename = 't'", database: second) == "0")
-        #expect(try server.psql("SELECT pg_encoding_to_char(encoding) FROM pg_database WHERE datname = '\(first)'") == "UTF8")
+        _ = try await server.psql("CREATE TABLE t (x int); INSERT INTO t VALUES (7)", database: first)
+        #expect(try await server.psql("SELECT x FROM t", database: first) == "7")
+        #expect(try await server.psql("SELECT count(*) FROM pg_tables WHERE tablename = 't'", database: second) == "0")
+        #expect(try await server.psql("SELECT pg_encoding_to_char(encoding) FROM pg_database WHERE datname = '\(first)'") == "UTF8")
     }
 
     @Test("TCP with the password, verify-full against caFile and require: the connection is TLS",
           arguments: ["verify-full", "require"])
-    func passwordOverTLS(sslmode: String) throws {
-        let (server, database) = try PostgresServer.makeDatabase()
+    func passwordOverTLS(sslmode: String) async throws {
+        let (server, database) = try await PostgresServer.makeDatabase()
         let sql = "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()"
-        #expect(try server.psql(sql, conninfo: server.conninfo(database: database, sslmode: sslmode), password: server.password) == "t")
+        #expect(try await server.psql(sql, conninfo: server.conninfo(database: database, sslmode: sslmode), password: server.password) == "t")
         // The URLs, as libpq reads them: without the password (given apart), and with it.
-        #expect(try server.psql(sql, conninfo: server.url(database: database, sslmode: sslmode), password: server.password) == "t")
-        #expect(try server.psql(sql, conninfo: server.urlWithPassword(database: database, sslmode: sslmode), password: nil) == "t")
+        #expect(try await server.psql(sql, conninfo: server.url(database: database, sslmode: sslmode), password: server.password) == "t")
+        #expect(try await server.psql(sql, conninfo: server.urlWithPassword(database: database, sslmode: sslmode), password: nil) == "t")
         #expect(server.url(database: database).hasPrefix("postgres://fleet@127.0.0.1:\(server.port)/\(database)?sslmode=verify-full&sslrootcert="))
         #expect(!server.url(database: database).contains(server.password))
     }
 
     @Test("a wrong password, or none, is refused over TCP")
-    func wrongPasswordRefused() throws {
-        let (server, database) = try PostgresServer.makeDatabase()
+    func wrongPasswordRefused() async throws {
+        let (server, database) = try await PostgresServer.makeDatabase()
         let conninfo = server.conninfo(database: database, sslmode: "verify-full")
         let wrong = #expect(throws: ProcessFailure.self) { try server.psql("SELECT 1", conninfo: conninfo, password: server.password + "x") }
         #expect(wrong?.message.contains("password authentication failed for user \"fleet\"") == true, "\(wrong?.message ?? "")")
@@ -67,9 +67,9 @@ struct SharedPostgresServerTests {
     }
 
     @Test("verify-full refuses a CA that did not sign the server's certificate")
-    func verifyFullChecksTheCA() throws {
-        let (server, database) = try PostgresServer.makeDatabase()
-        let other = try PostgresServer()
+    func verifyFullChecksTheCA() async throws {
+        let (server, database) = try await PostgresServer.makeDatabase()
+        let other = try await PostgresServer.make()
         defer { try? other.stop() }
         let conninfo = server.conninfo(database: database, sslmode: "verify-full").replacingOccurrences(of: server.caFile, with: other.caFile)
         let failure = #expect(throws: ProcessFailure.self) { try server.psql("SELECT 1", conninfo: conninfo, password: server.password) }
@@ -77,35 +77,35 @@ struct SharedPostgresServerTests {
     }
 }
 
-@Suite("PostgresServer: a private server", .serialized, needsPostgres)
+@Suite("PostgresServer: a private server", .serialized, .exclusive, needsPostgres)
 struct PrivatePostgresServerTests {
     @Test("restart() comes back on the same port with the data")
-    func restartKeepsPortAndData() throws {
-        let server = try PostgresServer()
+    func restartKeepsPortAndData() async throws {
+        let server = try await PostgresServer.make()
         defer { try? server.stop() }
-        _ = try server.psql("CREATE TABLE kept (x text); INSERT INTO kept VALUES ('still here')")
+        _ = try await server.psql("CREATE TABLE kept (x text); INSERT INTO kept VALUES ('still here')")
         let port = server.port
-        try server.restart()
+        try await server.restart()
         #expect(server.port == port)
         let conninfo = server.conninfo(database: "postgres")
-        #expect(try server.psql("SELECT x FROM kept", conninfo: conninfo, password: server.password) == "still here")
+        #expect(try await server.psql("SELECT x FROM kept", conninfo: conninfo, password: server.password) == "still here")
     }
 
     @Test("shutDown(mode: .immediate) then start(): same port, the data recovered")
-    func shutDownAndStart() throws {
-        let server = try PostgresServer()
+    func shutDownAndStart() async throws {
+        let server = try await PostgresServer.make()
         defer { try? server.stop() }
-        _ = try server.psql("CREATE TABLE kept (x int); INSERT INTO kept VALUES (42)")
-        try server.shutDown(mode: .immediate)
+        _ = try await server.psql("CREATE TABLE kept (x int); INSERT INTO kept VALUES (42)")
+        try await server.shutDown(mode: .immediate)
         #expect(!server.isRunning)
         #expect(!acceptsConnections(port: server.port))
-        try server.start()
-        #expect(try server.psql("SELECT x FROM kept", conninfo: server.conninfo(database: "postgres"), password: server.password) == "42")
+        try await server.start()
+        #expect(try await server.psql("SELECT x FROM kept", conninfo: server.conninfo(database: "postgres"), password: server.password) == "42")
     }
 
     @Test("stop() removes the directory, the port stops answering, and a second stop() does nothing")
-    func stopRemovesEverything() throws {
-        let server = try PostgresServer()
+    func stopRemovesEverything() async throws {
+        let server = try await PostgresServer.make()
         #expect(server.directory.hasPrefix("/tmp/fleet-pg-"))
         #expect(fileMode(server.directory) == 0o700)
         #expect(fileMode("\(server.directory)/server.key") == 0o600)
@@ -118,10 +118,10 @@ struct PrivatePostgresServerTests {
     }
 
     @Test("a cluster whose test process died is stopped and removed by the sweep; live ones are left")
-    func abandonedClustersAreSwept() throws {
-        let live = try PostgresServer()
+    func abandonedClustersAreSwept() async throws {
+        let live = try await PostgresServer.make()
         defer { try? live.stop() }
-        let abandoned = try PostgresServer()
+        let abandoned = try await PostgresServer.make()
         defer { try? abandoned.stop() }
         // A pid that has exited (a finished child of ours), standing for a crashed test run.
         let child = try ChildProcess("/bin/true", [])
@@ -133,7 +133,7 @@ struct PrivatePostgresServerTests {
         #expect(!removed.contains(live.directory))
         #expect(!FileManager.default.fileExists(atPath: abandoned.directory))
         #expect(!acceptsConnections(port: abandoned.port))
-        #expect(try live.psql("SELECT 1") == "1")
+        #expect(try await live.psql("SELECT 1") == "1")
     }
 }
 

@@ -9,7 +9,7 @@ import TestSupportKit
 struct PostgresToolsTests {
     @Test("tokenctl migrate creates the schema once; stats, list, check and purge work against it; token-agent --once stores tokens")
     func tokenctlAndAgentOnce() async throws {
-        let (server, database) = try PostgresServer.makeDatabase()
+        let (server, database) = try await PostgresServer.makeDatabase()
         let scratch = Scratch()
         let url = server.url(database: database)
         let environment = ["PGPASSWORD": server.password]
@@ -25,7 +25,7 @@ struct PostgresToolsTests {
         let once = try await runToEnd("token-agent", ["--db", url, "--provider-url", issuer.template, "--vehicle", "v1",
                                                       "--trip", "t1", "--once"], environment: environment, in: scratch)
         #expect(once.status == 0, "\(once.stderr)")
-        #expect(try server.psql("SELECT count(*) FROM fleet_token_store.tokens WHERE token IS NOT NULL", database: database) == "2")
+        #expect(try await server.psql("SELECT count(*) FROM fleet_token_store.tokens WHERE token IS NOT NULL", database: database) == "2")
 
         let list = try await runToEnd("tokenctl", ["list", "--db", url], environment: environment, in: scratch)
         #expect(list.status == 0 && list.stdout.contains("v1") && list.stdout.contains("t1"), "\(list.stdout) \(list.stderr)")
@@ -35,7 +35,7 @@ struct PostgresToolsTests {
         #expect(check.status == 0, "\(check.stdout) \(check.stderr)")
         let purge = try await runToEnd("tokenctl", ["purge", "--db", url, "--vehicle", "v1"], environment: environment, in: scratch)
         #expect(purge.stdout.contains("purged 1 entry"), "\(purge.stdout) \(purge.stderr)")
-        #expect(try server.psql("SELECT count(*) FROM fleet_token_store.tokens WHERE token IS NOT NULL", database: database) == "1")
+        #expect(try await server.psql("SELECT count(*) FROM fleet_token_store.tokens WHERE token IS NOT NULL", database: database) == "1")
 
         // No password anywhere a process printed, and none in the errors of a wrong one.
         let started = ContinuousClock.now

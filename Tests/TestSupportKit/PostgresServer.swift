@@ -278,3 +278,64 @@ public final class PostgresServer: Sendable {
         return removed
     }
 }
+
+// MARK: - From async tests
+
+/// The async forms of the blocking calls above, for tests (which are async): `initdb`,
+/// `pg_ctl` and psql run for up to seconds, and blocking one of a two-core machine's two
+/// cooperative threads that long stalled every other test in the process (engine tests' 10 s
+/// waits ran out at the start of the whole suite). These wait on another thread instead.
+extension PostgresServer {
+    /// Makes a cluster and starts it (see ``init()``).
+    public static func make() async throws -> PostgresServer {
+        try await offCooperativePool { try PostgresServer() }
+    }
+
+    /// The process-wide server (see ``shared()``).
+    public static func shared() async throws -> PostgresServer {
+        try await offCooperativePool { try PostgresServer.shared() }
+    }
+
+    /// A new database on the shared server (see ``makeDatabase()``).
+    public static func makeDatabase() async throws -> (server: PostgresServer, database: String) {
+        try await offCooperativePool { try PostgresServer.makeDatabase() }
+    }
+
+    /// See ``start()``.
+    public func start() async throws {
+        try await offCooperativePool { try self.start() }
+    }
+
+    /// See ``shutDown(mode:)``.
+    public func shutDown(mode: ShutdownMode = .fast) async throws {
+        try await offCooperativePool { try self.shutDown(mode: mode) }
+    }
+
+    /// See ``restart()``.
+    public func restart() async throws {
+        try await offCooperativePool { try self.restart() }
+    }
+
+    /// See ``createDatabase(_:)``.
+    public func createDatabase(_ name: String) async throws {
+        try await offCooperativePool { try self.createDatabase(name) }
+    }
+
+    /// See ``psql(_:database:)``.
+    public func psql(_ sql: String, database: String = "postgres") async throws -> String {
+        try await offCooperativePool { try self.psql(sql, database: database) }
+    }
+
+    /// See ``psql(_:conninfo:password:)``.
+    public func psql(_ sql: String, conninfo: String, password: String?) async throws -> String {
+        try await offCooperativePool { try self.psql(sql, conninfo: conninfo, password: password) }
+    }
+}
+
+/// Runs blocking `body` on a thread of its own and waits for it without holding a thread of
+/// Swift's cooperative pool.
+func offCooperativePool<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+    try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
+        Thread { continuation.resume(with: Result { try body() }) }.start()
+    }
+}
