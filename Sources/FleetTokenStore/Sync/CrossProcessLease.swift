@@ -38,6 +38,9 @@ final class CrossProcessLease: Sendable {
     private let now: @Sendable () -> Date
     private let logger: Logger
     private let held = Mutex(Held())
+    /// The lease store failed the last request: a database that is down fails every one, and
+    /// a warning per refresh would bury the log. Warned once when it starts, noted when it ends.
+    private let storeFailing = Mutex(false)
 
     init(store: any RefreshLeaseStore, changes: @escaping @Sendable () -> AsyncStream<TokenStoreChange>,
          driveChanges: @escaping @Sendable () async -> Void,
@@ -54,13 +57,34 @@ final class CrossProcessLease: Sendable {
     /// One attempt at `key`'s lease.
     func take(_ key: TokenKey) async -> Answer {
         do {
-            return note(key, try await store.acquireRefreshLease(for: key, holder: holder, now: now(), duration: duration))
+            let lease = try await store.acquireRefreshLease(for: key, holder: holder, now: now(), duration: duration)
+            storeAnswered()
+            return note(key, lease)
         } catch {
-            logger.warning("could not take the refresh lease; fetching without it", metadata: [
-                "key": .string(key.description), "error": .string(error.description),
-            ])
+            storeFailed("could not take the refresh lease; fetching without it", key: key, error: error)
             return .unavailable
         }
+    }
+
+    /// Logs a failed lease request: a warning for the first of a run of failures, debug for
+    /// the rest.
+    private func storeFailed(_ message: Logger.Message, key: TokenKey, error: TokenStoreError) {
+        let first = storeFailing.withLock { failing in
+            defer { failing = true }
+            return !failing
+        }
+        let metadata: Logger.Metadata = ["key": .string(key.description), "error": .string(error.description)]
+        if first {
+            logger.warning("\(message) (until leases can be taken again, further failures are logged at debug level)",
+                           metadata: metadata)
+        } else {
+            logger.debug(message, metadata: metadata)
+        }
+    }
+
+    private func storeAnswered() {
+        guard storeFailing.withLock({ failing in defer { failing = false }; return failing }) else { return }
+        logger.notice("refresh leases can be taken again")
     }
 
     /// Takes `key`'s lease from `deadHolder`, a process of this machine that no longer exists,
@@ -69,6 +93,7 @@ final class CrossProcessLease: Sendable {
         do {
             let answer = try await store.takeOverRefreshLease(for: key, from: deadHolder, holder: holder, now: now(),
                                                               duration: duration)
+            storeAnswered()
             if case .acquired = answer {
                 logger.notice("took over the refresh lease of a process that died", metadata: [
                     "key": .string(key.description), "holder": .string(deadHolder),
@@ -76,9 +101,7 @@ final class CrossProcessLease: Sendable {
             }
             return note(key, answer)
         } catch {
-            logger.warning("could not take over a dead process's refresh lease; fetching without it", metadata: [
-                "key": .string(key.description), "error": .string(error.description),
-            ])
+            storeFailed("could not take over a dead process's refresh lease; fetching without it", key: key, error: error)
             return .unavailable
         }
     }

@@ -100,3 +100,60 @@ struct CommitRaceTests {
         #expect(fetcher.count(key) == 1)
     }
 }
+
+/// An in-memory store whose lease calls fail while `failing` is set, as a database that is
+/// down fails them.
+private final class FailingLeases: TokenRepository, RefreshLeaseStore, Sendable {
+    let base = InMemoryTokenRepository()
+    let failing = Atomic<Bool>(true)
+
+    private func check() throws(TokenStoreError) {
+        if failing.load(ordering: .relaxed) { throw .databaseUnavailable(path: "test", reason: "down") }
+    }
+    func entry(for key: TokenKey) async throws(TokenStoreError) -> TokenEntry? { try await base.entry(for: key) }
+    func entries(for keys: [TokenKey]) async throws(TokenStoreError) -> [TokenKey: TokenEntry] { try await base.entries(for: keys) }
+    func upsert(_ token: StoredToken, clearFailure: Bool) async throws(TokenStoreError) { try await base.upsert(token, clearFailure: clearFailure) }
+    func upsert(_ tokens: [StoredToken], clearFailure: Bool) async throws(TokenStoreError) { try await base.upsert(tokens, clearFailure: clearFailure) }
+    func removeToken(for key: TokenKey) async throws(TokenStoreError) { try await base.removeToken(for: key) }
+    func recordFailure(_ failure: RefreshFailureState, for key: TokenKey) async throws(TokenStoreError) {
+        try await base.recordFailure(failure, for: key)
+    }
+    func changes() -> AsyncStream<TokenStoreChange> { base.changes() }
+    func runBackgroundWork() async {}
+    func followChanges() async {}
+    func acquireRefreshLease(for key: TokenKey, holder: String, now: Date, duration: TimeInterval) async throws(TokenStoreError) -> RefreshLease {
+        try check()
+        return try await base.acquireRefreshLease(for: key, holder: holder, now: now, duration: duration)
+    }
+    func takeOverRefreshLease(for key: TokenKey, from deadHolder: String, holder: String, now: Date,
+                              duration: TimeInterval) async throws(TokenStoreError) -> RefreshLease {
+        try check()
+        return try await base.takeOverRefreshLease(for: key, from: deadHolder, holder: holder, now: now, duration: duration)
+    }
+    func releaseRefreshLeases(for keys: [TokenKey], holder: String) async throws(TokenStoreError) {
+        try await base.releaseRefreshLeases(for: keys, holder: holder)
+    }
+}
+
+@Suite("Refresh leases that cannot be taken")
+struct LeaseOutageLogTests {
+    // A database that is down fails every lease call at once: with thousands of keys, a warning
+    // per refresh buried everything else in the log. One when it starts, one when it ends.
+    @Test("fetching without a lease is warned about once per outage, and its end is noted")
+    func oneWarningPerOutage() async throws {
+        let time = TestTime()
+        let store = FailingLeases()
+        let log = LogRecorder()
+        let engine = TokenSyncEngine(repository: store, fetcher: ScriptedFetcher.minting(time), logger: log.logger,
+                                     clock: time.clock, now: time.wall)
+        for index in 0..<5 { _ = try await engine.token(for: try TokenKey.vehicle("down-\(index)")) }
+        #expect(log.messages(at: .warning).filter { $0.contains("refresh lease") }.count == 1, "\(log.messages(at: .warning))")
+        store.failing.store(false, ordering: .relaxed)
+        _ = try await engine.token(for: try TokenKey.vehicle("up"))
+        #expect(log.messages(at: .notice).contains { $0.contains("refresh leases can be taken again") }, "\(log.messages(at: .notice))")
+        store.failing.store(true, ordering: .relaxed)
+        _ = try await engine.token(for: try TokenKey.vehicle("down-again"))
+        #expect(log.messages(at: .warning).filter { $0.contains("refresh lease") }.count == 2)
+        await engine.shutdown()
+    }
+}
