@@ -153,24 +153,16 @@ struct PostgresReplicaTests {
 
     @Test("pg_ctl restart while two token-agents run: they keep serving tokens above the floor, writes resume, nothing committed is lost")
     func serverRestartWhileReplicasRun() async throws {
-        let server = try await PostgresServer.make()
-        defer { try? server.stop() }
-        let database = "replicas"
-        try await server.createDatabase(database)
-        let scratch = Scratch()
-        let lifetime = 6.0
-        let issuer = try await IssuerProcess(scratch: scratch, lifetime: Int(lifetime))
-        defer { issuer.process.signal(SIGTERM) }
-        let ids = ["bus-1", "bus-2", "bus-3", "bus-4"]
-        let replicas = try await Self.servingReplicas(2, ids: ids, server: server, database: database, issuer: issuer, scratch: scratch)
-        defer { for replica in replicas { replica.process.signal(SIGTERM) } }
+        let rig = try await ServerFaultRig.start()
+        defer { rig.stop() }
+        let (server, database, scratch, lifetime, ids, replicas) = (rig.server, rig.database, rig.scratch, rig.lifetime, rig.ids, rig.replicas)
 
         // Ask both replicas for every key every 0.25 s from before the restart until writes resume.
         let probe = Self.Probe(replicas, ids: ids, floor: min(30, 0.1 * lifetime), scratch: scratch)
         try await Task.sleep(for: .seconds(1.5))
         let before = try Self.expiries(server, database)
         let restartBegan = Date()
-        try await Self.offThePool { try server.restart() }
+        try await server.restart()
         let restarted = Date()
         let restartSeconds = restarted.timeIntervalSince(restartBegan)
 
@@ -213,28 +205,18 @@ struct PostgresReplicaTests {
 
     // MARK: - 5. The database down for longer than the statement timeout
 
-    // KNOWN PRODUCT DEFECT (this test fails on the code of 8274152): while the server is down, every
-    // repository call (the refresh lease first) waits the whole 10 s statement timeout for a pool
-    // connection although each connection attempt is refused at once. A refresh therefore starts
-    // its fetch ("could not take the refresh lease; fetching without it") only 10 s after its soft
-    // point; a token whose soft point → floor window is shorter than that (here 6 s tokens: about
-    // 0.6-0.9 s) drops below its floor, the token files are removed ("no usable token") and API
-    // callers wait for the database to come back, against the issue's "keeps serving tokens from
-    // memory above the floor and keeps refreshing in memory". With the default 10 s timeout,
-    // tokens of a lifetime under ~100 s are affected.
+    // Found a defect (fixed in e748269; this test failed on every run before): while the server
+    // was down, every repository call, the refresh lease first, waited the whole 10 s statement
+    // timeout for a pool connection although each connection attempt was refused at once, so a
+    // refresh began its fetch only 10 s after its soft point and a token whose soft point to
+    // floor window is shorter (6 s tokens here: about 0.6-0.9 s) dropped below its floor: token
+    // files were removed and API callers waited for the database. Now a call that waits a second
+    // for a connection finds the database down with one direct connection, and calls fail at once.
     @Test("the database down for 30 s while two token-agents run 6 s tokens: they keep serving above the floor, refresh in memory, report store-degraded and store-recovered, and write what they fetched once it is back")
     func databaseOutageWhileReplicasRun() async throws {
-        let server = try await PostgresServer.make()
-        defer { try? server.stop() }
-        let database = "replicas"
-        try await server.createDatabase(database)
-        let scratch = Scratch()
-        let lifetime = 6.0
-        let issuer = try await IssuerProcess(scratch: scratch, lifetime: Int(lifetime))
-        defer { issuer.process.signal(SIGTERM) }
-        let ids = ["bus-1", "bus-2", "bus-3", "bus-4"]
-        let replicas = try await Self.servingReplicas(2, ids: ids, server: server, database: database, issuer: issuer, scratch: scratch)
-        defer { for replica in replicas { replica.process.signal(SIGTERM) } }
+        let rig = try await ServerFaultRig.start()
+        defer { rig.stop() }
+        let (server, database, scratch, lifetime, ids, replicas) = (rig.server, rig.database, rig.scratch, rig.lifetime, rig.ids, rig.replicas)
 
         let probe = Self.Probe(replicas, ids: ids, floor: min(30, 0.1 * lifetime), scratch: scratch)
         try await Task.sleep(for: .seconds(1))
@@ -243,9 +225,9 @@ struct PostgresReplicaTests {
         // has fetched in memory and failed a write before the server is back.
         let outage = 30.0
         let outageBegan = Date()
-        try await Self.offThePool { try server.shutDown(mode: .fast) }
+        try await server.shutDown(mode: .fast)
         try await Task.sleep(for: .seconds(outage)) // the outage itself
-        try await Self.offThePool { try server.start() }
+        try await server.start()
         let back = Date()
         let after = try Self.expiries(server, database)
         for id in ids {
@@ -387,6 +369,46 @@ struct PostgresReplicaTests {
         return replicas
     }
 
+    /// Two serving replicas of 6 s tokens for four keys on a private server of their own, for
+    /// the tests that stop or restart it.
+    struct ServerFaultRig {
+        static let ids = ["bus-1", "bus-2", "bus-3", "bus-4"]
+        let server: PostgresServer
+        let database = "replicas"
+        let scratch: Scratch
+        let lifetime = 6.0
+        var ids: [String] { Self.ids }
+        let issuer: IssuerProcess
+        let replicas: [ServingReplica]
+
+        static func start() async throws -> ServerFaultRig {
+            let server = try await PostgresServer.make()
+            do {
+                let scratch = Scratch()
+                try await server.createDatabase("replicas")
+                let issuer = try await IssuerProcess(scratch: scratch, lifetime: 6)
+                do {
+                    let replicas = try await PostgresReplicaTests.servingReplicas(2, ids: ids, server: server, database: "replicas",
+                                                                                 issuer: issuer, scratch: scratch)
+                    return ServerFaultRig(server: server, scratch: scratch, issuer: issuer, replicas: replicas)
+                } catch {
+                    issuer.process.signal(SIGTERM)
+                    throw error
+                }
+            } catch {
+                try? server.stop()
+                throw error
+            }
+        }
+
+        /// Stops the replicas, the issuer and the server, by their ids.
+        func stop() {
+            for replica in replicas { replica.process.signal(SIGTERM) }
+            issuer.process.signal(SIGTERM)
+            try? server.stop()
+        }
+    }
+
     /// Asks every replica for every key every 0.25 s until ``finish()``: each answer must be a
     /// token at least `floor` seconds from its expiry (JWT exp) when asked.
     final class Probe: Sendable {
@@ -501,12 +523,5 @@ struct PostgresReplicaTests {
     struct Problem: Error, CustomStringConvertible {
         let description: String
         init(_ value: String) { description = value }
-    }
-
-    /// Runs blocking work (pg_ctl) on a thread of its own, not on the cooperative pool.
-    private static func offThePool(_ body: @escaping @Sendable () throws -> Void) async throws {
-        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
-            Thread.detachNewThread { continuation.resume(with: Result { try body() }) }
-        }
     }
 }
