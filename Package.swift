@@ -63,7 +63,9 @@ let package = Package(
             resources: [
                 .embedInCode("V0001__create_tokens.sql"),
                 .embedInCode("V0002__leases_and_change_log.sql"),
+                .embedInCode("V0003__value_key_id.sql"),
                 .embedInCode("postgres/V0001__postgres_tokens_leases_notify.sql"),
+                .embedInCode("postgres/V0002__postgres_value_key_id.sql"),
             ],
             swiftSettings: strictSettings
         ),

@@ -150,7 +150,7 @@ public final class PostgresTokenRepository: TokenRepository, RefreshLeaseStore, 
     package var isJudgedDown: Bool { availability.isDown }
 
     /// Runs `sql` with `bindings`, returning each row through `decode`.
-    private func rows<T: Sendable>(_ sql: String, _ bindings: PostgresBindings = PostgresBindings(),
+    func rows<T: Sendable>(_ sql: String, _ bindings: PostgresBindings = PostgresBindings(),
                                    _ decode: @escaping @Sendable (PostgresRow) throws -> T?) async throws(TokenStoreError) -> [T] {
         let logger = self.logger
         return try await perform { connection in
@@ -166,7 +166,7 @@ public final class PostgresTokenRepository: TokenRepository, RefreshLeaseStore, 
         try await rows(sql, bindings) { Int(try $0.decode(Int64.self)) }.first ?? 0
     }
 
-    private static func keyArrays(_ keys: some Sequence<TokenKey>) -> (kinds: [String], subjects: [String]) {
+    static func keyArrays(_ keys: some Sequence<TokenKey>) -> (kinds: [String], subjects: [String]) {
         var kinds: [String] = [], subjects: [String] = []
         for key in keys {
             kinds.append(key.kind.rawValue)

@@ -140,7 +140,7 @@ struct PostgresMigrationTests {
         try await PostgresTokenRepository.withRepository(old, logger: logger) { _ in }
         // A slow second migration that fails if run twice (the table exists then).
         var new = base
-        new.migrations = EmbeddedMigrations.postgres + [EmbeddedMigration(identifier: "V0002__test_slow", sql: """
+        new.migrations = EmbeddedMigrations.postgres + [EmbeddedMigration(identifier: "V0003__test_slow", sql: """
             SELECT pg_sleep(0.3);
             CREATE TABLE migrated_once (id integer PRIMARY KEY);
             INSERT INTO migrated_once VALUES (1);
@@ -152,17 +152,17 @@ struct PostgresMigrationTests {
             }
             return try await group.reduce(into: []) { $0.append($1) }
         }
-        #expect(reports.count == 4 && reports.allSatisfy { $0.schemaVersion == 2 })
+        #expect(reports.count == 4 && reports.allSatisfy { $0.schemaVersion == 3 })
         #expect(reports.filter { $0.schemaVersionBefore == 1 }.count == 1, "\(reports)")
         #expect(try await server.psql("SELECT count(*) FROM fleet_token_store.migrated_once", database: database) == "1")
-        #expect(try await server.psql("SELECT count(*) FROM fleet_token_store.schema_migrations", database: database) == "2")
+        #expect(try await server.psql("SELECT count(*) FROM fleet_token_store.schema_migrations", database: database) == "3")
     }
 
     @Test("a failing migration is rolled back whole and named; the earlier schema stays")
     func failingMigration() async throws {
         let (server, database, base) = try freshDatabase()
         var broken = base
-        broken.migrations = EmbeddedMigrations.postgres + [EmbeddedMigration(identifier: "V0002__broken", sql: """
+        broken.migrations = EmbeddedMigrations.postgres + [EmbeddedMigration(identifier: "V0003__broken", sql: """
             CREATE TABLE half_done (id integer);
             SELECT no_such_function();
             """)!]
@@ -170,7 +170,7 @@ struct PostgresMigrationTests {
             try await PostgresTokenRepository.withRepository(broken, logger: logger) { _ in }
         } throws: { error in
             guard let error = error as? TokenStoreError else { return false }
-            return error.code == .migrationFailed && error.migrationIdentifier == "V0002__broken"
+            return error.code == .migrationFailed && error.migrationIdentifier == "V0003__broken"
         }
         #expect(try await server.psql("SELECT to_regclass('fleet_token_store.half_done') IS NULL", database: database) == "t")
         #expect(try await server.psql("SELECT string_agg(identifier, ',') FROM fleet_token_store.schema_migrations", database: database)

@@ -46,6 +46,7 @@ struct AgentOption: Sendable {
     /// Every option a config file or the environment may set, in the README's order.
     static let all: [AgentOption] = [
         AgentOption(key: "db", shape: .text),
+        AgentOption(key: "encryption-key-file", shape: .list),
         AgentOption(key: "provider-url", shape: .text),
         AgentOption(key: "vehicle", shape: .list),
         AgentOption(key: "trip", shape: .list),

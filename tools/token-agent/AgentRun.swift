@@ -67,6 +67,21 @@ struct AgentRun {
         }
         ProxyReport.log(fetcherConfiguration, template: template!, logger: logger)
 
+        // Before the store opens: a refused key file stops the start without touching the store.
+        let keyring: TokenKeyring?
+        do {
+            keyring = try TokenKeyring.load(files: settings.encryptionKeyFiles, environment: environment)
+        } catch {
+            await issuer?.stop()
+            FileHandle.standardError.write(Data("token-agent: \(error)\n".utf8))
+            throw ExitCode(1)
+        }
+        if let keyring {
+            logger.notice("token values are sealed at rest", metadata: [
+                "key_id": .string(keyring.primary.id), "opening_also": .string(keyring.ids.dropFirst().joined(separator: ",")),
+            ])
+        }
+
         let client: ProviderClient
         do {
             client = ProviderClient(try HTTPTokenFetcher(configuration: fetcherConfiguration, logger: logger))
@@ -84,6 +99,7 @@ struct AgentRun {
             do {
                 try await PostgresTokenRepository.withRepository(configuration, mode: .agent, logger: logger) { store in
                     logger.notice("token store on PostgreSQL", metadata: ["store": .string(store.storeDescription)])
+                    try await TokenValueResealer(store: store, logger: logger).prepare(keyring: keyring)
                     try await serve(store: store, releaseStoreMemory: {}, closeStore: {})
                 }
             } catch let error as TokenStoreError {
@@ -106,13 +122,24 @@ struct AgentRun {
         if let moved = store.openReport.quarantinedTo {
             FileHandle.standardError.write(Data("token-agent: the token store was corrupt; moved it to \(moved) and started a fresh one\n".utf8))
         }
+        do {
+            try await TokenValueResealer(store: store, logger: logger).prepare(keyring: keyring)
+        } catch {
+            store.close()
+            await client.shutdown()
+            await issuer?.stop()
+            FileHandle.standardError.write(Data("token-agent: \(OperatorHints.describe(error))\n".utf8))
+            throw ExitCode(1)
+        }
         try await serve(store: store, releaseStoreMemory: { store.releaseMemory() }, closeStore: { store.close() })
 
         /// The engine on `store`, then --once or the long-lived services; every way out
         /// releases what was opened (`closeStore` closes the store when the run owns it).
-        func serve(store: any TokenRepository & RefreshLeaseStore, releaseStoreMemory: @escaping @Sendable () -> Void,
+        func serve(store: any TokenRepository & RefreshLeaseStore & TokenSealingStore, releaseStoreMemory: @escaping @Sendable () -> Void,
                    closeStore: () -> Void) async throws {
-            let engine = TokenSyncEngine(repository: store, fetcher: client, policy: settings.policy, logger: logger)
+            // Values are sealed on their way to the store; leases hold none.
+            let repository: any TokenRepository = keyring.map { EncryptedTokenRepository(base: store, keyring: $0, logger: logger) } ?? store
+            let engine = TokenSyncEngine(repository: repository, leases: store, fetcher: client, policy: settings.policy, logger: logger)
             let output = AgentOutput(json: settings.json)
             /// Releases what was opened, for every way out of the run.
             func close() async {

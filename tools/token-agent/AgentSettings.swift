@@ -12,6 +12,7 @@ import Logging
 /// Every option's value in force, whichever source gave it.
 struct AgentSettings: Sendable, Equatable {
     var db: String?
+    var encryptionKeyFiles: [String] = []
     var providerURL: String?
     var vehicles: [String] = []
     var trips: [String] = []
@@ -127,6 +128,7 @@ extension AgentSettings {
         var settings = AgentSettings()
         settings.origins = values.origins
         settings.db = try values.text("db")
+        settings.encryptionKeyFiles = values.list("encryption-key-file")
         settings.providerURL = try values.text("provider-url")
         settings.vehicles = values.list("vehicle")
         settings.trips = values.list("trip")
@@ -178,7 +180,7 @@ extension AgentSettings {
         var values: [String: [String]] = [
             "vehicle": vehicles, "trip": trips, "delivery-vehicle": deliveryVehicles, "task": tasks,
             "header": headers, "header-file": headerFiles, "ca-file": caFiles, "extra-ca-file": extraCAFiles,
-            "listen": listen, "allow": allow,
+            "listen": listen, "allow": allow, "encryption-key-file": encryptionKeyFiles,
             "method": [method.rawValue], "expiration-key": [expirationKey], "expiration-format": [expirationFormat.rawValue],
             "no-proxy": [String(noProxy)], "allow-insecure-http": [String(allowInsecureHTTP)],
             "allow-opaque-tokens": [String(allowOpaqueTokens)], "connect-timeout": [Self.number(connectTimeout)],

@@ -42,6 +42,7 @@ enum OperatorHints {
         case .directoryMissing, .directoryNotWritable: "--db or TOKEN_STORE_DB sets the store path"
         case .databaseUnavailable: "--db or TOKEN_STORE_DB sets the database URL"
         case .symbolicLink where error.file == error.path: error.target.map { "--db \($0)" }
+        case .encryptionKeyMissing: "--encryption-key-file KEY (repeatable) gives the keys; under systemd, the credential token-store-key"
         default: nil
         }
     }

@@ -44,6 +44,10 @@ struct TokenAgent: AsyncParsableCommand {
     @Option(help: "The token store (default: $TOKEN_STORE_DB, else ./tokens.sqlite).")
     var db: String?
 
+    @Option(name: .customLong("encryption-key-file"),
+            help: "A file of 32 random bytes (raw or base64) sealing stored token values (repeatable: the first seals, the others only open, for a rotation; default: $CREDENTIALS_DIRECTORY/token-store-key when systemd gives it).")
+    var encryptionKeyFiles: [String] = []
+
     @Option(name: .customLong("provider-url"),
             help: "Token provider URL with {kind} and {id} placeholders, e.g. https://auth.example.com/fleet/{kind}/{id}.")
     var providerURL: String?
@@ -187,6 +191,7 @@ struct TokenAgent: AsyncParsableCommand {
         let lists: [(String, [String])] = [
             ("vehicle", vehicles), ("trip", trips), ("delivery-vehicle", deliveryVehicles), ("task", tasks), ("header", headers),
             ("header-file", headerFiles), ("ca-file", caFiles), ("extra-ca-file", extraCAFiles), ("listen", listen), ("allow", allowPatterns),
+            ("encryption-key-file", encryptionKeyFiles),
         ]
         for (key, list) in lists where !list.isEmpty { values[key] = .stringArray(list) }
         let texts: [(String, String?)] = [

@@ -63,8 +63,10 @@ struct Show: AsyncParsableCommand {
             object["last_error_message"] = entry.failure?.lastErrorMessage ?? NSNull()
             object["last_failure_at"] = iso(entry.failure?.lastFailureAt)
             if let token = entry.token {
-                object["claims"] = ClaimsView(token.value).json
-                if reveal { object["token"] = token.value }
+                let plain = try opened(token)
+                object["claims"] = plain.map { ClaimsView($0).json }
+                    ?? ["decoded": false, "sealed_with_key_id": SealedTokenValue.keyID(ofStored: token.value) ?? plaintextKeyID]
+                if reveal { object["token"] = plain }
             }
             if json {
                 printJSON(object)
@@ -80,6 +82,23 @@ struct Show: AsyncParsableCommand {
                 }
                 if let token = object["token"] as? String { print("token                \(token)") }
             }
+        }
+    }
+
+    /// The token's value: as stored when not sealed; opened with the given keys when sealed
+    /// (nil without keys, unless --reveal asks for it). A value that does not open is a failure.
+    private func opened(_ token: StoredToken) throws -> String? {
+        guard let keyID = SealedTokenValue.keyID(ofStored: token.value) else { return token.value }
+        guard let keyring = try store.keyring() else {
+            if reveal { throw Failure("the token of \(token.key) is sealed with encryption key id \(keyID): give its key file with --encryption-key-file to reveal it") }
+            return nil
+        }
+        switch SealedTokenValue.open(token.value, for: token.key, with: keyring) {
+        case .opened(let value, _), .plaintext(let value): return value
+        case .missingKey(let id):
+            throw Failure("the token of \(token.key) is sealed with encryption key id \(id), and no key given has that id (given: \(keyring.ids.joined(separator: ", ")))")
+        case .failed(let id):
+            throw Failure("the token of \(token.key) does not open with key id \(id): it was altered or copied from another row; the agent refetches it")
         }
     }
 
@@ -170,8 +189,8 @@ struct Stats: AsyncParsableCommand {
     func run() async throws {
         try await reportingFailures {
             let now = Date()
-            let (stats, name) = try await store.withStore(.readOnly) { repository, name in
-                (try await repository.stats(at: now), name)
+            let (stats, sealing, name) = try await store.withStore(.readOnly) { repository, name in
+                (try await repository.stats(at: now), try await repository.valueKeyCounts(), name)
             }
             if json {
                 var byKind: [String: [String: Int]] = [:]
@@ -181,7 +200,7 @@ struct Stats: AsyncParsableCommand {
                 printJSON([
                     "total": stats.total, "by_kind": byKind, "schema_version": stats.schemaVersion,
                     "file_size_bytes": stats.fileSizeBytes, "oldest_expiry": iso(stats.oldestExpiry),
-                    "newest_expiry": iso(stats.newestExpiry),
+                    "newest_expiry": iso(stats.newestExpiry), "values_by_key_id": sealing,
                 ])
                 return
             }
@@ -189,12 +208,71 @@ struct Stats: AsyncParsableCommand {
             print("schema version  \(stats.schemaVersion)")
             print("file size       \(stats.fileSizeBytes) bytes")
             print("entries         \(stats.total)")
+            if !sealing.isEmpty { print("token values    \(Self.describe(sealing))") }
             let rows = TokenKind.allCases.filter { stats.counts[$0] != nil }.map { kind in
                 [kind.rawValue] + TokenStatus.allCases.map { String(stats.count(kind, $0)) }
             }
             print(Table.render(header: ["KIND"] + TokenStatus.allCases.map { $0.rawValue.uppercased() }, rows: rows))
             if let oldest = stats.oldestExpiry, let newest = stats.newestExpiry {
                 print("expiries        \(oldest.formatted(.iso8601)) (\(relative(oldest, now: now))) … \(newest.formatted(.iso8601)) (\(relative(newest, now: now)))")
+            }
+        }
+    }
+}
+
+extension Stats {
+    /// "12 sealed with key id 0123456789abcdef, 3 not sealed": the count under each key id.
+    static func describe(_ counts: [String: Int]) -> String {
+        let sealed = counts.filter { $0.key != plaintextKeyID }.sorted { $0.key < $1.key }.map { "\($0.value) sealed with key id \($0.key)" }
+        let plain = counts[plaintextKeyID].map { ["\($0) not sealed"] } ?? []
+        return (sealed + plain).joined(separator: ", ")
+    }
+}
+
+struct Rekey: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Re-seal every token value under the first --encryption-key-file (the primary key).",
+        discussion: """
+            Rotating a key: start the agents with the new key first and the old one second, run \
+            `tokenctl rekey` with the same two key files, then drop the old one. Values under a \
+            key not given, or that do not open, stay as they are and make the exit code 1. Safe \
+            beside a running agent: a value refreshed meanwhile is left to the agent.
+            """)
+
+    @OptionGroup var store: StoreOptions
+    @Flag(help: "Print the counts as JSON.") var json = false
+
+    func validate() throws {
+        if store.encryptionKeyFiles.isEmpty && ProcessInfo.processInfo.environment["CREDENTIALS_DIRECTORY"] == nil {
+            throw ValidationError("give the key to seal with: --encryption-key-file NEW (then any old key files, to open values sealed with them)")
+        }
+    }
+
+    func run() async throws {
+        try await reportingFailures {
+            guard let keyring = try store.keyring() else {
+                throw Failure("no key: $CREDENTIALS_DIRECTORY holds no token-store-key; give --encryption-key-file")
+            }
+            let logger = store.logger
+            let (report, name) = try await store.withStore(.adminReadWrite) { repository, name in
+                (try await withProgress("re-sealing") { try await TokenValueResealer(store: repository, logger: logger).rekey(keyring) }, name)
+            }
+            let unopenable = report.unopenable.values.reduce(0, +)
+            if json {
+                printJSON([
+                    "primary_key_id": keyring.primary.id, "resealed": report.resealed, "already_primary": report.alreadyPrimary,
+                    "unopenable": report.unopenable, "changed_meanwhile": report.changedMeanwhile,
+                ])
+            } else {
+                let from = report.resealed.isEmpty ? "" : " (" + Stats.describe(report.resealed)
+                    .replacingOccurrences(of: "sealed with key id", with: "from key id").replacingOccurrences(of: "not sealed", with: "not sealed before") + ")"
+                print("re-sealed \(report.resealedTotal) token value(s) in \(name) under key id \(keyring.primary.id)\(from)")
+                print("\(report.alreadyPrimary) under key id \(keyring.primary.id) now")
+                if report.changedMeanwhile > 0 { print("\(report.changedMeanwhile) refreshed or removed meanwhile, left to the agent") }
+            }
+            if unopenable > 0 {
+                let ids = report.unopenable.keys.sorted().joined(separator: ", ")
+                throw Failure("\(unopenable) token value(s) did not open and stay as they were (key id \(ids)): give that key file too, or purge those tokens so the agent refetches them")
             }
         }
     }

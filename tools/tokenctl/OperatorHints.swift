@@ -17,6 +17,7 @@ enum OperatorHints {
         case .storeMissing: "check --db / TOKEN_STORE_DB, or create one with `tokenctl migrate`"
         case .storeOlderThanBuild: "run `tokenctl migrate`, or start the agent, which migrates"
         case .symbolicLink where error.file == error.path: error.target.map { "--db \($0)" }
+        case .encryptionKeyMissing: "--encryption-key-file KEY (repeatable) gives the keys"
         default: nil
         }
     }

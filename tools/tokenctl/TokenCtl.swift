@@ -15,11 +15,12 @@ struct TokenCtl: AsyncParsableCommand {
             Safe to run beside a live token-agent: reads never block it, purges wait for its writes.
             Read commands (list, show, stats, check) never create or change a store.
             Token values are never printed, except by `show --reveal`.
+            An encrypted store needs its key only for `show --reveal`, `show`'s claims and `rekey`.
 
             Exit codes: 0 ok; 1 operational error (no store, corrupt store, nothing to show, a check \
             that found problems, --all without --yes); 64 usage error.
             """,
-        subcommands: [List.self, Show.self, Purge.self, Stats.self, Check.self, Migrate.self])
+        subcommands: [List.self, Show.self, Purge.self, Stats.self, Check.self, Migrate.self, Rekey.self])
 
     // Declared here too so `tokenctl --db PATH list` parses; subcommands read the same group.
     @OptionGroup var store: StoreOptions
@@ -29,6 +30,19 @@ struct TokenCtl: AsyncParsableCommand {
 struct StoreOptions: ParsableArguments {
     @Option(help: "The token store: a SQLite file path, or a postgres://USER@HOST:PORT/DATABASE URL (default: $TOKEN_STORE_DB, else ./tokens.sqlite).")
     var db: String?
+
+    @Option(name: .customLong("encryption-key-file"),
+            help: "A key file of an encrypted store (repeatable: the first is the primary; default: $CREDENTIALS_DIRECTORY/token-store-key when set). Needed by show --reveal and rekey only.")
+    var encryptionKeyFiles: [String] = []
+
+    /// The keys given (or systemd's credential), nil when none; a refused key file is a failure.
+    func keyring() throws -> TokenKeyring? {
+        do {
+            return try TokenKeyring.load(files: encryptionKeyFiles, environment: ProcessInfo.processInfo.environment)
+        } catch {
+            throw Failure(error.description)
+        }
+    }
 
     var path: String {
         db ?? ProcessInfo.processInfo.environment["TOKEN_STORE_DB"] ?? "./tokens.sqlite"
@@ -80,7 +94,7 @@ struct StoreOptions: ParsableArguments {
 }
 
 /// What every command needs of a store, SQLite or PostgreSQL.
-typealias AdminStore = TokenRepository & TokenStoreAdmin
+typealias AdminStore = TokenRepository & TokenStoreAdmin & TokenSealingStore
 
 /// An operational failure: the message goes to stderr and the exit code is 1.
 struct Failure: Error, CustomStringConvertible {

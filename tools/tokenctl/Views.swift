@@ -16,7 +16,8 @@ struct EntryView {
     var json: [String: Any] {
         var object: [String: Any] = [
             "kind": entry.key.kind.rawValue, "id": entry.key.subjectID, "status": status.rawValue,
-            "expires_at": iso(entry.token?.expiresAt), "fingerprint": entry.token.map { $0.fingerprint.description } ?? NSNull(),
+            "expires_at": iso(entry.token?.expiresAt), "fingerprint": fingerprint ?? NSNull(),
+            "value_key_id": entry.token.map { SealedTokenValue.keyID(ofStored: $0.value) ?? plaintextKeyID } ?? NSNull(),
             "failures": entry.failure?.consecutiveFailures ?? 0,
         ]
         object["next_attempt_at"] = iso(entry.failure?.nextAttemptAt)
@@ -31,7 +32,12 @@ struct EntryView {
             failures += " (retry \(relative(failure.nextAttemptAt, now: now)), \(failure.lastErrorKind))"
         }
         return [entry.key.kind.rawValue, entry.key.subjectID, status.rawValue, expires,
-                entry.token?.fingerprint.description ?? "-", failures]
+                fingerprint ?? "-", failures]
+    }
+
+    /// The token's fingerprint, sealed or not (a sealed value carries it).
+    private var fingerprint: String? {
+        entry.token.map { SealedTokenValue.fingerprint(ofStored: $0.value).description }
     }
 }
 

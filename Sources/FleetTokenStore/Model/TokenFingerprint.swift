@@ -23,4 +23,9 @@ public struct TokenFingerprint: Hashable, Sendable, CustomStringConvertible {
         }
         description = text
     }
+
+    /// A fingerprint read back as stored (a sealed value carries its token's fingerprint).
+    init(hex: String) {
+        description = hex
+    }
 }

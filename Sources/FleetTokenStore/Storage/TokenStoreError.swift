@@ -16,6 +16,7 @@ public struct TokenStoreError: Error, Sendable, Equatable, CustomStringConvertib
             case storeOlderThanBuild, corrupt, migrationFailed, diskFull, busy, readOnly, closed, sqlite
             case symbolicLink, notOwnedByUser, fileModeTooOpen
             case databaseUnavailable, database
+            case encryptionKeyMissing
         }
 
         fileprivate let value: Value
@@ -56,6 +57,8 @@ public struct TokenStoreError: Error, Sendable, Equatable, CustomStringConvertib
         public static let databaseUnavailable = Code(value: .databaseUnavailable)
         /// A database server (PostgreSQL) refused a statement.
         public static let database = Code(value: .database)
+        /// The store holds token values sealed with keys that were not given.
+        public static let encryptionKeyMissing = Code(value: .encryptionKeyMissing)
 
         /// The code's stable name, e.g. `busy`.
         public var description: String { value.rawValue }
@@ -97,12 +100,16 @@ public struct TokenStoreError: Error, Sendable, Equatable, CustomStringConvertib
     public let mode: Int?
     /// The server's SQLSTATE code (``Code/database``), e.g. `42P01`.
     public let sqlState: String?
+    /// The ids of the keys the store needs and was not given (``Code/encryptionKeyMissing``).
+    public let keyIDs: [String]?
+    /// How many stored token values are sealed with those keys (``Code/encryptionKeyMissing``).
+    public let valueCount: Int?
 
     private init(_ code: Code, path: String, file: String? = nil, reason: String? = nil, storeVersion: Int? = nil,
                  buildVersion: Int? = nil, detail: String? = nil, migrationIdentifier: String? = nil,
                  timeoutSeconds: Double? = nil, sqliteCode: Int32? = nil, sqliteMessage: String? = nil,
                  target: String? = nil, ownerID: UInt32? = nil, userID: UInt32? = nil, mode: Int? = nil,
-                 sqlState: String? = nil) {
+                 sqlState: String? = nil, keyIDs: [String]? = nil, valueCount: Int? = nil) {
         self.code = code
         self.path = path
         self.file = file
@@ -119,6 +126,8 @@ public struct TokenStoreError: Error, Sendable, Equatable, CustomStringConvertib
         self.userID = userID
         self.mode = mode
         self.sqlState = sqlState
+        self.keyIDs = keyIDs
+        self.valueCount = valueCount
     }
 
     /// The store's directory does not exist and the store was not allowed to create it.
@@ -187,6 +196,13 @@ public struct TokenStoreError: Error, Sendable, Equatable, CustomStringConvertib
         Self(.database, path: path, reason: message, sqlState: sqlState)
     }
 
+    /// The store at `path` holds `valueCount` token values sealed with the keys `keyIDs`, and
+    /// no key given has those ids (`keyGiven` false: no key was given at all). Nothing was
+    /// changed: opening it without them would hand out no token and lose none.
+    public static func encryptionKeyMissing(path: String, keyIDs: [String], valueCount: Int, keyGiven: Bool) -> Self {
+        Self(.encryptionKeyMissing, path: path, reason: keyGiven ? "given keys differ" : nil, keyIDs: keyIDs, valueCount: valueCount)
+    }
+
     /// What happened and what to do next.
     public var description: String {
         switch code.value {
@@ -228,6 +244,8 @@ public struct TokenStoreError: Error, Sendable, Equatable, CustomStringConvertib
             "cannot reach the token database \(path) (\(reason ?? "")): check that the server runs and that the URL, network, TLS settings and credentials are right; an agent keeps serving the tokens it holds and writes again once the database is back"
         case .database:
             "the token database \(path) refused a statement: PostgreSQL error \(sqlState ?? "?"): \(reason ?? "")"
+        case .encryptionKeyMissing:
+            "token store \(path) holds \(valueCount ?? 0) token value(s) sealed with encryption key id \((keyIDs ?? []).joined(separator: ", ")), and \(reason == nil ? "no encryption key was given" : "no key given has that id"): open it with that key file (keep it as a second key while rotating), or purge those tokens to refetch them; the store was left unchanged"
         case .fileModeTooOpen:
             "token store file \(file ?? path) has mode \(String(mode ?? 0, radix: 8)) and could not be set to 0600 (\(reason ?? "")), so other users could read its tokens: chmod 600 it as its owner, or keep the store on a file system that keeps Unix modes"
         }

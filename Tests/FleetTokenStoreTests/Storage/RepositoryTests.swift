@@ -40,7 +40,7 @@ struct RepositoryTests {
         defer { store.close() }
         let stats = try await store.stats(at: referenceNow)
         #expect(stats.total == 9)
-        #expect(stats.schemaVersion == 2)
+        #expect(stats.schemaVersion == SQLiteTokenRepository.buildSchemaVersion)
         #expect(stats.fileSizeBytes > 0)
     }
 
@@ -59,7 +59,7 @@ struct RepositoryTests {
         chmod(path, 0o644)
         let loose = await SQLiteTokenRepository.check(path: path, logger: Logger(label: "test"))
         #expect(loose.problems.count == 1 && loose.problems[0].contains("chmod 600"), "\(loose.problems)")
-        #expect(loose.integrityProblems == [] && loose.schemaVersion == 2)
+        #expect(loose.integrityProblems == [] && loose.schemaVersion == SQLiteTokenRepository.buildSchemaVersion)
         chmod(path, 0o600)
 
         let missing = await SQLiteTokenRepository.check(path: dir.file("absent.sqlite"), logger: Logger(label: "test"))

@@ -1,0 +1,148 @@
+// Encryption layer: a repository that seals token values before they reach the store it wraps
+// and opens them when loaded; the engine's memory holds plaintext, so the hit path is unchanged.
+
+public import Foundation
+public import Logging
+
+/// A ``TokenRepository`` that seals every token value with its keyring's primary key before
+/// the wrapped store sees it, and opens values as they are loaded.
+///
+/// A stored value that does not open (altered, moved to another row, or sealed with a key the
+/// keyring lacks) is never handed out: it reads as missing, is logged as an error naming the
+/// key and key id, and the engine fetches a new token. One that fails with a key the keyring
+/// holds, or that is not sealed at all, is also removed, so the refetched token replaces it.
+/// Open a store with ``TokenValueResealer/prepare(keyring:)`` first: it refuses a store that
+/// needs keys the keyring lacks, and seals an older store's plaintext values.
+///
+/// Leases hold no token values: give the engine the wrapped store's ``RefreshLeaseStore``.
+///
+/// ```swift
+/// let keyring = try TokenKeyring.load(files: ["/etc/token-agent/key"], environment: [:])!
+/// let store = try SQLiteTokenRepository(path: path, logger: logger)
+/// _ = try await TokenValueResealer(store: store, keyring: keyring, logger: logger).prepare()
+/// let sealed = EncryptedTokenRepository(base: store, keyring: keyring, logger: logger)
+/// let engine = TokenSyncEngine(repository: sealed, leases: store, fetcher: fetcher, logger: logger)
+/// ```
+public struct EncryptedTokenRepository: TokenRepository {
+    /// The store the sealed values go to.
+    public let base: any TokenRepository & TokenSealingStore
+    /// The keys values are sealed and opened with.
+    public let keyring: TokenKeyring
+    private let logger: Logger
+
+    /// Wraps `base`, sealing with `keyring`'s primary key and opening with any of its keys.
+    /// - Parameter logger: Receives the errors of values that do not open (never a value).
+    public init(base: any TokenRepository & TokenSealingStore, keyring: TokenKeyring, logger: Logger) {
+        self.base = base
+        self.keyring = keyring
+        self.logger = logger
+    }
+
+    /// The entry for `key`, its token opened; a token that does not open is absent.
+    /// - Throws: ``TokenStoreError`` when the store cannot be read.
+    public func entry(for key: TokenKey) async throws(TokenStoreError) -> TokenEntry? {
+        guard let entry = try await base.entry(for: key) else { return nil }
+        return await opened(entry)
+    }
+
+    /// The entries for `keys`, their tokens opened; a token that does not open is absent.
+    /// - Throws: ``TokenStoreError`` when the store cannot be read.
+    public func entries(for keys: [TokenKey]) async throws(TokenStoreError) -> [TokenKey: TokenEntry] {
+        var found = try await base.entries(for: keys)
+        for (key, entry) in found where entry.token != nil {
+            found[key] = await opened(entry)
+        }
+        return found
+    }
+
+    /// Stores `token` with its value sealed; see ``TokenRepository/upsert(_:clearFailure:)``.
+    /// - Throws: ``TokenStoreError``; on failure nothing was written.
+    public func upsert(_ token: StoredToken, clearFailure: Bool) async throws(TokenStoreError) {
+        try await base.upsert(sealed(token), clearFailure: clearFailure)
+    }
+
+    /// Stores `tokens` with their values sealed, in one transaction.
+    /// - Throws: ``TokenStoreError``; on failure nothing was written.
+    public func upsert(_ tokens: [StoredToken], clearFailure: Bool) async throws(TokenStoreError) {
+        try await base.upsert(tokens.map(sealed), clearFailure: clearFailure)
+    }
+
+    /// Removes `key`'s token, keeping its failure state.
+    /// - Throws: ``TokenStoreError``; on failure nothing was changed.
+    public func removeToken(for key: TokenKey) async throws(TokenStoreError) {
+        try await base.removeToken(for: key)
+    }
+
+    /// Records a failed refresh of `key`.
+    /// - Throws: ``TokenStoreError``; on failure nothing was written.
+    public func recordFailure(_ failure: RefreshFailureState, for key: TokenKey) async throws(TokenStoreError) {
+        try await base.recordFailure(failure, for: key)
+    }
+
+    /// The wrapped store's retention candidates.
+    /// - Throws: ``TokenStoreError`` when the store cannot be read.
+    public func retiredKeys(before cutoff: Date, after: TokenKey?, limit: Int) async throws(TokenStoreError) -> [TokenKey] {
+        try await base.retiredKeys(before: cutoff, after: after, limit: limit)
+    }
+
+    /// Deletes retired entries from the wrapped store.
+    /// - Throws: ``TokenStoreError``; on failure nothing was deleted.
+    public func deleteRetired(_ keys: [TokenKey], before cutoff: Date) async throws(TokenStoreError) -> Int {
+        try await base.deleteRetired(keys, before: cutoff)
+    }
+
+    /// The wrapped store's change feed.
+    public func changes() -> AsyncStream<TokenStoreChange> { base.changes() }
+
+    /// The wrapped store's background work.
+    public func runBackgroundWork() async { await base.runBackgroundWork() }
+
+    /// The wrapped store's change-feed work.
+    public func followChanges() async { await base.followChanges() }
+
+    // MARK: - Sealing and opening
+
+    private func sealed(_ token: StoredToken) -> StoredToken {
+        var sealed = token
+        sealed.value = SealedTokenValue.seal(token.value, for: token.key, with: keyring.primary)
+        return sealed
+    }
+
+    /// `entry` with its token opened, or without it when it does not open (nil when nothing
+    /// else, no failure state, is left).
+    private func opened(_ entry: TokenEntry) async -> TokenEntry? {
+        guard let token = entry.token else { return entry }
+        var result = entry
+        switch SealedTokenValue.open(token.value, for: entry.key, with: keyring) {
+        case .opened(let value, _):
+            result.token?.value = value
+            return result
+        case .missingKey(let keyID):
+            // Another process seals with a key this one lacks: its value is not ours to remove.
+            logger.error("stored token is sealed with a key this process does not hold: treated as missing, fetched anew", metadata: [
+                "key": "\(entry.key)", "key_id": .string(keyID),
+                "hint": "give every process sharing the store the same key files",
+            ])
+        case .failed(let keyID):
+            logger.error("stored token does not open (altered, or copied from another row): treated as missing, removed and fetched anew", metadata: [
+                "key": "\(entry.key)", "key_id": .string(keyID),
+            ])
+            await remove(entry.key)
+        case .plaintext:
+            logger.error("stored token is not sealed although the store is encrypted (written by a process without the key?): treated as missing, removed and fetched anew", metadata: [
+                "key": "\(entry.key)", "key_id": .string(plaintextKeyID),
+            ])
+            await remove(entry.key)
+        }
+        result.token = nil
+        return result.failure == nil ? nil : result
+    }
+
+    private func remove(_ key: TokenKey) async {
+        do { try await base.removeToken(for: key) } catch {
+            logger.warning("could not remove a stored token that does not open; the next write replaces it", metadata: [
+                "key": "\(key)", "error": "\(error)",
+            ])
+        }
+    }
+}

@@ -1,0 +1,94 @@
+// Storage layer: SQLiteTokenRepository as a TokenSealingStore: which keys sealed the stored
+// values (the `value_key_id` column of V0003), and the value-only rewrites of sealing and rekey.
+import Foundation
+import GRDB
+import Logging
+
+extension SQLiteTokenRepository: TokenSealingStore {
+    /// The store file's path.
+    public var storeName: String { path }
+
+    /// The key ids of the stored values: one index probe per id (`tokens_by_value_key`).
+    /// - Throws: ``TokenStoreError`` when the store cannot be read.
+    public func valueKeyIDs() async throws(TokenStoreError) -> Set<String> {
+        try await runner.read { db in
+            var ids: Set<String> = []
+            var last = ""
+            let statement = try db.cachedStatement(sql: """
+                SELECT min(value_key_id) FROM tokens WHERE token IS NOT NULL AND value_key_id > ?
+                """)
+            while let next = try String.fetchOne(statement, arguments: [last]) {
+                ids.insert(next)
+                last = next
+            }
+            return ids
+        }
+    }
+
+    /// How many tokens are under each key id.
+    /// - Throws: ``TokenStoreError`` when the store cannot be read.
+    public func valueKeyCounts() async throws(TokenStoreError) -> [String: Int] {
+        try await runner.read { db in
+            var counts: [String: Int] = [:]
+            for row in try Row.fetchAll(db, sql: """
+                SELECT value_key_id AS id, count(*) AS n FROM tokens WHERE token IS NOT NULL GROUP BY 1
+                """) {
+                counts[row["id"]] = row["n"]
+            }
+            return counts
+        }
+    }
+
+    /// Keys whose value is (or is not) under `valueKeyID`, in key order after `after`.
+    /// - Throws: ``TokenStoreError`` when the store cannot be read.
+    public func tokenKeys(valueKeyID: String, matching: Bool, after: TokenKey?, limit: Int) async throws(TokenStoreError) -> [TokenKey] {
+        var sql = "SELECT kind, subject_id FROM tokens WHERE token IS NOT NULL AND value_key_id \(matching ? "=" : "<>") ?"
+        var arguments: [any DatabaseValueConvertible] = [valueKeyID]
+        if let after {
+            sql += " AND (kind, subject_id) > (?, ?)"
+            arguments += [after.kind.rawValue, after.subjectID]
+        }
+        sql += " ORDER BY kind, subject_id LIMIT ?"
+        arguments.append(max(0, limit))
+        let bound = StatementArguments(arguments.map(\.databaseValue))
+        let query = sql
+        return try await runner.read { db in
+            try Row.fetchAll(db, sql: query, arguments: bound).compactMap { row in
+                TokenKind(rawValue: row["kind"]).map { TokenKey(uncheckedKind: $0, subjectID: row["subject_id"]) }
+            }
+        }
+    }
+
+    /// Replaces values still as read, in one transaction.
+    /// - Throws: ``TokenStoreError``; on failure nothing was changed.
+    public func replaceValues(_ replacements: [TokenValueReplacement]) async throws(TokenStoreError) -> Set<TokenKey> {
+        guard !replacements.isEmpty else { return [] }
+        return try await runner.write(inline: false) { db in
+            let statement = try db.cachedStatement(sql: "UPDATE tokens SET token = ? WHERE kind = ? AND subject_id = ? AND token = ?")
+            var replaced: Set<TokenKey> = []
+            for replacement in replacements {
+                try statement.execute(arguments: [replacement.new, replacement.key.kind.rawValue, replacement.key.subjectID, replacement.old])
+                if db.changesCount > 0 { replaced.insert(replacement.key) }
+            }
+            return replaced
+        }
+    }
+
+    /// Rewrites the store file without the free space that held replaced values (VACUUM),
+    /// then empties the write-ahead log, which still holds them, as far as other processes'
+    /// open reads allow (what remains is overwritten as the log is reused).
+    /// - Throws: ``TokenStoreError`` when the store cannot be rewritten.
+    public func discardReplacedValues() async throws(TokenStoreError) {
+        do {
+            try await pool.vacuum()
+        } catch {
+            throw TokenStoreError(error, path: path, busyTimeout: configuration.busyTimeout)
+        }
+        do {
+            try await pool.writeWithoutTransaction { db in _ = try db.checkpoint(.truncate) }
+        } catch {
+            logger.warning("could not empty the token store's write-ahead log while other processes read it; it is overwritten as it is reused",
+                           metadata: ["store": .string(path), "error": "\(error)"])
+        }
+    }
+}
