@@ -1,0 +1,158 @@
+import FleetTokenStoreTesting
+import Foundation
+import Testing
+import TestSupportKit
+@testable import FleetTokenStore
+
+@Suite("Sealed token values: AES-GCM bound to kind, subject id, key id and fingerprint")
+struct SealedTokenValueTests {
+    let key = TokenEncryptionKey.random()
+    let vehicle = try! TokenKey.vehicle("truck-7")
+    let value = TestJWT.make(for: try! TokenKey.vehicle("truck-7"), issuedAt: referenceNow, lifetime: 3600)
+
+    @Test("a sealed value opens to the token; it shows the key id and fingerprint, never the token or its signature")
+    func roundTrip() throws {
+        let sealed = SealedTokenValue.seal(value, for: vehicle, with: key)
+        #expect(sealed.hasPrefix("sealed:v1:\(key.id):\(TokenFingerprint(of: value)):"))
+        #expect(!sealed.contains(value))
+        let signature = try #require(value.split(separator: ".").last)
+        #expect(!sealed.contains(signature))
+        #expect(SealedTokenValue.keyID(ofStored: sealed) == key.id)
+        #expect(SealedTokenValue.fingerprint(ofStored: sealed) == TokenFingerprint(of: value))
+        #expect(SealedTokenValue.fingerprint(ofStored: value) == TokenFingerprint(of: value))
+        #expect(SealedTokenValue.open(sealed, for: vehicle, with: TokenKeyring(primary: key)) == .opened(value, keyID: key.id))
+    }
+
+    @Test("every write has its own nonce: the same token sealed twice differs")
+    func freshNonce() {
+        let first = SealedTokenValue.seal(value, for: vehicle, with: key)
+        let second = SealedTokenValue.seal(value, for: vehicle, with: key)
+        #expect(first != second)
+    }
+
+    @Test("a value copied onto another subject, or another kind, does not open")
+    func boundToRow() throws {
+        let sealed = SealedTokenValue.seal(value, for: vehicle, with: key)
+        let keyring = TokenKeyring(primary: key)
+        #expect(SealedTokenValue.open(sealed, for: try .vehicle("truck-8"), with: keyring) == .failed(keyID: key.id))
+        #expect(SealedTokenValue.open(sealed, for: try .trip("truck-7"), with: keyring) == .failed(keyID: key.id))
+    }
+
+    @Test("an altered byte, a relabelled key id or fingerprint, a truncated value: none opens")
+    func tamperedValues() throws {
+        let keyring = TokenKeyring(primary: key)
+        let other = TokenEncryptionKey.random()
+        let sealed = SealedTokenValue.seal(value, for: vehicle, with: key)
+        var payload = Array(sealed.utf8)
+        let index = payload.count - 30
+        payload[index] = payload[index] == UInt8(ascii: "A") ? UInt8(ascii: "B") : UInt8(ascii: "A")
+        #expect(SealedTokenValue.open(String(decoding: payload, as: UTF8.self), for: vehicle, with: keyring) == .failed(keyID: key.id))
+        // The other key's id on this key's ciphertext: opened with the other key, it fails.
+        let relabelled = sealed.replacingOccurrences(of: key.id, with: other.id)
+        #expect(SealedTokenValue.open(relabelled, for: vehicle, with: TokenKeyring(primary: other, others: [key])) == .failed(keyID: other.id))
+        let refingered = sealed.replacingOccurrences(of: TokenFingerprint(of: value).description, with: "000000000000")
+        #expect(SealedTokenValue.open(refingered, for: vehicle, with: keyring) == .failed(keyID: key.id))
+        #expect(SealedTokenValue.open(String(sealed.dropLast(8)), for: vehicle, with: keyring) == .failed(keyID: key.id))
+        #expect(SealedTokenValue.open("sealed:v1:garbage", for: vehicle, with: keyring) == .failed(keyID: "unknown"))
+    }
+
+    @Test("a value sealed with a key not held names its key id; a plaintext value is told apart")
+    func missingKeyAndPlaintext() {
+        let sealed = SealedTokenValue.seal(value, for: vehicle, with: key)
+        #expect(SealedTokenValue.open(sealed, for: vehicle, with: TokenKeyring(primary: .random())) == .missingKey(key.id))
+        #expect(SealedTokenValue.open(sealed, for: vehicle, with: nil) == .missingKey(key.id))
+        #expect(SealedTokenValue.open(value, for: vehicle, with: TokenKeyring(primary: key)) == .plaintext(value))
+        #expect(SealedTokenValue.keyID(ofStored: value) == nil)
+    }
+
+    @Test("a key's id is stable, 16 hex digits, and differs between keys; a second key opens what it sealed")
+    func keyIDsAndRotation() throws {
+        let bytes = Data((0..<32).map { UInt8($0) })
+        let first = try TokenEncryptionKey(bytes: bytes), again = try TokenEncryptionKey(bytes: bytes)
+        #expect(first.id == again.id && first.id.count == 16 && first.id.allSatisfy(\.isHexDigit))
+        #expect(first.id != TokenEncryptionKey.random().id)
+        let old = TokenEncryptionKey.random()
+        let sealedOld = SealedTokenValue.seal(value, for: vehicle, with: old)
+        let rotating = TokenKeyring(primary: first, others: [old, old])
+        #expect(rotating.ids == [first.id, old.id])
+        #expect(SealedTokenValue.open(sealedOld, for: vehicle, with: rotating) == .opened(value, keyID: old.id))
+        #expect(throws: TokenKeyFileError.self) { try TokenEncryptionKey(bytes: Data(count: 16)) }
+    }
+}
+
+@Suite("Key files: 32 bytes raw or base64, owned by this user, no access for group or others")
+struct KeyFileTests {
+    let dir = Scratch()
+
+    func write(_ name: String, _ bytes: Data, mode: mode_t = 0o600) -> String {
+        let path = dir.file(name)
+        FileManager.default.createFile(atPath: path, contents: bytes)
+        chmod(path, mode)
+        return path
+    }
+
+    @Test("raw and base64 files give the same key; a base64 file may end in a newline")
+    func formats() throws {
+        let bytes = Data((0..<32).map { _ in UInt8.random(in: 0...255) })
+        let raw = try TokenEncryptionKey.load(file: write("raw", bytes))
+        let text = try TokenEncryptionKey.load(file: write("b64", Data((bytes.base64EncodedString() + "\n").utf8)))
+        #expect(raw.id == text.id)
+        #expect(raw.id == (try TokenEncryptionKey(bytes: bytes)).id)
+    }
+
+    @Test("wrong length, a directory, a missing file: each refused with what to do")
+    func badFiles() throws {
+        let short = write("short", Data(count: 31))
+        let error = #expect(throws: TokenKeyFileError.self) { try TokenEncryptionKey.load(file: short) }
+        #expect(error?.code == .wrongLength && error?.byteCount == 31)
+        #expect(error?.description.contains("head -c 32 /dev/urandom") == true)
+        let notBase64 = write("text", Data("not a key at all, just some words\n".utf8))
+        #expect((#expect(throws: TokenKeyFileError.self) { try TokenEncryptionKey.load(file: notBase64) })?.code == .wrongLength)
+        #expect((#expect(throws: TokenKeyFileError.self) { try TokenEncryptionKey.load(file: dir.path) })?.code == .notAFile)
+        #expect((#expect(throws: TokenKeyFileError.self) { try TokenEncryptionKey.load(file: dir.file("absent")) })?.code == .unreadable)
+    }
+
+    @Test("a key file readable by group or others is refused, naming its mode and chmod 600")
+    func modeTooOpen() throws {
+        for mode: mode_t in [0o644, 0o640, 0o604, 0o660] {
+            let path = write("open-\(String(mode, radix: 8))", Data(count: 32), mode: mode)
+            let error = #expect(throws: TokenKeyFileError.self) { try TokenEncryptionKey.load(file: path) }
+            #expect(error?.code == .modeTooOpen && error?.mode == Int(mode))
+            #expect(error?.description.contains("chmod 600") == true)
+        }
+        _ = try TokenEncryptionKey.load(file: write("tight", Data(count: 32), mode: 0o400))
+    }
+
+    @Test("a key file owned by another user is refused (run as root: chown to nobody)", .enabled(if: geteuid() == 0))
+    func foreignOwner() throws {
+        let path = write("foreign", Data(count: 32))
+        #expect(chown(path, 65534, 65534) == 0)
+        let error = #expect(throws: TokenKeyFileError.self) { try TokenEncryptionKey.load(file: path) }
+        #expect(error?.code == .notOwnedByUser && error?.ownerID == 65534)
+    }
+
+    @Test("the keyring: key files in order, the first the primary; else systemd's credential; else none")
+    func keyringSources() throws {
+        let first = write("first", Data(repeating: 1, count: 32))
+        let second = write("second", Data(repeating: 2, count: 32))
+        let keyring = try #require(try TokenKeyring.load(files: [first, second], environment: [:]))
+        #expect(keyring.primary.id == (try TokenEncryptionKey.load(file: first)).id)
+        #expect(keyring.ids.count == 2)
+        #expect(try TokenKeyring.load(files: [], environment: [:]) == nil)
+
+        // systemd's credential directory: used without flags, and its files are exempt from the
+        // owner and mode rules (systemd limits them to the service's user, possibly by an ACL).
+        let credentials = dir.file("credentials")
+        try FileManager.default.createDirectory(atPath: credentials, withIntermediateDirectories: true)
+        let credential = credentials + "/token-store-key"
+        FileManager.default.createFile(atPath: credential, contents: Data(repeating: 3, count: 32))
+        chmod(credential, 0o440)
+        let fromSystemd = try #require(try TokenKeyring.load(files: [], environment: ["CREDENTIALS_DIRECTORY": credentials]))
+        #expect(fromSystemd.primary.id == (try TokenEncryptionKey(bytes: Data(repeating: 3, count: 32))).id)
+        // Flags win over the credential.
+        let flagged = try #require(try TokenKeyring.load(files: [first], environment: ["CREDENTIALS_DIRECTORY": credentials]))
+        #expect(flagged.ids == [keyring.primary.id])
+        // A credential directory without the credential gives no key.
+        #expect(try TokenKeyring.load(files: [], environment: ["CREDENTIALS_DIRECTORY": dir.file("empty")]) == nil)
+    }
+}
