@@ -26,7 +26,7 @@ struct EncryptedRepositoryTests {
     var keyring: TokenKeyring { TokenKeyring(primary: key) }
     let log = LogRecorder()
 
-    func value(_ key: TokenKey) -> String { TestJWT.make(for: key, issuedAt: referenceNow, lifetime: 3600) }
+    func value(_ key: TokenKey) -> String { jwtLike(key) }
 
     /// `key`'s token, with a real JWT value.
     func stored(_ key: TokenKey) -> StoredToken { token(key, expiresIn: 1800, value: value(key)) }
@@ -65,7 +65,7 @@ struct EncryptedRepositoryTests {
 
         #expect(try await sealed.entry(for: truck) == nil)
         #expect(try await sealed.entries(for: [failing])[failing] == TokenEntry(key: failing, token: nil, failure: failure))
-        let errors = log.messages(at: .error)
+        let errors = log.errorLines
         #expect(errors.filter { $0.contains("does not open") && $0.contains(self.key.id) }.count == 2, "\(errors)")
         #expect(errors.contains { $0.contains("vehicle/truck-1") })
         // Removed, so the refetched token is stored whatever expiry the altered row claimed.
@@ -85,7 +85,7 @@ struct EncryptedRepositoryTests {
 
         #expect(try await sealed.entry(for: target) == nil)
         #expect(try await sealed.entry(for: source)?.token?.value == value(source))
-        #expect(log.messages(at: .error).contains { $0.contains("vehicle/truck-2") && $0.contains("does not open") })
+        #expect(log.errorLines.contains { $0.contains("vehicle/truck-2") && $0.contains("does not open") })
     }
 
     @Test("a value under a key this process lacks reads as missing and is left in place; a plaintext value is removed",
@@ -100,7 +100,7 @@ struct EncryptedRepositoryTests {
         #expect(try await sealed.entries(for: [foreign, plain]).isEmpty)
         #expect(try await base.entry(for: foreign)?.token != nil)
         #expect(try await base.entry(for: plain) == nil)
-        let errors = log.messages(at: .error)
+        let errors = log.errorLines
         #expect(errors.contains { $0.contains("vehicle/foreign") && $0.contains(other.id) && $0.contains("does not hold") })
         #expect(errors.contains { $0.contains("vehicle/plain") && $0.contains("not sealed") })
     }

@@ -13,7 +13,7 @@ struct TokenValueResealerTests {
     let log = LogRecorder()
     var path: String { dir.file("tokens.sqlite") }
 
-    func value(_ key: TokenKey) -> String { TestJWT.make(for: key, issuedAt: referenceNow, lifetime: 3600) }
+    func value(_ key: TokenKey) -> String { jwtLike(key) }
     func stored(_ key: TokenKey) -> StoredToken { token(key, expiresIn: 1800, value: value(key)) }
     func keys(_ count: Int, prefix: String = "truck") -> [TokenKey] { (0..<count).map { try! TokenKey.vehicle("\(prefix)-\($0)") } }
 
@@ -68,7 +68,7 @@ struct TokenValueResealerTests {
         let found = all.filter { key in
             bytes.range(of: Data(value(key).utf8)) != nil || bytes.range(of: Data(value(key).split(separator: ".")[2].utf8)) != nil
         }
-        #expect(found.isEmpty, "\(found.count) plaintext tokens or signatures still on disk")
+        #expect(found.count == 0, "plaintext tokens or signatures still on disk")
         #expect(log.messages(at: .notice).contains { $0.contains("sealed the store's unencrypted token values") })
         // A second open has nothing to do.
         #expect(try await TokenValueResealer(store: store, logger: log.logger).prepare(keyring: keyring)?.resealed == [:])
