@@ -125,8 +125,10 @@ public final class IssuerProcess: Sendable {
     public let template: String
     public let base: String
 
-    public init(scratch: Scratch, lifetime: Int = 3600) async throws {
-        process = try RunningProcess("dev-token-server", ["--port", "0", "--lifetime", "\(lifetime)", "--log-level", "warning"], in: scratch)
+    /// `recordTokens` keeps every issued token for ``issuedTokens()``.
+    public init(scratch: Scratch, lifetime: Int = 3600, recordTokens: Bool = false) async throws {
+        process = try RunningProcess("dev-token-server", ["--port", "0", "--lifetime", "\(lifetime)", "--log-level", "warning"]
+                                     + (recordTokens ? ["--record-issued-tokens"] : []), in: scratch)
         guard await process.waitForOutput("listening on ", within: 30),
               let line = process.stdout.split(separator: "\n").first(where: { $0.contains("listening on ") }),
               let url = line.split(separator: " ").last.map(String.init) else {
@@ -147,6 +149,17 @@ public final class IssuerProcess: Sendable {
     public func issuedTimes() async throws -> [String: [Double]] {
         let (data, _) = try await URLSession.shared.data(from: URL(string: base + "/stats/issued")!)
         return try JSONSerialization.jsonObject(with: data) as? [String: [Double]] ?? [:]
+    }
+
+    /// Every token issued, by `kind/id`, from GET /stats/tokens (started with `recordTokens`).
+    /// - Throws: ``ProcessFailure`` when the issuer does not record tokens.
+    public func issuedTokens() async throws -> [String: [String]] {
+        let (data, response) = try await URLSession.shared.data(from: URL(string: base + "/stats/tokens")!)
+        guard (response as? HTTPURLResponse)?.statusCode == 200,
+              let tokens = try JSONSerialization.jsonObject(with: data) as? [String: [String]] else {
+            throw ProcessFailure(message: "GET /stats/tokens: \(String(decoding: data, as: UTF8.self))")
+        }
+        return tokens
     }
 }
 

@@ -15,7 +15,9 @@ import _CryptoExtras
 /// (`TRIP_TOKEN_KEY` for trips). Query parameters help test clients:
 /// `expiration_format=epoch-seconds|epoch-millis|relative-seconds|none` and
 /// `fault=<name>` to simulate a broken provider (see ``Fault``).
-/// `GET /stats` answers `{"issued": N, "requests": N}`.
+/// `GET /stats` answers `{"issued": N, "requests": N}`. With ``Configuration/recordIssuedTokens``,
+/// `GET /stats/tokens` answers every token issued, by `kind/id` (tests that scan a store's bytes
+/// for plaintext tokens need the values).
 public final class DevTokenIssuer: Sendable {
     /// How the issuer runs.
     public struct Configuration: Sendable {
@@ -35,6 +37,9 @@ public final class DevTokenIssuer: Sendable {
         /// time inject the same clock here, so tokens follow it. (The HTTP `Date` header stays
         /// the real time: the server framework sets it.)
         public var now: @Sendable () -> Date = { Date() }
+        /// Keep every issued token and answer them at `GET /stats/tokens` (off by default: the
+        /// list grows with every token, and it hands out every token issued to whoever asks).
+        public var recordIssuedTokens = false
 
         /// The defaults.
         public init() {}
@@ -111,6 +116,9 @@ public final class DevTokenIssuer: Sendable {
     public var issuedCount: Int { counters.issued.withLock { $0 } }
     /// Requests answered so far (including faults).
     public var requestCount: Int { counters.requests.withLock { $0 } }
+    /// Every token issued so far, by `kind/id`, oldest first; empty unless
+    /// ``Configuration/recordIssuedTokens`` is set.
+    public var issuedTokens: [String: [String]] { counters.issuedTokens.withLock { $0 } }
 
     /// Starts an issuer and returns once it accepts connections.
     /// - Throws: ``StartError``, or the server's error when it cannot bind.
@@ -122,7 +130,7 @@ public final class DevTokenIssuer: Sendable {
         let keyID = String(TokenIssuing.fingerprint(signingKey.publicKey.derRepresentation).prefix(40))
         let keys = JWTKeyCollection()
         await keys.add(rsa: signingKey, digestAlgorithm: .sha256, kid: JWKIdentifier(string: keyID))
-        let counters = Counters()
+        let counters = Counters(recordingTokens: configuration.recordIssuedTokens)
         let issuing = TokenIssuing(keys: keys, keyID: keyID, configuration: configuration, counters: counters)
 
         let router = Router()
@@ -136,6 +144,15 @@ public final class DevTokenIssuer: Sendable {
         router.get("stats/issued") { _, _ in
             let times = counters.issuedAt.withLock { $0 }
             let body = (try? JSONSerialization.data(withJSONObject: times, options: [.sortedKeys])) ?? Data("{}".utf8)
+            return Response(status: .ok, headers: [.contentType: "application/json"], body: .init(byteBuffer: ByteBuffer(bytes: body)))
+        }
+        router.get("stats/tokens") { _, _ in
+            guard counters.recordingTokens else {
+                return Response(status: .notFound, headers: [.contentType: "application/json"],
+                                body: .init(byteBuffer: ByteBuffer(string: #"{"error":"issued tokens are not recorded; start with --record-issued-tokens"}"#)))
+            }
+            let tokens = counters.issuedTokens.withLock { $0 }
+            let body = (try? JSONSerialization.data(withJSONObject: tokens, options: [.sortedKeys])) ?? Data("{}".utf8)
             return Response(status: .ok, headers: [.contentType: "application/json"], body: .init(byteBuffer: ByteBuffer(bytes: body)))
         }
         let (portStream, portContinuation) = AsyncStream<Int>.makeStream()
@@ -211,9 +228,19 @@ final class Counters: Sendable {
     /// When each subject's tokens were issued (Unix seconds), for GET /stats/issued: tests of
     /// several agents check that no key was fetched twice within one token lifetime.
     let issuedAt = Mutex<[String: [Double]]>([:])
+    /// Whether ``issuedTokens`` is kept (``DevTokenIssuer/Configuration/recordIssuedTokens``).
+    let recordingTokens: Bool
+    /// Every token issued, by `kind/id`, for GET /stats/tokens: tests that scan a store's bytes
+    /// for plaintext tokens check every token the agent ever received.
+    let issuedTokens = Mutex<[String: [String]]>([:])
 
-    func noteIssued(kind: String, subject: String, at time: Date) {
+    init(recordingTokens: Bool) {
+        self.recordingTokens = recordingTokens
+    }
+
+    func noteIssued(kind: String, subject: String, at time: Date, token: String) {
         issued.withLock { $0 += 1 }
         issuedAt.withLock { $0["\(kind)/\(subject)", default: []].append(time.timeIntervalSince1970) }
+        if recordingTokens { issuedTokens.withLock { $0["\(kind)/\(subject)", default: []].append(token) } }
     }
 }

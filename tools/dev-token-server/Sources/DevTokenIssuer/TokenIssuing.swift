@@ -74,11 +74,11 @@ struct TokenIssuing: Sendable {
         default: break
         }
         var token = try await mint(kind: kind, subject: subject, issuedAt: issuedAt, lifetime: lifetime)
-        counters.noteIssued(kind: kind, subject: id, at: now)
         if fault == .badBase64 {
             let parts = token.split(separator: ".")
             token = "\(parts[0]).%%%not-base64%%%.\(parts[2])"
         }
+        counters.noteIssued(kind: kind, subject: id, at: now, token: token)
         let expiry = issuedAt.addingTimeInterval(lifetime)
         var members: [String] = []
         if fault != .missingToken { members.append(#""\#(field)":"\#(token)""#) }

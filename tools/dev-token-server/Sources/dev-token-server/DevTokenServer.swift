@@ -16,7 +16,8 @@ struct DevTokenServer: AsyncParsableCommand {
             GET /token/{kind}/{id} answers {"VEHICLE_TOKEN_KEY"|"TRIP_TOKEN_KEY": "<jwt>", "TOKEN_EXPIRATION": <unix seconds>}.
             Query parameters: expiration_format=epoch-seconds|epoch-millis|relative-seconds|none;
             fault=status|html|missing-token|missing-expiration|wrong-subject|expired|too-long|bad-base64|huge-body|hang|slow-body|same-token
-            (with status=CODE, retry_after=SECONDS, delay_ms=N). GET /stats answers {"issued": N, "requests": N}.
+            (with status=CODE, retry_after=SECONDS, delay_ms=N). GET /stats answers {"issued": N, "requests": N};
+            with --record-issued-tokens, GET /stats/tokens answers every token issued, by kind/id.
             """)
 
     @Option(help: "Address to listen on (loopback unless --allow-non-loopback).")
@@ -33,6 +34,9 @@ struct DevTokenServer: AsyncParsableCommand {
 
     @Flag(help: "Allow listening on a non-loopback address. The issuer gives tokens to anyone.")
     var allowNonLoopback = false
+
+    @Flag(help: "Keep every issued token and answer them at GET /stats/tokens (for tests that look for token values on disk).")
+    var recordIssuedTokens = false
 
     @Option(help: "Log level: trace, debug, info, notice, warning, error, critical.")
     var logLevel: Logger.Level = .info
@@ -51,6 +55,7 @@ struct DevTokenServer: AsyncParsableCommand {
         configuration.lifetime = TimeInterval(lifetime)
         configuration.keyFile = keyFile
         configuration.allowNonLoopback = allowNonLoopback
+        configuration.recordIssuedTokens = recordIssuedTokens
         let issuer = try await DevTokenIssuer.start(configuration, logger: logger)
         // Written unbuffered: scripts and tests read the URL (and its free port) from this line.
         FileHandle.standardOutput.write(Data("dev-token-server: NOT FOR PRODUCTION; listening on \(issuer.urlTemplate)\n".utf8))
