@@ -497,6 +497,69 @@ struct EncryptionProcessTests {
         #expect(loose.status == 1)
         #expect(loose.stderr.contains("has mode 440"), "\(loose.stderr.suffix(2000))")
     }
+
+    // MARK: - 9. A keyless agent beside a sealing one
+
+    @Test("an agent without a key, running while another agent seals the store, never serves a sealed value as a token")
+    func keylessAgentNeverServesSealedValue() async throws {
+        let scratch = Scratch()
+        let issuer = try await IssuerProcess(scratch: scratch, recordTokens: true)
+        let db = scratch.file("tokens.sqlite")
+        let socket = scratch.file("api.sock")
+        let subjects = Subjects(vehicles: 1, trips: 1)
+        let key = try KeyFile("store.key", in: scratch)
+        let keyless = try RunningProcess("token-agent", ["--db", db, "--provider-url", issuer.template, "--listen", "unix:\(socket)",
+                                                         "--log-level", "debug"] + subjects.arguments, in: scratch)
+        let started = await eventually(within: 30) { Set(committedLines(keyless.stdout).map(\.key)) == Set(subjects.keys) }
+        try #require(started, "\(keyless.stderr.suffix(3000))")
+        // The second agent seals the plaintext store in place while the first runs.
+        let sealing = try RunningProcess("token-agent", ["--db", db, "--provider-url", issuer.template, "--encryption-key-file", key.path,
+                                                         "--log-level", "debug"] + subjects.arguments, in: scratch)
+        #expect(await sealing.waitForOutput("sealed the store's unencrypted token values", within: 30), "\(sealing.stderr.suffix(3000))")
+        // A purge makes both fetch vehicle/v01 again; the sealing agent's commit reaches the
+        // keyless one through the change feed.
+        await nextWholeSecond(after: Date())
+        let linesBefore = committedLines(keyless.stdout).count
+        let purged = try await tokenctl(["--db", db, "purge", "--vehicle", "v01"], scratch)
+        #expect(purged.status == 0, "\(purged.stderr)")
+        let reacted = await eventually(within: 15) {
+            committedLines(keyless.stdout).dropFirst(linesBefore).contains { $0.key == "vehicle/v01" }
+        }
+        #expect(reacted, "the keyless agent did not take up vehicle/v01 again: \(keyless.stdout) \(keyless.stderr.suffix(3000))")
+        // Let the two settle (a few change-feed polls).
+        try await Task.sleep(for: .seconds(2))
+
+        let issued = try await issuer.issuedTokens()
+        let issuedFingerprints = Set((issued["vehicle/v01"] ?? []).map { TokenFingerprint(of: $0).description })
+        let v01Lines = committedLines(keyless.stdout).filter { $0.key == "vehicle/v01" }
+        let foreign = v01Lines.filter { !issuedFingerprints.contains($0.fingerprint) }
+        #expect(foreign.isEmpty, """
+            the keyless agent took up vehicle/v01 values the issuer never issued (sealed values read as tokens): \
+            \(foreign.map { "fp=\($0.fingerprint) source=\($0.source)" }); issued: \(issuedFingerprints.sorted()); \
+            sealing agent's lines: \(committedLines(sealing.stdout).filter { $0.key == "vehicle/v01" }.map { "fp=\($0.fingerprint) source=\($0.source)" })
+            """)
+        if let curl = executable(["/usr/bin/curl", "/usr/local/bin/curl", "/bin/curl"]) {
+            let answer = try runCapturing([curl, "-s", "--unix-socket", socket, "-H", "Fleet-Token-Request: true",
+                                           "http://localhost/v1/token/vehicle/v01"])
+            let object = (try? jsonObject(answer.stdout)) ?? [:]
+            if let token = object["token"] as? String {
+                let sealedServed = token.hasPrefix(SealedTokenValue.prefix)
+                let issuedServed = issued["vehicle/v01"]?.contains(token) == true
+                #expect(!sealedServed, "the keyless agent's API served a sealed value as vehicle/v01's token")
+                #expect(issuedServed, "the keyless agent's API served a token the issuer never issued")
+            } else {
+                // No token at all is acceptable (treated as missing); a sealed one never is.
+                #expect(!answer.stdout.contains(SealedTokenValue.prefix), "\(answer.stdout.prefix(300))")
+            }
+        }
+        for agent in [keyless, sealing] {
+            agent.signal(SIGTERM)
+            _ = await agent.wait(upTo: 5)
+        }
+        let secrets = SecretScanner()
+        secrets.remember(contentsOf: try await issuer.issuedTokens().values.joined())
+        secrets.expectNoLeaks(in: keyless.outputs(labelled: "keyless agent") + sealing.outputs(labelled: "sealing agent"), minimumTokens: 2)
+    }
 }
 
 // MARK: - Helpers
