@@ -560,6 +560,105 @@ struct EncryptionProcessTests {
         secrets.remember(contentsOf: try await issuer.issuedTokens().values.joined())
         secrets.expectNoLeaks(in: keyless.outputs(labelled: "keyless agent") + sealing.outputs(labelled: "sealing agent"), minimumTokens: 2)
     }
+
+    // MARK: - 10. A rolling rotation: an agent with the old key only beside one sealing with the new
+
+    @Test("mid-rotation, an agent holding only the old key sees a value sealed with the new one: an error naming that key id, and it serves only issued tokens")
+    func oldKeyAgentBesideNewKeyAgent() async throws {
+        let curl = try #require(executable(["/usr/bin/curl", "/usr/local/bin/curl", "/bin/curl"]), "needs curl for the Unix-socket API")
+        let scratch = Scratch()
+        let issuer = try await IssuerProcess(scratch: scratch, recordTokens: true)
+        let db = scratch.file("tokens.sqlite")
+        let oldSocket = scratch.file("old.sock"), newSocket = scratch.file("new.sock")
+        let subjects = Subjects(vehicles: 1, trips: 1)
+        let keyA = try KeyFile("a.key", in: scratch)
+        let keyB = try KeyFile("b.key", in: scratch)
+        let common = ["--db", db, "--provider-url", issuer.template, "--log-level", "debug"] + subjects.arguments
+        let old = try RunningProcess("token-agent", common + ["--encryption-key-file", keyA.path, "--listen", "unix:\(oldSocket)"], in: scratch)
+        #expect(await eventually(within: 30) { Set(committedLines(old.stdout).map(\.key)) == Set(subjects.keys) }, "\(old.stderr.suffix(3000))")
+        let new = try RunningProcess("token-agent", common + ["--encryption-key-file", keyB.path, "--encryption-key-file", keyA.path,
+                                                              "--listen", "unix:\(newSocket)"], in: scratch)
+        #expect(await eventually(within: 30) { Set(committedLines(new.stdout).map(\.key)) == Set(subjects.keys) }, "\(new.stderr.suffix(3000))")
+        #expect(committedLines(new.stdout).allSatisfy { $0.source == "store" }, "the new agent did not open the old key's values")
+
+        // The new agent fetches vehicle/v01 again and seals it with B.
+        await nextWholeSecond(after: Date())
+        let invalidated = try runCapturing([curl, "-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST", "--unix-socket", newSocket,
+                                            "-H", "Fleet-Token-Request: true", "http://localhost/v1/invalidate/vehicle/v01"])
+        #expect(invalidated.stdout == "204", "\(invalidated.stdout) \(invalidated.stderr)")
+        let sealedWithB = await eventually(within: 15) { (try? sealedRows(db))?["vehicle/v01"]?.keyID == keyB.id }
+        #expect(sealedWithB, "the new agent's token was not stored under B: \(new.stderr.suffix(3000))")
+        let noticed = await eventually(within: 15) {
+            old.stderr.split(separator: "\n").contains { $0.contains(" error ") && $0.contains("key=vehicle/v01 ") && $0.contains("key_id=\(keyB.id)") }
+        }
+        #expect(noticed, "the old agent logged no error naming key id \(keyB.id): \(old.stderr.suffix(3000))")
+        try await Task.sleep(for: .seconds(1))
+
+        let issued = try await issuer.issuedTokens()
+        let issuedFingerprints = Set(issued.values.joined().map { TokenFingerprint(of: $0).description })
+        for (label, agent) in [("old", old), ("new", new)] {
+            let foreign = committedLines(agent.stdout).filter { !issuedFingerprints.contains($0.fingerprint) }
+            #expect(foreign.isEmpty, "the \(label) agent took up values never issued: \(foreign.map { "\($0.key) fp=\($0.fingerprint) source=\($0.source)" })")
+        }
+        for (label, socket) in [("old", oldSocket), ("new", newSocket)] {
+            let answer = try runCapturing([curl, "-s", "--unix-socket", socket, "-H", "Fleet-Token-Request: true", "http://localhost/v1/token/vehicle/v01"])
+            let token = (try? jsonObject(answer.stdout))?["token"] as? String
+            let servedIssued = token.map { issued["vehicle/v01"]?.contains($0) == true } ?? false
+            #expect(servedIssued, "the \(label) agent's API did not serve an issued token for vehicle/v01: \(answer.stdout.prefix(200))")
+        }
+        // Every value on disk stays sealed, under A or B.
+        let rows = try sealedRows(db)
+        #expect(rows.values.allSatisfy { $0.keyID == keyA.id || $0.keyID == keyB.id }, "\(rows.mapValues { $0.keyID ?? "NULL" })")
+        expectNoPlaintext(of: issued, inStoreAt: db, context: "mid-rotation")
+        for agent in [old, new] {
+            agent.signal(SIGTERM)
+            #expect(await agent.wait(upTo: 5) == 0, "\(agent.stderr.suffix(2000))")
+        }
+        let secrets = SecretScanner()
+        secrets.remember(contentsOf: issued.values.joined())
+        secrets.expectNoLeaks(in: old.outputs(labelled: "old agent") + new.outputs(labelled: "new agent"), minimumTokens: 3)
+    }
+
+    // MARK: - 11. Two agents sharing a store and its key
+
+    @Test("two agents sharing a store and its key, refreshing short-lived tokens in single flight: each serves only tokens the issuer issued")
+    func twoAgentsOneKey() async throws {
+        let scratch = Scratch()
+        let issuer = try await IssuerProcess(scratch: scratch, lifetime: Self.shortLifetime, recordTokens: true)
+        let db = scratch.file("tokens.sqlite")
+        let subjects = Subjects(vehicles: 3, trips: 3)
+        let key = try KeyFile("store.key", in: scratch)
+        let arguments = ["--db", db, "--provider-url", issuer.template, "--encryption-key-file", key.path, "--log-level", "debug"]
+            + subjects.arguments
+        let first = try RunningProcess("token-agent", arguments, in: scratch)
+        let second = try RunningProcess("token-agent", arguments, in: scratch)
+        // Two refresh rounds of every subject (soft points about 4.6 s apart), shared between them.
+        let shared = await eventually(within: 40) {
+            committedLines(first.stdout + second.stdout).filter { $0.source != "store" }.count >= subjects.keys.count * 6
+                && !committedLines(first.stdout + second.stdout).filter { $0.source == "other_process" }.isEmpty
+        }
+        #expect(shared, "the agents did not share refreshes: \(first.stdout.suffix(2000)) \(second.stdout.suffix(2000))")
+        for agent in [first, second] {
+            agent.signal(SIGTERM)
+            #expect(await agent.wait(upTo: 5) == 0, "\(agent.stderr.suffix(2000))")
+        }
+        let issued = try await issuer.issuedTokens()
+        let issuedFingerprints = Set(issued.values.joined().map { TokenFingerprint(of: $0).description })
+        for (label, agent) in [("first", first), ("second", second)] {
+            let lines = committedLines(agent.stdout)
+            let foreign = lines.filter { !issuedFingerprints.contains($0.fingerprint) }
+            #expect(foreign.isEmpty, """
+                the \(label) agent took up \(foreign.count) of \(lines.count) values the issuer never issued (sealed values read as tokens): \
+                \(foreign.prefix(5).map { "\($0.key) fp=\($0.fingerprint) source=\($0.source)" })
+                """)
+            #expect(!agent.stderr.contains("does not open"), "\(label): \(agent.stderr.suffix(2000))")
+        }
+        try expectAllSealed(db, with: key, subjects: subjects.keys, issued: issued, context: "two agents")
+        expectNoPlaintext(of: issued, inStoreAt: db, context: "two agents")
+        let secrets = SecretScanner()
+        secrets.remember(contentsOf: issued.values.joined())
+        secrets.expectNoLeaks(in: first.outputs(labelled: "first agent") + second.outputs(labelled: "second agent"), minimumTokens: subjects.keys.count)
+    }
 }
 
 // MARK: - Helpers
