@@ -137,9 +137,10 @@ struct AgentRun {
         /// releases what was opened (`closeStore` closes the store when the run owns it).
         func serve(store: any TokenRepository & RefreshLeaseStore & TokenSealingStore, releaseStoreMemory: @escaping @Sendable () -> Void,
                    closeStore: () -> Void) async throws {
-            // Values are sealed on their way to the store; leases hold none.
-            let repository: any TokenRepository = keyring.map { EncryptedTokenRepository(base: store, keyring: $0, logger: logger) } ?? store
-            let engine = TokenSyncEngine(repository: repository, leases: store, fetcher: client, policy: settings.policy, logger: logger)
+            // Values are sealed on their way to the store, and opened on their way back (lease
+            // requests read the key's entry too).
+            let repository: any TokenRepository & RefreshLeaseStore = keyring.map { EncryptedTokenRepository(base: store, keyring: $0, logger: logger) } ?? store
+            let engine = TokenSyncEngine(repository: repository, leases: repository, fetcher: client, policy: settings.policy, logger: logger)
             let output = AgentOutput(json: settings.json)
             /// Releases what was opened, for every way out of the run.
             func close() async {

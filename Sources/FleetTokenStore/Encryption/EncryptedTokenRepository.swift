@@ -14,25 +14,26 @@ public import Logging
 /// Open a store with ``TokenValueResealer/prepare(keyring:)`` first: it refuses a store that
 /// needs keys the keyring lacks, and seals an older store's plaintext values.
 ///
-/// Leases hold no token values: give the engine the wrapped store's ``RefreshLeaseStore``.
+/// It is the engine's ``RefreshLeaseStore`` too: a lease request also reads the key's entry,
+/// whose token it opens like any other read.
 ///
 /// ```swift
 /// let keyring = try TokenKeyring.load(files: ["/etc/token-agent/key"], environment: [:])!
 /// let store = try SQLiteTokenRepository(path: path, logger: logger)
 /// _ = try await TokenValueResealer(store: store, keyring: keyring, logger: logger).prepare()
 /// let sealed = EncryptedTokenRepository(base: store, keyring: keyring, logger: logger)
-/// let engine = TokenSyncEngine(repository: sealed, leases: store, fetcher: fetcher, logger: logger)
+/// let engine = TokenSyncEngine(repository: sealed, fetcher: fetcher, logger: logger)
 /// ```
-public struct EncryptedTokenRepository: TokenRepository {
-    /// The store the sealed values go to.
-    public let base: any TokenRepository & TokenSealingStore
+public struct EncryptedTokenRepository: TokenRepository, RefreshLeaseStore {
+    /// The store the sealed values go to, and its leases.
+    public let base: any TokenRepository & RefreshLeaseStore & TokenSealingStore
     /// The keys values are sealed and opened with.
     public let keyring: TokenKeyring
     private let logger: Logger
 
     /// Wraps `base`, sealing with `keyring`'s primary key and opening with any of its keys.
     /// - Parameter logger: Receives the errors of values that do not open (never a value).
-    public init(base: any TokenRepository & TokenSealingStore, keyring: TokenKeyring, logger: Logger) {
+    public init(base: any TokenRepository & RefreshLeaseStore & TokenSealingStore, keyring: TokenKeyring, logger: Logger) {
         self.base = base
         self.keyring = keyring
         self.logger = logger
@@ -99,6 +100,37 @@ public struct EncryptedTokenRepository: TokenRepository {
 
     /// The wrapped store's change-feed work.
     public func followChanges() async { await base.followChanges() }
+
+    // MARK: - Leases
+
+    /// Takes `key`'s refresh lease in the wrapped store; the entry read with it is opened.
+    /// - Throws: ``TokenStoreError``; on failure no lease was taken.
+    public func acquireRefreshLease(for key: TokenKey, holder: String, now: Date,
+                                    duration: TimeInterval) async throws(TokenStoreError) -> RefreshLease {
+        await opened(try await base.acquireRefreshLease(for: key, holder: holder, now: now, duration: duration))
+    }
+
+    /// Takes `key`'s refresh lease over from `deadHolder` in the wrapped store; the entry read
+    /// with it is opened.
+    /// - Throws: ``TokenStoreError``; on failure no lease was taken.
+    public func takeOverRefreshLease(for key: TokenKey, from deadHolder: String, holder: String, now: Date,
+                                     duration: TimeInterval) async throws(TokenStoreError) -> RefreshLease {
+        await opened(try await base.takeOverRefreshLease(for: key, from: deadHolder, holder: holder, now: now, duration: duration))
+    }
+
+    /// Gives up `holder`'s leases on `keys` in the wrapped store.
+    /// - Throws: ``TokenStoreError``; on failure the leases run until they expire.
+    public func releaseRefreshLeases(for keys: [TokenKey], holder: String) async throws(TokenStoreError) {
+        try await base.releaseRefreshLeases(for: keys, holder: holder)
+    }
+
+    private func opened(_ lease: RefreshLease) async -> RefreshLease {
+        switch lease {
+        case .acquired(let current?): .acquired(current: await opened(current))
+        case .heldElsewhere(let holder, let until, let current?): .heldElsewhere(holder: holder, until: until, current: await opened(current))
+        default: lease
+        }
+    }
 
     // MARK: - Sealing and opening
 

@@ -98,7 +98,7 @@ struct EngineParts: Sendable {
         }
         let corrected = moment.corrected
         for key in keys where memory.entry(key) == nil {
-            let entry = found[key]
+            let entry = SealedValueGuard.checked(found[key], logger: logger)
             if let token = entry?.token, RefreshRules.isUsable(token, at: corrected, policy: policy) {
                 memory.install(token, source: .store, failure: entry?.failure)
                 metrics.storeReuses.increment()

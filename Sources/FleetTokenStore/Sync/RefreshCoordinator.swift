@@ -261,7 +261,7 @@ actor RefreshCoordinator {
         }
         for key in held {
             guard let entry = parts.memory.entry(key) else { continue }
-            switch RefreshRules.storeChanged(held: entry, stored: stored[key], commitPending: parts.committer.isPending(key)) {
+            switch RefreshRules.storeChanged(held: entry, stored: SealedValueGuard.checked(stored[key], logger: parts.logger), commitPending: parts.committer.isPending(key)) {
             case .adopt(let token, let failure):
                 parts.adoptIfNewer(token, failure: failure)
             case .removed(let failure):

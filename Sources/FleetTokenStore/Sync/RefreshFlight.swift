@@ -78,7 +78,7 @@ struct RefreshFlight {
                 action = decision.holderWaitEnded(feedMentionedKey: mentioned, held: held, at: parts.moment)
             case .readStoredEntry:
                 let stored = try? await parts.repository.entry(for: key)
-                action = decision.storedEntryRead(stored ?? nil, held: held, at: parts.moment)
+                action = decision.storedEntryRead(SealedValueGuard.checked(stored ?? nil, logger: parts.logger), held: held, at: parts.moment)
             case .fetch(let previous):
                 action = await fetch(previous: previous)
             case .accept(let token, let markUsed):
@@ -93,9 +93,10 @@ struct RefreshFlight {
     private mutating func report(_ answer: CrossProcessLease.Answer) -> RefreshDecision.Action {
         switch answer {
         case .granted(let current):
-            decision.leaseGranted(current: current, held: held, at: parts.moment)
+            decision.leaseGranted(current: SealedValueGuard.checked(current, logger: parts.logger), held: held, at: parts.moment)
         case .busy(let holder, let dead, let until, let current):
-            decision.leaseBusy(holder: holder, holderIsDead: dead, until: until, current: current, held: held, at: parts.moment)
+            decision.leaseBusy(holder: holder, holderIsDead: dead, until: until,
+                               current: SealedValueGuard.checked(current, logger: parts.logger), held: held, at: parts.moment)
         case .unavailable:
             decision.leaseUnavailable(held: held)
         }

@@ -11,7 +11,7 @@ enum SealedStoreKind: String, CaseIterable, CustomTestStringConvertible, Sendabl
     case sqlite, memory
     var testDescription: String { rawValue }
 
-    func make(_ dir: Scratch) throws -> any TokenRepository & TokenSealingStore & TokenStoreAdmin {
+    func make(_ dir: Scratch) throws -> any TokenRepository & RefreshLeaseStore & TokenSealingStore & TokenStoreAdmin {
         switch self {
         case .sqlite: try openStore(dir.file("tokens.sqlite"))
         case .memory: InMemoryTokenRepository()
@@ -31,7 +31,7 @@ struct EncryptedRepositoryTests {
     /// `key`'s token, with a real JWT value.
     func stored(_ key: TokenKey) -> StoredToken { token(key, expiresIn: 1800, value: value(key)) }
 
-    func sealedStore(_ kind: SealedStoreKind) throws -> (any TokenRepository & TokenSealingStore & TokenStoreAdmin, EncryptedTokenRepository) {
+    func sealedStore(_ kind: SealedStoreKind) throws -> (any TokenRepository & RefreshLeaseStore & TokenSealingStore & TokenStoreAdmin, EncryptedTokenRepository) {
         let base = try kind.make(dir)
         return (base, EncryptedTokenRepository(base: base, keyring: keyring, logger: log.logger))
     }
@@ -105,6 +105,25 @@ struct EncryptedRepositoryTests {
         #expect(errors.contains { $0.contains("vehicle/plain") && $0.contains("not sealed") })
     }
 
+    @Test("a lease request reads the key's entry too: through the wrapper it comes back opened, or without a token that does not open",
+          arguments: SealedStoreKind.allCases)
+    func leaseEntriesOpened(_ kind: SealedStoreKind) async throws {
+        let (base, sealed) = try sealedStore(kind)
+        let truck = try TokenKey.vehicle("truck-1"), altered = try TokenKey.vehicle("truck-2")
+        try await sealed.upsert([stored(truck), stored(altered)])
+        try await tamper(base, altered)
+        let lease = try await sealed.acquireRefreshLease(for: truck, holder: "a", now: referenceNow, duration: 30)
+        #expect(lease == .acquired(current: TokenEntry(key: truck, token: stored(truck), failure: nil)))
+        let elsewhere = try await sealed.acquireRefreshLease(for: truck, holder: "b", now: referenceNow, duration: 30)
+        #expect(elsewhere == .heldElsewhere(holder: "a", until: referenceNow.addingTimeInterval(30),
+                                            current: TokenEntry(key: truck, token: stored(truck), failure: nil)))
+        let takenOver = try await sealed.takeOverRefreshLease(for: altered, from: "gone", holder: "b", now: referenceNow, duration: 30)
+        #expect(takenOver == .acquired(current: nil))
+        try await sealed.releaseRefreshLeases(for: [truck, altered], holder: "a")
+        let free = try await base.acquireRefreshLease(for: truck, holder: "c", now: referenceNow, duration: 30)
+        #expect(free != RefreshLease.acquired(current: nil))
+    }
+
     @Test("replacing values changes only those still as read", arguments: SealedStoreKind.allCases)
     func conditionalReplace(_ kind: SealedStoreKind) async throws {
         let base = try kind.make(dir)
@@ -153,7 +172,7 @@ struct EncryptedEngineTests {
         _ = try await store.replaceValues([TokenValueReplacement(key: altered, old: stored, new: String(stored.dropLast(4)) + "AAAA")])
 
         let fetcher = ScriptedFetcher.minting(time)
-        let engine = TokenSyncEngine(repository: sealed, leases: store, fetcher: fetcher, logger: log.logger,
+        let engine = TokenSyncEngine(repository: sealed, leases: sealed, fetcher: fetcher, logger: log.logger,
                                      clock: time.clock, now: time.wall, random: { 0.5 })
         let served = try await engine.token(for: intact)
         #expect(served.value == values[0] && fetcher.count(intact) == 0)
@@ -162,6 +181,28 @@ struct EncryptedEngineTests {
         // The refetched token is stored sealed and opens.
         #expect(await eventually { (try? await sealed.entry(for: altered)?.token?.value) == refetched.value })
         #expect(try await store.entry(for: altered)?.token?.value.hasPrefix("sealed:v1:\(keyring.primary.id):") == true)
+        await engine.shutdown()
+    }
+
+    @Test("an engine given an encrypted store without its key never hands out a sealed value: it fetches, and says why")
+    func engineWithoutKey() async throws {
+        let dir = Scratch()
+        let time = TestTime()
+        let log = LogRecorder()
+        let store = try openStore(dir.file("tokens.sqlite"))
+        defer { store.close() }
+        let keyring = TokenKeyring(primary: .random())
+        let truck = try TokenKey.vehicle("truck")
+        try await EncryptedTokenRepository(base: store, keyring: keyring, logger: log.logger).upsert(
+            StoredToken(key: truck, value: jwtLike(truck), expiresAt: time.now.addingTimeInterval(3600), issuedAt: time.now, fetchedAt: time.now))
+
+        let fetcher = ScriptedFetcher.minting(time)
+        let engine = TokenSyncEngine(repository: store, leases: store, fetcher: fetcher, logger: log.logger,
+                                     clock: time.clock, now: time.wall, random: { 0.5 })
+        let served = try await engine.token(for: truck)
+        #expect(!served.value.hasPrefix(SealedTokenValue.prefix), "\(served.value.prefix(40)) \(log.allText)")
+        #expect(fetcher.count(truck) == 1)
+        #expect(log.errorLines.contains { $0.contains("no key") && $0.contains(keyring.primary.id) && $0.contains("vehicle/truck") })
         await engine.shutdown()
     }
 }
