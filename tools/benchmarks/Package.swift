@@ -96,6 +96,16 @@ let package = Package(
             ],
             path: "Sources/PersistPair"
         ),
+        // The encrypted start-up figure: starts with a key on 100,000 and 1,000 sealed rows in
+        // alternating order, median of the rounds' ratios.
+        .executableTarget(
+            name: "token-store-startup-pair",
+            dependencies: [
+                "BenchmarkSupport",
+                .product(name: "FleetTokenStore", package: "FleetTokenStore"),
+            ],
+            path: "Sources/StartupPair"
+        ),
         // The PostgreSQL figures against a server given by --url: the repository's upserts
         // against raw postgres-nio (alternating blocks) and fetches per key per lifetime of
         // three engines on one database. Prints JSON like the above.

@@ -38,8 +38,9 @@ public func vehicleKeys(_ count: Int, prefix: String = "v") -> [TokenKey] {
     (0..<count).map { try! TokenKey.vehicle("\(prefix)\($0)") }
 }
 
-/// Fills a store with `count` tokens (fresh unless `expired`), in batches of 5,000.
-public func seed(_ store: SQLiteTokenRepository, keys: [TokenKey], now: Date = Date(), expired: Bool = false) async throws {
+/// Fills a store with `count` tokens (fresh unless `expired`), in batches of 5,000. Given an
+/// ``EncryptedTokenRepository``, the rows are stored sealed.
+public func seed(_ store: any TokenRepository, keys: [TokenKey], now: Date = Date(), expired: Bool = false) async throws {
     let issuedAt = expired ? now.addingTimeInterval(-7200) : now
     let template = realisticJWT(for: keys.first ?? (try! .vehicle("x")), issuedAt: issuedAt)
     var start = 0
@@ -166,17 +167,27 @@ public final class RawSQLite: @unchecked Sendable {
 
 /// A store file, a repository and an engine holding fresh tokens for `key` and 1,000 other keys,
 /// beside the hit baseline: a locked dictionary of token strings as large, the seed samples'
-/// approach. Shared by the package-benchmark pair and `token-store-hit-pair`.
+/// approach. Shared by the package-benchmark pair and `token-store-hit-pair`. With `encrypted`
+/// (the default) the engine sits on an ``EncryptedTokenRepository`` over the store, prepared
+/// with ``benchmarkKeyring`` as an agent given a key file prepares it, so every token it holds
+/// was sealed on its way to the file.
 public final class HitFixture: Sendable {
     public let engine: TokenSyncEngine
     public let key = try! TokenKey.vehicle("hot-vehicle")
     public let store: SQLiteTokenRepository
     public let dictionary: Mutex<[TokenKey: String]>
 
-    public init() async throws {
+    public init(encrypted: Bool = true) async throws {
         store = try SQLiteTokenRepository(path: scratchDirectory("hit") + "/tokens.sqlite", logger: quietLogger)
-        engine = TokenSyncEngine(repository: store, fetcher: MintingFetcher(), logger: quietLogger)
+        if encrypted {
+            try await TokenValueResealer(store: store, logger: quietLogger).prepare(keyring: benchmarkKeyring)
+            engine = BenchmarkSupport.engine(on: EncryptedTokenRepository(base: store, keyring: benchmarkKeyring, logger: quietLogger),
+                                             over: store, fetcher: MintingFetcher())
+        } else {
+            engine = TokenSyncEngine(repository: store, fetcher: MintingFetcher(), logger: quietLogger)
+        }
         let token = try await engine.token(for: key)
+        precondition(!token.value.hasPrefix(SealedTokenValue.prefix), "the engine handed out a sealed value")
         var map: [TokenKey: String] = [key: token.value]
         for other in vehicleKeys(1000) { map[other] = token.value }
         dictionary = Mutex(map)
