@@ -653,6 +653,17 @@ struct EncryptionProcessTests {
                 """)
             #expect(!agent.stderr.contains("does not open"), "\(label): \(agent.stderr.suffix(2000))")
         }
+        // Sealing does not break single flight: the agents never fetched one subject twice
+        // within one lifetime (a sealed value taken for a missing one would refetch it).
+        let times = try await issuer.issuedTimes()
+        var twice: [String] = []
+        for subject in subjects.keys {
+            let issuedAt = (times[subject] ?? []).sorted()
+            for (earlier, later) in zip(issuedAt, issuedAt.dropFirst()) where later - earlier < 0.6 * Double(Self.shortLifetime) {
+                twice.append("\(subject): \(String(format: "%.2f", later - earlier)) s apart")
+            }
+        }
+        #expect(twice.isEmpty, "subjects fetched twice within one lifetime: \(twice)")
         try expectAllSealed(db, with: key, subjects: subjects.keys, issued: issued, context: "two agents")
         expectNoPlaintext(of: issued, inStoreAt: db, context: "two agents")
         let secrets = SecretScanner()
