@@ -526,8 +526,15 @@ struct EncryptionProcessTests {
             committedLines(keyless.stdout).dropFirst(linesBefore).contains { $0.key == "vehicle/v01" }
         }
         #expect(reacted, "the keyless agent did not take up vehicle/v01 again: \(keyless.stdout) \(keyless.stderr.suffix(3000))")
-        // Let the two settle (a few change-feed polls).
+        // Let the two settle (a few change-feed polls), then no fetch loop: the keyless agent
+        // refetching what it cannot open and storing it unsealed, the sealing agent removing
+        // that and refetching, and so on, would hammer the provider.
         try await Task.sleep(for: .seconds(2))
+        let settled = try await issuer.issuedTimes()["vehicle/v01"]?.count ?? 0
+        try await Task.sleep(for: .seconds(3))
+        let later = try await issuer.issuedTimes()["vehicle/v01"]?.count ?? 0
+        #expect(later == settled, "vehicle/v01 was fetched \(later - settled) more times in 3 s after the agents settled (\(settled) before): the two agents refetch each other's values in a loop")
+        print("keyless beside sealing: vehicle/v01 issued \(settled) times by the settle point, \(later) after 3 s more")
 
         let issued = try await issuer.issuedTokens()
         let issuedFingerprints = Set((issued["vehicle/v01"] ?? []).map { TokenFingerprint(of: $0).description })
@@ -593,6 +600,11 @@ struct EncryptionProcessTests {
         }
         #expect(noticed, "the old agent logged no error naming key id \(keyB.id): \(old.stderr.suffix(3000))")
         try await Task.sleep(for: .seconds(1))
+        // No fetch loop between the two.
+        let settled = try await issuer.issuedTimes()["vehicle/v01"]?.count ?? 0
+        try await Task.sleep(for: .seconds(3))
+        let later = try await issuer.issuedTimes()["vehicle/v01"]?.count ?? 0
+        #expect(later == settled, "vehicle/v01 was fetched \(later - settled) more times in 3 s after the agents settled (\(settled) before)")
 
         let issued = try await issuer.issuedTokens()
         let issuedFingerprints = Set(issued.values.joined().map { TokenFingerprint(of: $0).description })
