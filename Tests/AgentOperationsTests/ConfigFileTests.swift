@@ -14,6 +14,7 @@ struct ConfigFileTests {
         """
         # every option once
         db: \(scratch.file("tokens.sqlite"))
+        encryption-key-file: [\(scratch.file("token-store.key"))]
         provider-url: https://auth.example.com/fleet/{kind}/{id}
         vehicle: [truck-7, truck-8]
         trip: [trip-1]

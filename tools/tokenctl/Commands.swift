@@ -267,7 +267,7 @@ struct Rekey: AsyncParsableCommand {
                 let from = report.resealed.isEmpty ? "" : " (" + Stats.describe(report.resealed)
                     .replacingOccurrences(of: "sealed with key id", with: "from key id").replacingOccurrences(of: "not sealed", with: "not sealed before") + ")"
                 print("re-sealed \(report.resealedTotal) token value(s) in \(name) under key id \(keyring.primary.id)\(from)")
-                print("\(report.alreadyPrimary) under key id \(keyring.primary.id) now")
+                print("\(report.alreadyPrimary + report.resealedTotal) under key id \(keyring.primary.id) now (\(report.alreadyPrimary) were already)")
                 if report.changedMeanwhile > 0 { print("\(report.changedMeanwhile) refreshed or removed meanwhile, left to the agent") }
             }
             if unopenable > 0 {

@@ -7,10 +7,11 @@ public import Logging
 /// A ``TokenRepository`` that seals every token value with its keyring's primary key before
 /// the wrapped store sees it, and opens values as they are loaded.
 ///
-/// A stored value that does not open (altered, moved to another row, or sealed with a key the
-/// keyring lacks) is never handed out: it reads as missing, is logged as an error naming the
-/// key and key id, and the engine fetches a new token. One that fails with a key the keyring
-/// holds, or that is not sealed at all, is also removed, so the refetched token replaces it.
+/// A stored value that does not open (altered, moved to another row, sealed with a key the
+/// keyring lacks, or not sealed at all) is never handed out: it reads as missing, is logged as
+/// an error naming the key and key id, and the engine fetches a new token. One that fails with
+/// a key the keyring holds (altered or moved) is also removed, so the refetched token replaces
+/// it; the others were likely written by another process sharing the store, and stay.
 /// Open a store with ``TokenValueResealer/prepare(keyring:)`` first: it refuses a store that
 /// needs keys the keyring lacks, and seals an older store's plaintext values.
 ///
@@ -20,7 +21,7 @@ public import Logging
 /// ```swift
 /// let keyring = try TokenKeyring.load(files: ["/etc/token-agent/key"], environment: [:])!
 /// let store = try SQLiteTokenRepository(path: path, logger: logger)
-/// _ = try await TokenValueResealer(store: store, keyring: keyring, logger: logger).prepare()
+/// try await TokenValueResealer(store: store, logger: logger).prepare(keyring: keyring)
 /// let sealed = EncryptedTokenRepository(base: store, keyring: keyring, logger: logger)
 /// let engine = TokenSyncEngine(repository: sealed, fetcher: fetcher, logger: logger)
 /// ```
@@ -140,9 +141,8 @@ public struct EncryptedTokenRepository: TokenRepository, RefreshLeaseStore {
         return sealed
     }
 
-    /// `entry` with its token opened, or without it when it does not open (nil when nothing
-    /// else, no failure state, is left).
-    private func opened(_ entry: TokenEntry) async -> TokenEntry? {
+    /// `entry` with its token opened, or without it (marked unreadable) when it does not open.
+    private func opened(_ entry: TokenEntry) async -> TokenEntry {
         guard let token = entry.token else { return entry }
         var result = entry
         switch SealedTokenValue.open(token.value, for: entry.key, with: keyring) {
@@ -161,13 +161,15 @@ public struct EncryptedTokenRepository: TokenRepository, RefreshLeaseStore {
             ])
             await remove(entry.key)
         case .plaintext:
-            logger.error("stored token is not sealed although the store is encrypted (written by a process without the key?): treated as missing, removed and fetched anew", metadata: [
+            // Likely written by a process sharing the store without the key: not ours to remove.
+            logger.error("stored token is not sealed although this process seals them (written by a process without the key?): treated as missing, fetched anew", metadata: [
                 "key": "\(entry.key)", "key_id": .string(plaintextKeyID),
+                "hint": "give every process sharing the store the same key files",
             ])
-            await remove(entry.key)
         }
         result.token = nil
-        return result.failure == nil ? nil : result
+        result.tokenUnreadable = true
+        return result
     }
 
     private func remove(_ key: TokenKey) async {

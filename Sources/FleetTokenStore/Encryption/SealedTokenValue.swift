@@ -1,7 +1,7 @@
 // Encryption layer: the text a sealed token value is stored as, and sealing and opening it.
 
 import Crypto
-public import Foundation
+import Foundation
 
 /// A token value as an encrypted store keeps it:
 /// `sealed:v1:<key id>:<fingerprint>:<base64 of nonce, ciphertext and tag>`.
@@ -43,9 +43,21 @@ public enum SealedTokenValue {
     static func seal(_ value: String, for key: TokenKey, with encryptionKey: TokenEncryptionKey) -> String {
         let fingerprint = TokenFingerprint(of: value).description
         let data = associatedData(key, keyID: encryptionKey.id, fingerprint: fingerprint)
+        var plain = value
         // AES-GCM with a fresh random nonce cannot fail for a 256-bit key and this input size.
-        let box = try! AES.GCM.seal(Data(value.utf8), using: encryptionKey.symmetricKey, authenticating: data)
-        return prefix + encryptionKey.id + ":" + fingerprint + ":" + box.combined!.base64EncodedString()
+        let box = plain.withUTF8 { bytes in
+            try! AES.GCM.seal(UnsafeRawBufferPointer(bytes), using: encryptionKey.symmetricKey, authenticating: data)
+        }
+        let payload = box.combined!.base64EncodedString()
+        var sealed = ""
+        sealed.reserveCapacity(prefix.utf8.count + 30 + payload.utf8.count)
+        sealed += prefix
+        sealed += encryptionKey.id
+        sealed += ":"
+        sealed += fingerprint
+        sealed += ":"
+        sealed += payload
+        return sealed
     }
 
     /// What opening a stored value gave.
@@ -79,8 +91,16 @@ public enum SealedTokenValue {
         return .opened(value, keyID: keyID)
     }
 
-    private static func associatedData(_ key: TokenKey, keyID: String, fingerprint: String) -> Data {
+    private static func associatedData(_ key: TokenKey, keyID: String, fingerprint: String) -> [UInt8] {
         // NUL-separated: no kind, subject id (validated printable) or hex id contains a NUL.
-        Data("FleetTokenStore sealed v1\0\(key.kind.rawValue)\0\(key.subjectID)\0\(keyID)\0\(fingerprint)".utf8)
+        var data: [UInt8] = []
+        data.reserveCapacity(64 + key.subjectID.utf8.count)
+        for part in [associatedDataLabel, key.kind.rawValue, key.subjectID, keyID, fingerprint] {
+            if !data.isEmpty { data.append(0) }
+            data.append(contentsOf: part.utf8)
+        }
+        return data
     }
+
+    private static let associatedDataLabel = "FleetTokenStore sealed v1"
 }

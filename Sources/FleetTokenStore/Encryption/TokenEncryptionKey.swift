@@ -60,7 +60,6 @@ public struct TokenEncryptionKey: Sendable {
         let count = read(descriptor, &buffer, buffer.count)
         guard count >= 0 else { throw .unreadable(path: path, reason: String(cString: strerror(errno))) }
         let bytes = Array(buffer[..<count])
-        defer { buffer.withUnsafeMutableBytes { $0.initializeMemory(as: UInt8.self, repeating: 0) } }
         if bytes.count == byteCount, let key = try? TokenEncryptionKey(bytes: bytes) { return key }
         let text = String(decoding: bytes, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
         if let decoded = Data(base64Encoded: text), decoded.count == byteCount, let key = try? TokenEncryptionKey(bytes: decoded) {

@@ -1,6 +1,6 @@
 // Encryption layer: the keys a process holds: one to seal with, others only to open (rotation).
 
-public import Foundation
+import Foundation
 
 /// The keys a process seals and opens token values with: the ``primary`` seals every new value;
 /// every key, primary included, opens the values sealed with it. Keeping the old key as a

@@ -77,8 +77,9 @@ public struct TokenValueResealer: Sendable {
     /// - Throws: ``TokenStoreError`` when the store cannot be read or written; batches
     ///   written before stay written.
     public func rekey(_ keyring: TokenKeyring) async throws(TokenStoreError) -> Report {
+        let before = try await store.valueKeyCounts()[keyring.primary.id] ?? 0
         var report = try await reseal(under: keyring, only: nil)
-        report.alreadyPrimary = try await store.valueKeyCounts()[keyring.primary.id] ?? 0
+        report.alreadyPrimary = before
         if report.resealed[plaintextKeyID] != nil { try await store.discardReplacedValues() }
         return report
     }

@@ -102,6 +102,16 @@ public struct TokenEntry: Sendable, Equatable {
     public var token: StoredToken?
     /// The refresh failure state, if the last refresh failed.
     public var failure: RefreshFailureState?
+    /// The store holds a token value this process cannot read (sealed with a key it lacks, or
+    /// not sealed in an encrypted store): ``token`` is nil, yet nothing was removed, so an
+    /// engine keeps the token it holds instead of treating this as a purge. Not part of
+    /// equality: it says how the entry was read, not what it holds.
+    var tokenUnreadable = false
+
+    /// Entries are equal when key, token and failure state are.
+    public static func == (lhs: TokenEntry, rhs: TokenEntry) -> Bool {
+        lhs.key == rhs.key && lhs.token == rhs.token && lhs.failure == rhs.failure
+    }
 
     /// Creates an entry.
     public init(key: TokenKey, token: StoredToken?, failure: RefreshFailureState?) {

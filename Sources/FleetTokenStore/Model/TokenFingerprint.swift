@@ -13,16 +13,21 @@ public struct TokenFingerprint: Hashable, Sendable, CustomStringConvertible {
 
     /// The fingerprint of `token`.
     public init(of token: String) {
-        let digest = SHA256.hash(data: Array(token.utf8))
-        var text = ""
-        text.reserveCapacity(12)
-        for byte in digest.prefix(6) {
-            let hex = String(byte, radix: 16)
-            if hex.count == 1 { text += "0" }
-            text += hex
+        var token = token
+        // Hashed in place and written from a table: every sealed write computes one.
+        let digest = token.withUTF8 { SHA256.hash(data: UnsafeRawBufferPointer($0)) }
+        description = digest.withUnsafeBytes { bytes in
+            String(unsafeUninitializedCapacity: 12) { text in
+                for index in 0..<6 {
+                    text[2 * index] = Self.hexDigits[Int(bytes[index] >> 4)]
+                    text[2 * index + 1] = Self.hexDigits[Int(bytes[index] & 0x0f)]
+                }
+                return 12
+            }
         }
-        description = text
     }
+
+    private static let hexDigits = Array("0123456789abcdef".utf8)
 
     /// A fingerprint read back as stored (a sealed value carries its token's fingerprint).
     init(hex: String) {

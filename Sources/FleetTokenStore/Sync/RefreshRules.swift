@@ -54,6 +54,9 @@ enum RefreshRules {
         if let token = stored?.token {
             return shouldAdopt(token, over: held.token) ? .adopt(token, failure: stored?.failure) : .none
         }
+        // Another process wrote a value this one cannot read (another key, or none): not a
+        // removal, or two such processes would refetch after each other's every write.
+        if stored?.tokenUnreadable == true { return .none }
         guard held.token != nil, !commitPending else { return .none }
         return .removed(failure: stored.map { newer($0.failure, held.failure) } ?? nil)
     }

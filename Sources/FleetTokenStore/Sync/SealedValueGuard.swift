@@ -13,6 +13,7 @@ enum SealedValueGuard {
             "key": .string(entry.key.description), "key_id": .string(SealedTokenValue.keyID(ofStored: value) ?? "unknown"),
         ])
         entry.token = nil
+        entry.tokenUnreadable = true
         return entry
     }
 }

@@ -23,6 +23,14 @@ struct SealedTokenValueTests {
         #expect(SealedTokenValue.open(sealed, for: vehicle, with: TokenKeyring(primary: key)) == .opened(value, keyID: key.id))
     }
 
+    @Test("a fingerprint is the first 6 bytes of SHA-256 in lowercase hex (the value sealed values carry)")
+    func fingerprintDigits() {
+        // SHA-256("abc") = ba7816bf8f01cfea…, SHA-256("") = e3b0c44298fc1c14…
+        #expect(TokenFingerprint(of: "abc").description == "ba7816bf8f01")
+        #expect(TokenFingerprint(of: "").description == "e3b0c44298fc")
+        #expect(TokenFingerprint(of: String(repeating: "é", count: 3)) == TokenFingerprint(of: "ééé"))
+    }
+
     @Test("every write has its own nonce: the same token sealed twice differs")
     func freshNonce() {
         let first = SealedTokenValue.seal(value, for: vehicle, with: key)

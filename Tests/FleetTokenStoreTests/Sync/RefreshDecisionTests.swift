@@ -303,6 +303,10 @@ struct RefreshDecisionTests {
             == .removed(failure: nil), "a deleted row took its backoff along")
         #expect(RefreshRules.storeChanged(held: held(mine), stored: nil, commitPending: true) == .none)
         #expect(RefreshRules.storeChanged(held: held(nil), stored: nil, commitPending: false) == .none)
+        // A value this process cannot read (another key, or none) is not a removal: the token held stays.
+        var unreadable = TokenEntry(key: key, token: nil, failure: nil)
+        unreadable.tokenUnreadable = true
+        #expect(RefreshRules.storeChanged(held: held(mine), stored: unreadable, commitPending: false) == .none)
     }
 
     @Test("a stored token is usable only above its floor")
