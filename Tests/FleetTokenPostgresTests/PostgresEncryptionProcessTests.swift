@@ -260,6 +260,68 @@ struct PostgresEncryptionProcessTests {
         #expect(try await issuer.stats().issued == issuedBefore, "the rotating agent did not open the stored tokens and fetched anew")
     }
 
+    // MARK: - Rotation beside a running agent
+
+    @Test("rotation beside a running agent: values sealed with the old key, an agent started with the new key first and the old second refreshing 6 s tokens, tokenctl rekey run 3 times meanwhile: every run exits 0 with nothing unopenable, and afterwards every value is under the new key and opens with it alone")
+    func rekeyBesideRunningAgent() async throws {
+        let (server, database) = try await PostgresServer.makeDatabase()
+        let scratch = Scratch()
+        let url = server.url(database: database)
+        let environment = ["PGPASSWORD": server.password]
+        let lifetime = 6.0
+        let issuer = try await IssuerProcess(scratch: scratch, lifetime: Int(lifetime), recordTokens: true)
+        defer { issuer.process.signal(SIGTERM) }
+        let (oldPath, old) = try Self.keyFile(in: scratch, "old.key", base64: false)
+        let (newPath, new) = try Self.keyFile(in: scratch, "new.key", base64: true)
+        let ids = (1...20).map { "rot-\($0)" }
+        let subjects = ids.map { "vehicle/\($0)" }
+        let vehicles = ids.flatMap { ["--vehicle", $0] }
+        let seeded = try await runToEnd("token-agent", ["--db", url, "--provider-url", issuer.template, "--encryption-key-file", oldPath, "--once"] + vehicles,
+                                        environment: environment, in: scratch)
+        #expect(seeded.status == 0, "\(seeded.stderr)")
+        #expect(try await server.psql("SELECT count(*) FROM fleet_token_store.tokens WHERE value_key_id = '\(old.id)'", database: database) == "20")
+
+        let agent = try RunningProcess("token-agent", ["--db", url, "--provider-url", issuer.template, "--encryption-key-file", newPath,
+                                                       "--encryption-key-file", oldPath, "--log-level", "debug"] + vehicles,
+                                       environment: environment, in: scratch)
+        defer { if agent.isRunning { agent.signal(SIGKILL) } }
+        try #require(await agent.waitForOutput("token values are sealed at rest", within: 30), "\(agent.stderr.suffix(2000))")
+        // Rekey once the agent's first refresh wave has begun, so its writes and rekey's overlap.
+        let underNew = "SELECT count(*) FROM fleet_token_store.tokens WHERE value_key_id = '\(new.id)'"
+        try #require(await eventually(within: 2 * lifetime + 5) { ((try? await server.psql(underNew, database: database)) ?? "0") != "0" },
+                     "the agent wrote nothing under the new key: \(agent.stderr.suffix(2000))")
+        var reports: [[String: Any]] = []
+        for round in 0..<3 {
+            let rekey = try await runToEnd("tokenctl", ["rekey", "--db", url, "--encryption-key-file", newPath, "--encryption-key-file", oldPath, "--json"],
+                                           environment: environment, in: scratch)
+            #expect(rekey.status == 0, "rekey \(round): \(rekey.stdout) \(rekey.stderr)")
+            let report = try Self.jsonObject(rekey.stdout)
+            #expect((report["unopenable"] as? [String: Int])?.isEmpty == true, "rekey \(round): \(rekey.stdout)")
+            reports.append(report)
+            try await Task.sleep(for: .seconds(lifetime / 3))
+        }
+        #expect(try await server.psql("SELECT count(*) FROM fleet_token_store.tokens WHERE value_key_id <> '\(new.id)'", database: database) == "0",
+                "values not under the new key after rekey: \(reports)")
+        // The agent goes on refreshing under the new key: a whole lifetime more, then every row
+        // opens with the new key alone to a token issued for it.
+        let since = Date().timeIntervalSince1970
+        let refreshed = await eventually(within: 2 * lifetime + 5) {
+            (try? await server.psql("SELECT count(*) FROM fleet_token_store.tokens WHERE value_key_id = '\(new.id)' AND fetched_at > \(since)",
+                                    database: database)) == "20"
+        }
+        #expect(refreshed, "the agent did not refresh every key under the new key: \(agent.stderr.suffix(2000))")
+        agent.signal(SIGTERM)
+        #expect(await agent.wait(upTo: 15) == 0, "\(agent.stderr.suffix(2000))")
+        let problems = try await Self.unopenedRows(server, database, key: new, issued: issuer.issuedTokens(), subjects: subjects)
+        #expect(problems.isEmpty, "\(problems)")
+        for line in ["does not open", "is not sealed", "sealed with a key this process does not hold", "this engine was given no key"] {
+            #expect(!agent.stderr.contains(line), "the agent logged '\(line)': \(agent.stderr.suffix(2000))")
+        }
+        let resealed = reports.map { ($0["resealed"] as? [String: Int])?[old.id] ?? 0 }
+        let meanwhile = reports.map { $0["changed_meanwhile"] as? Int ?? -1 }
+        print("rekey beside an agent: re-sealed \(resealed) from the old key, \(meanwhile) changed meanwhile")
+    }
+
     // MARK: - A replica without the key beside one with it
 
     @Test("rolling out a key on a shared PostgreSQL store: an agent still running without the key beside one started with it never serves a sealed value as a token, both keep answering, and they do not fetch in a loop")
