@@ -245,7 +245,7 @@ public struct TokenStoreError: Error, Sendable, Equatable, CustomStringConvertib
         case .database:
             "the token database \(path) refused a statement: PostgreSQL error \(sqlState ?? "?"): \(reason ?? "")"
         case .encryptionKeyMissing:
-            "token store \(path) holds \(valueCount ?? 0) token value(s) sealed with encryption key id \((keyIDs ?? []).joined(separator: ", ")), and \(reason == nil ? "no encryption key was given" : "no key given has that id"): open it with that key file (keep it as a second key while rotating), or purge those tokens to refetch them; the store was left unchanged"
+            "token store \(path) holds \(valueCount ?? 0) token value(s) sealed with encryption key id \((keyIDs ?? []).joined(separator: ", ")), and \(reason == nil ? "no encryption key was given" : "no key given has that id"): open it with that key file (keep it as a second key while rotating), or purge those tokens to refetch them; no token in the store was changed"
         case .fileModeTooOpen:
             "token store file \(file ?? path) has mode \(String(mode ?? 0, radix: 8)) and could not be set to 0600 (\(reason ?? "")), so other users could read its tokens: chmod 600 it as its owner, or keep the store on a file system that keeps Unix modes"
         }

@@ -35,7 +35,7 @@ struct TokenValueResealerTests {
                 try await TokenValueResealer(store: store, logger: log.logger).prepare(keyring: keyring)
             }
             #expect(error?.code == .encryptionKeyMissing && error?.keyIDs == [key.id] && error?.valueCount == 3)
-            #expect(error?.description.contains(key.id) == true && error?.description.contains("left unchanged") == true)
+            #expect(error?.description.contains(key.id) == true && error?.description.contains("no token in the store was changed") == true)
         }
         #expect(try sqlite3(path, "SELECT group_concat(token, '|') FROM tokens") == before)
         // The key itself, or the key among others, opens it.

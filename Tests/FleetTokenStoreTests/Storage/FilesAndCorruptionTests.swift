@@ -85,9 +85,13 @@ struct FilesAndCorruptionTests {
                 try handle.seek(toOffset: 0)
                 try handle.write(contentsOf: Data(count: 100))
             case .corruptPage:
-                // Garbage over the middle pages: the header is intact, the b-trees are not.
-                try handle.seek(toOffset: 4096 * 2)
-                try handle.write(contentsOf: Data(repeating: 0xA5, count: 4096 * 3))
+                // Garbage over the middle pages (the third to the fifth, whatever the page
+                // size the header states): the header is intact, the b-trees are not.
+                try handle.seek(toOffset: 16)
+                let sizeBytes = try handle.read(upToCount: 2) ?? Data([0x10, 0])
+                let pageSize = UInt64(sizeBytes[sizeBytes.startIndex]) << 8 | UInt64(sizeBytes[sizeBytes.startIndex + 1])
+                try handle.seek(toOffset: pageSize * 2)
+                try handle.write(contentsOf: Data(repeating: 0xA5, count: Int(pageSize) * 3))
             }
         }
     }
