@@ -530,15 +530,10 @@ struct EncryptionProcessTests {
                 || keyless.stderr.contains("this engine was given no key")
         }
         #expect(reacted, "the keyless agent neither took up vehicle/v01 again nor reported the sealed value: \(keyless.stdout) \(keyless.stderr.suffix(3000))")
-        // Let the two settle (a few change-feed polls), then no fetch loop: the keyless agent
-        // refetching what it cannot open and storing it unsealed, the sealing agent removing
-        // that and refetching, and so on, would hammer the provider.
-        try await Task.sleep(for: .seconds(2))
-        let settled = try await issuer.issuedTimes()["vehicle/v01"]?.count ?? 0
-        try await Task.sleep(for: .seconds(3))
-        let later = try await issuer.issuedTimes()["vehicle/v01"]?.count ?? 0
-        #expect(later == settled, "vehicle/v01 was fetched \(later - settled) more times in 3 s after the agents settled (\(settled) before): the two agents refetch each other's values in a loop")
-        print("keyless beside sealing: vehicle/v01 issued \(settled) times by the settle point, \(later) after 3 s more")
+        // No fetch loop: the keyless agent refetching what it cannot open and storing it
+        // unsealed, the sealing agent refetching what is not sealed, and so on, would hammer
+        // the provider.
+        try await expectNoFetchLoop(issuer, "vehicle/v01", settling: 2, context: "keyless beside sealing")
 
         let issued = try await issuer.issuedTokens()
         let issuedFingerprints = Set((issued["vehicle/v01"] ?? []).map { TokenFingerprint(of: $0).description })
@@ -603,12 +598,7 @@ struct EncryptionProcessTests {
             old.stderr.split(separator: "\n").contains { $0.contains(" error ") && $0.contains("key=vehicle/v01 ") && $0.contains("key_id=\(keyB.id)") }
         }
         #expect(noticed, "the old agent logged no error naming key id \(keyB.id): \(old.stderr.suffix(3000))")
-        try await Task.sleep(for: .seconds(1))
-        // No fetch loop between the two.
-        let settled = try await issuer.issuedTimes()["vehicle/v01"]?.count ?? 0
-        try await Task.sleep(for: .seconds(3))
-        let later = try await issuer.issuedTimes()["vehicle/v01"]?.count ?? 0
-        #expect(later == settled, "vehicle/v01 was fetched \(later - settled) more times in 3 s after the agents settled (\(settled) before)")
+        try await expectNoFetchLoop(issuer, "vehicle/v01", settling: 1, context: "old key beside new key")
 
         let issued = try await issuer.issuedTokens()
         let issuedFingerprints = Set(issued.values.joined().map { TokenFingerprint(of: $0).description })
@@ -727,6 +717,19 @@ func sealedRows(_ db: String) throws -> [String: SealedRow] {
         rows[String(fields[0])] = SealedRow(keyID: fields[1].isEmpty ? nil : String(fields[1]), stored: String(fields[2]))
     }
     return rows
+}
+
+/// After `settling` seconds (a few change-feed polls), `key` is issued no more over the next 3 s:
+/// two agents that cannot read each other's values do not refetch after each other.
+func expectNoFetchLoop(_ issuer: IssuerProcess, _ key: String, settling: Double, context: String,
+                       sourceLocation: SourceLocation = #_sourceLocation) async throws {
+    try await Task.sleep(for: .seconds(settling))
+    let settled = try await issuer.issuedTimes()[key]?.count ?? 0
+    try await Task.sleep(for: .seconds(3))
+    let later = try await issuer.issuedTimes()[key]?.count ?? 0
+    #expect(later == settled, "\(context): \(key) was fetched \(later - settled) more times in 3 s after the agents settled (\(settled) before): a fetch loop",
+            sourceLocation: sourceLocation)
+    print("\(context): \(key) issued \(settled) times by the settle point, \(later) after 3 s more")
 }
 
 /// How many stored values are under each key id (the V0003 column), read with sqlite3.

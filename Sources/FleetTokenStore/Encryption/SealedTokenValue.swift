@@ -6,7 +6,8 @@ import Foundation
 /// A token value as an encrypted store keeps it:
 /// `sealed:v1:<key id>:<fingerprint>:<base64 of nonce, ciphertext and tag>`.
 ///
-/// AES-GCM with a random 96-bit nonce per write. The associated data binds the ciphertext to
+/// AES-GCM with a random 96-bit nonce per write, over the token packed by `SealedPlaintext` (a
+/// JWT as its segments' bytes, so the sealed text is about as long as the token). The associated data binds the ciphertext to
 /// the token's kind, subject id, key id and fingerprint, so a value copied onto another row (or
 /// relabelled with another key id) does not open. The key id and fingerprint stay readable, so
 /// `tokenctl list` and `stats` need no key. Anything not in this form is a plaintext value.
@@ -43,11 +44,8 @@ public enum SealedTokenValue {
     static func seal(_ value: String, for key: TokenKey, with encryptionKey: TokenEncryptionKey) -> String {
         let fingerprint = TokenFingerprint(of: value).description
         let data = associatedData(key, keyID: encryptionKey.id, fingerprint: fingerprint)
-        var plain = value
         // AES-GCM with a fresh random nonce cannot fail for a 256-bit key and this input size.
-        let box = plain.withUTF8 { bytes in
-            try! AES.GCM.seal(UnsafeRawBufferPointer(bytes), using: encryptionKey.symmetricKey, authenticating: data)
-        }
+        let box = try! AES.GCM.seal(SealedPlaintext.pack(value), using: encryptionKey.symmetricKey, authenticating: data)
         let payload = box.combined!.base64EncodedString()
         var sealed = ""
         sealed.reserveCapacity(prefix.utf8.count + 30 + payload.utf8.count)
@@ -86,7 +84,7 @@ public enum SealedTokenValue {
               let box = try? AES.GCM.SealedBox(combined: combined),
               let plain = try? AES.GCM.open(box, using: encryptionKey.symmetricKey,
                                             authenticating: associatedData(key, keyID: keyID, fingerprint: String(envelope.fingerprint))),
-              let value = String(bytes: plain, encoding: .utf8)
+              let value = SealedPlaintext.unpack(Array(plain))
         else { return .failed(keyID: keyID) }
         return .opened(value, keyID: keyID)
     }

@@ -154,26 +154,37 @@ struct EncryptedRepositoryTests {
 
 @Suite("The engine on an encrypted store: a value that does not open is refetched, never served")
 struct EncryptedEngineTests {
+    let dir = Scratch()
+    let time = TestTime()
+    let log = LogRecorder()
+    let keyring = TokenKeyring(primary: .random())
+    let fetcher: ScriptedFetcher
+
+    init() { fetcher = .minting(time) }
+
+    /// An hour-long token of `key` issued now.
+    func fresh(_ key: TokenKey, _ value: String) -> StoredToken {
+        StoredToken(key: key, value: value, expiresAt: time.now.addingTimeInterval(3600), issuedAt: time.now, fetchedAt: time.now)
+    }
+
+    /// An engine on `repository` (its lease store too) with the test's clock and fetcher.
+    func makeEngine(on repository: any TokenRepository & RefreshLeaseStore) -> TokenSyncEngine {
+        TokenSyncEngine(repository: repository, leases: repository, fetcher: fetcher, logger: log.logger,
+                        clock: time.clock, now: time.wall, random: { 0.5 })
+    }
+
     @Test("an altered value is fetched anew; an intact one is served from the store without a fetch")
     func engineRefetches() async throws {
-        let dir = Scratch()
-        let time = TestTime()
-        let log = LogRecorder()
         let store = try openStore(dir.file("tokens.sqlite"))
         defer { store.close() }
-        let keyring = TokenKeyring(primary: .random())
         let sealed = EncryptedTokenRepository(base: store, keyring: keyring, logger: log.logger)
         let intact = try TokenKey.vehicle("intact"), altered = try TokenKey.vehicle("altered")
         let values = [intact, altered].map { TestJWT.make(for: $0, issuedAt: time.now, lifetime: 3600) }
-        try await sealed.upsert(zip([intact, altered], values).map { key, value in
-            StoredToken(key: key, value: value, expiresAt: time.now.addingTimeInterval(3600), issuedAt: time.now, fetchedAt: time.now)
-        })
+        try await sealed.upsert(zip([intact, altered], values).map(fresh))
         let stored = try #require(try await store.entry(for: altered)?.token?.value)
         _ = try await store.replaceValues([TokenValueReplacement(key: altered, old: stored, new: String(stored.dropLast(4)) + "AAAA")])
 
-        let fetcher = ScriptedFetcher.minting(time)
-        let engine = TokenSyncEngine(repository: sealed, leases: sealed, fetcher: fetcher, logger: log.logger,
-                                     clock: time.clock, now: time.wall, random: { 0.5 })
+        let engine = makeEngine(on: sealed)
         let served = try await engine.token(for: intact)
         #expect(served.value == values[0] && fetcher.count(intact) == 0)
         let refetched = try await engine.token(for: altered)
@@ -186,19 +197,12 @@ struct EncryptedEngineTests {
 
     @Test("an engine given an encrypted store without its key never hands out a sealed value: it fetches, and says why")
     func engineWithoutKey() async throws {
-        let dir = Scratch()
-        let time = TestTime()
-        let log = LogRecorder()
         let store = try openStore(dir.file("tokens.sqlite"))
         defer { store.close() }
-        let keyring = TokenKeyring(primary: .random())
         let truck = try TokenKey.vehicle("truck")
-        try await EncryptedTokenRepository(base: store, keyring: keyring, logger: log.logger).upsert(
-            StoredToken(key: truck, value: jwtLike(truck), expiresAt: time.now.addingTimeInterval(3600), issuedAt: time.now, fetchedAt: time.now))
+        try await EncryptedTokenRepository(base: store, keyring: keyring, logger: log.logger).upsert(fresh(truck, jwtLike(truck)))
 
-        let fetcher = ScriptedFetcher.minting(time)
-        let engine = TokenSyncEngine(repository: store, leases: store, fetcher: fetcher, logger: log.logger,
-                                     clock: time.clock, now: time.wall, random: { 0.5 })
+        let engine = makeEngine(on: store)
         let served = try await engine.token(for: truck)
         #expect(!served.value.hasPrefix(SealedTokenValue.prefix), "\(served.value.prefix(40)) \(log.allText)")
         #expect(fetcher.count(truck) == 1)

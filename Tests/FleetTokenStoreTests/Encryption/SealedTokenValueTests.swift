@@ -31,6 +31,35 @@ struct SealedTokenValueTests {
         #expect(TokenFingerprint(of: String(repeating: "é", count: 3)) == TokenFingerprint(of: "ééé"))
     }
 
+    @Test("a JWT is sealed as its segments' bytes, so the sealed text is about as long as the token; every token comes back exactly")
+    func packedPlaintext() throws {
+        let sealed = SealedTokenValue.seal(value, for: vehicle, with: key)
+        #expect(sealed.count <= value.count + 80, "\(sealed.count) characters for a \(value.count)-character token")
+        let keyring = TokenKeyring(primary: key)
+        // Canonical JWTs, a segment with stray low bits (not canonical: kept as text), padding,
+        // opaque tokens with and without dots, empty segments, non-ASCII text.
+        let stray = value.dropLast() + (value.last == "A" ? "B" : "A")
+        let tokens = [value, jwtLike(vehicle), String(stray), value + "==", "opaque-token", "a.b", "a..c", "..", "",
+                      "tök.én.ü", String(repeating: "x", count: 5000)]
+        for token in tokens {
+            let sealedToken = SealedTokenValue.seal(token, for: vehicle, with: key)
+            #expect(SealedTokenValue.open(sealedToken, for: vehicle, with: keyring) == .opened(token, keyID: key.id), "\(token.prefix(40))")
+        }
+        // The codec against Foundation's base64 for every length's tail.
+        for length in 0..<70 {
+            let bytes = (0..<length).map { UInt8(truncatingIfNeeded: $0 &* 37 &+ 11) }
+            let foundation = Data(bytes).base64EncodedString().replacingOccurrences(of: "+", with: "-")
+                .replacingOccurrences(of: "/", with: "_").replacingOccurrences(of: "=", with: "")
+            #expect(Base64URL.encode(bytes) == foundation)
+            #expect(decode(foundation) == bytes)
+        }
+        #expect(decode("QQ==") == nil && decode("QR") == nil && decode("Q") == nil && decode("QQ") == [0x41])
+    }
+
+    func decode(_ text: String) -> [UInt8]? {
+        Array(text.utf8).withUnsafeBufferPointer { Base64URL.decode($0) }
+    }
+
     @Test("every write has its own nonce: the same token sealed twice differs")
     func freshNonce() {
         let first = SealedTokenValue.seal(value, for: vehicle, with: key)
