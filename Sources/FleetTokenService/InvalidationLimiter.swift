@@ -17,7 +17,16 @@ final class InvalidationLimiter: Sendable {
 
     /// The shortest time between two forced fetches of one key.
     let interval: TimeInterval
-    private let last = Mutex<[TokenKey: ContinuousClock.Instant]>([:])
+    private let state = Mutex(Recent())
+
+    /// The invalidations of the last interval: by key, and in the order they were allowed
+    /// (which is the order of their times, as the clock is monotonic), so expired ones are
+    /// dropped from the front, a few per call, and no call walks the whole table.
+    private struct Recent {
+        var last: [TokenKey: ContinuousClock.Instant] = [:]
+        var order: [(key: TokenKey, at: ContinuousClock.Instant)] = []
+        var head = 0
+    }
 
     /// A limiter allowing one invalidation per key per `interval` seconds.
     init(interval: TimeInterval) {
@@ -25,19 +34,34 @@ final class InvalidationLimiter: Sendable {
     }
 
     /// Decides for `key` at `now` (monotonic, so a wall-clock step neither blocks nor frees a
-    /// key), recording an allowed invalidation.
+    /// key), recording an allowed invalidation. Amortized constant time, however many keys it
+    /// remembers.
     func admit(_ key: TokenKey, now: ContinuousClock.Instant) -> Decision {
-        last.withLock { last in
-            if let previous = last[key] {
+        state.withLock { recent in
+            // Each call drops at most two expired entries: amortized, every entry is dropped
+            // once, and the table holds at most the keys of the last interval (plus a few).
+            for _ in 0..<2 where recent.head < recent.order.count {
+                let oldest = recent.order[recent.head]
+                guard Self.seconds(now - oldest.at) >= interval else { break }
+                if recent.last[oldest.key] == oldest.at { recent.last.removeValue(forKey: oldest.key) }
+                recent.head += 1
+            }
+            if recent.head > 1024 && recent.head * 2 > recent.order.count {
+                recent.order.removeFirst(recent.head)
+                recent.head = 0
+            }
+            if let previous = recent.last[key] {
                 let elapsed = Self.seconds(now - previous)
                 if elapsed < interval { return .limited(retryAfter: interval - elapsed) }
             }
-            last[key] = now
-            // Bounded memory: entries older than the interval decide nothing any more.
-            if last.count > 4096 { last = last.filter { Self.seconds(now - $0.value) < interval } }
+            recent.last[key] = now
+            recent.order.append((key, now))
             return .allowed
         }
     }
+
+    /// How many keys the limiter remembers (for tests of its bound).
+    var rememberedCount: Int { state.withLock { $0.last.count } }
 
     private static func seconds(_ duration: Duration) -> TimeInterval {
         let (seconds, attoseconds) = duration.components

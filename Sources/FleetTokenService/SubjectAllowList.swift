@@ -17,7 +17,9 @@ public struct SubjectAllowList: Sendable, Equatable {
         public let kind: TokenKind
         /// The glob over the id, as written.
         public let glob: String
-        private let pieces: [Substring]
+        /// The glob's literal pieces between `*`s, as UTF-8 bytes: ids match byte for byte, as
+        /// keys compare.
+        private let pieces: [[UInt8]]
 
         /// Parses `KIND:GLOB`.
         /// - Throws: ``SubjectPatternError`` without a colon, with an unknown kind, or with an
@@ -34,12 +36,12 @@ public struct SubjectAllowList: Sendable, Equatable {
             guard !glob.isEmpty else { throw SubjectPatternError(.emptyIDPattern, pattern: text, problem: "the id pattern is empty: use * for every id") }
             self.kind = kind
             self.glob = glob
-            self.pieces = glob.split(separator: "*", omittingEmptySubsequences: false)
+            self.pieces = glob.utf8.split(separator: UInt8(ascii: "*"), omittingEmptySubsequences: false).map(Array.init)
         }
 
         /// True when `key` is of this kind and its id matches the glob.
         public func matches(_ key: TokenKey) -> Bool {
-            key.kind == kind && Self.match(Substring(key.subjectID), pieces[...])
+            key.kind == kind && Self.match(Array(key.subjectID.utf8)[...], pieces[...])
         }
 
         /// `KIND:GLOB`.
@@ -47,17 +49,28 @@ public struct SubjectAllowList: Sendable, Equatable {
 
         /// Literal pieces separated by `*`: the first anchors the start, the last the end, the
         /// middle ones are found left to right (greedy-free, so linear in the id's length per piece).
-        private static func match(_ id: Substring, _ pieces: ArraySlice<Substring>) -> Bool {
+        private static func match(_ id: ArraySlice<UInt8>, _ pieces: ArraySlice<[UInt8]>) -> Bool {
             guard let first = pieces.first else { return id.isEmpty }
-            if pieces.count == 1 { return id == first }
-            guard id.hasPrefix(first) else { return false }
+            if pieces.count == 1 { return id.elementsEqual(first) }
+            guard id.starts(with: first) else { return false }
             var rest = id.dropFirst(first.count)
             let last = pieces.last!
             for middle in pieces.dropFirst().dropLast() where !middle.isEmpty {
-                guard let range = rest.range(of: middle) else { return false }
-                rest = rest[range.upperBound...]
+                guard let end = endOfFirst(middle, in: rest) else { return false }
+                rest = rest[end...]
             }
-            return rest.count >= last.count && rest.hasSuffix(last)
+            return rest.count >= last.count && rest.suffix(last.count).elementsEqual(last)
+        }
+
+        /// The index just past the first occurrence of `needle` in `haystack`.
+        private static func endOfFirst(_ needle: [UInt8], in haystack: ArraySlice<UInt8>) -> Int? {
+            guard needle.count <= haystack.count else { return nil }
+            var start = haystack.startIndex
+            while start + needle.count <= haystack.endIndex {
+                if haystack[start..<start + needle.count].elementsEqual(needle) { return start + needle.count }
+                start += 1
+            }
+            return nil
         }
 
         public static func == (lhs: Pattern, rhs: Pattern) -> Bool { lhs.kind == rhs.kind && lhs.glob == rhs.glob }

@@ -23,9 +23,12 @@ import Glibc
 /// - `GET /v1/subjects`: what the engine holds, without token values.
 /// - `GET /healthz`, `GET /readyz`, `GET /metrics`.
 ///
-/// Every request to `/v1/` must carry `Fleet-Token-Request: true` (so that a local proxy or a
-/// server-side request forgery cannot fetch tokens), and none may carry `X-Forwarded-For` or
-/// `Forwarded`.
+/// Every route but ``publicPaths`` requires `Fleet-Token-Request: true` (so that a local proxy,
+/// a server-side request forgery or an HTML form cannot reach tokens), decided on the route that
+/// matched; a request target not in normal form (empty, `.` or `..` segments, needless escapes)
+/// is `400` before routing; no request may carry `X-Forwarded-For` or `Forwarded`. On TCP, the
+/// `Host` must be `localhost` or a loopback address (`421` otherwise: DNS rebinding) and a
+/// request with an `Origin` header is `403`.
 public struct TokenAPI: Sendable {
     /// What the API serves and how.
     public struct Configuration: Sendable {
@@ -35,6 +38,11 @@ public struct TokenAPI: Sendable {
         public var readinessSubjects: [TokenKey]
         /// Shortest time between two forced fetches of one key. Default 10 s.
         public var invalidateInterval: TimeInterval = 10
+        /// The most subjects asked for through allow patterns (not configured) that memory may
+        /// hold; a request for one more is `503` with `Retry-After`. Default 10,000.
+        public var maxDynamicSubjects = 10_000
+        /// The most subjects one `GET /v1/subjects` lists when the request names no `limit`.
+        public var subjectsPageSize = 1_000
         /// Prometheus text for `GET /metrics`; nil answers `404`.
         public var metricsText: (@Sendable () -> String)?
 
@@ -86,18 +94,30 @@ public struct TokenAPI: Sendable {
         subjectsInForce.state.withLock { $0.allowList.patterns = patterns }
     }
 
-    /// The router with every route and rule.
-    public func router() -> Router<BasicRequestContext> {
+    /// The router with every route and rule, for requests arriving over a Unix socket.
+    public func router() -> Router<BasicRequestContext> { router(for: .unix) }
+
+    /// The router for requests arriving over a TCP listener bound to `host` (which adds the
+    /// Host and Origin rules).
+    public func router(forTCPHost host: String) -> Router<BasicRequestContext> { router(for: .tcp(host: host)) }
+
+    /// Every route requires the request header, decided on the route that matched, except the
+    /// ones listed in ``publicPaths``, which carry no token.
+    func router(for transport: APITransport) -> Router<BasicRequestContext> {
         let router = Router(context: BasicRequestContext.self)
-        router.add(middleware: TokenAPIAccessRules(logger: logger))
-        router.get("/v1/token/:kind/:id") { request, context in try await self.token(request, context) }
-        router.post("/v1/invalidate/:kind/:id") { _, context in try await self.invalidate(context) }
-        router.get("/v1/subjects") { _, _ in await self.subjects() }
+        router.add(middleware: TokenAPIAccessRules(logger: logger, transport: transport))
         router.get("/healthz") { _, _ in Self.json(.ok, ["status": "ok"]) }
         router.get("/readyz") { _, _ in await self.readiness() }
         router.get("/metrics") { _, _ in self.metrics() }
+        let guarded = router.group().add(middleware: TokenRequestHeaderRule())
+        guarded.get("/v1/token/:kind/:id") { request, context in try await self.token(request, context) }
+        guarded.post("/v1/invalidate/:kind/:id") { _, context in try await self.invalidate(context) }
+        guarded.get("/v1/subjects") { request, _ in await self.subjects(request) }
         return router
     }
+
+    /// The routes served without the request header: they carry no token.
+    public static let publicPaths: Set<String> = ["/healthz", "/readyz", "/metrics"]
 
     // MARK: routes
 
@@ -107,6 +127,7 @@ public struct TokenAPI: Sendable {
         case .failure(let refusal): return refusal.response
         case .success(let found): key = found
         }
+        if let refusal = capRefusal(key) { return refusal }
         do throws(TokenUnavailable) {
             let (token, source) = try await engine.tokenWithSource(for: key)
             let fingerprint = token.fingerprint.description
@@ -145,8 +166,42 @@ public struct TokenAPI: Sendable {
         }
     }
 
-    func subjects() async -> Response {
-        let list = await engine.subjects().map { status -> [String: Any] in
+    /// `503` when `key` would be one more pattern-allowed subject than
+    /// ``Configuration/maxDynamicSubjects``; nil when it may be served.
+    func capRefusal(_ key: TokenKey) -> Response? {
+        let configured = subjectsInForce.state.withLock { $0.allowList.subjects.count }
+        guard !engine.holds(key), engine.heldCount - configured >= configuration.maxDynamicSubjects,
+              !subjectsInForce.state.withLock({ $0.allowList.subjects.contains(key) }) else { return nil }
+        return Self.json(.serviceUnavailable, [
+            "error": "the agent already holds \(configuration.maxDynamicSubjects) subjects asked for through allow patterns (--max-dynamic-subjects); unused ones are dropped after the idle window: retry later, or raise the cap",
+        ], headers: [.retryAfter: "60"])
+    }
+
+    func subjects(_ request: Request) async -> Response {
+        let query = request.uri.queryParameters
+        var limit = configuration.subjectsPageSize
+        if let text = query["limit"] {
+            guard let value = Int(text), value > 0, value <= 100_000 else {
+                return Self.json(.badRequest, ["error": "limit must be a whole number from 1 to 100000"])
+            }
+            limit = value
+        }
+        var after: TokenKey?
+        if let text = query["after"] {
+            let decoded = String(text)  // query values arrive percent-decoded
+            guard let slash = decoded.firstIndex(of: "/"), let kind = TokenKind(rawValue: String(decoded[..<slash])),
+                  let key = try? TokenKey(kind: kind, subjectID: String(decoded[decoded.index(after: slash)...])) else {
+                return Self.json(.badRequest, ["error": "after must be KIND/ID, as the last subject of the previous page"])
+            }
+            after = key
+        }
+        let page = await engine.subjects(after: after, limit: limit)
+        var headers: HTTPFields = [:]
+        if page.count == limit, let last = page.last {
+            let id = last.key.subjectID.addingPercentEncoding(withAllowedCharacters: .alphanumerics.union(CharacterSet(charactersIn: "-._~"))) ?? last.key.subjectID
+            headers[HTTPField.Name("Link")!] = "</v1/subjects?limit=\(limit)&after=\(last.key.kind.rawValue)/\(id)>; rel=\"next\""
+        }
+        let list = page.map { status -> [String: Any] in
             var object: [String: Any] = [
                 "kind": status.key.kind.rawValue, "id": status.key.subjectID, "tracked": status.tracked,
                 "status": status.state.rawValue,
@@ -159,7 +214,7 @@ public struct TokenAPI: Sendable {
             object["last_error_kind"] = status.failure?.lastErrorKind ?? NSNull()
             return object
         }
-        return Self.json(.ok, list)
+        return Self.json(.ok, list, headers: headers)
     }
 
     func readiness() async -> Response {

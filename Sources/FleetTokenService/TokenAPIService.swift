@@ -31,9 +31,14 @@ public enum ListenAddress: Sendable, Equatable, CustomStringConvertible {
         guard let colon = text.lastIndex(of: ":"), let port = Int(text[text.index(after: colon)...]), (0...65535).contains(port) else {
             throw TokenAPIError(.invalidAddress, text, "listen address \"\(text)\": write unix:PATH or HOST:PORT (127.0.0.1:8787)")
         }
-        let host = String(text[..<colon]).trimmingCharacters(in: CharacterSet(charactersIn: "[]"))
-        let loopback = host == "localhost" || host == "::1" || host.hasPrefix("127.")
-        guard loopback || allowNonLoopback else {
+        let hostPart = text[..<colon]
+        let bracketed = hostPart.hasPrefix("[") && hostPart.hasSuffix("]") && hostPart.count >= 2
+        let host = bracketed ? String(hostPart.dropFirst().dropLast()) : String(hostPart)
+        // A bare IPv6 address needs brackets (its colons would be taken for the port's).
+        guard !host.isEmpty, bracketed || !host.contains(":"), !bracketed || host.contains(":") else {
+            throw TokenAPIError(.invalidAddress, text, "listen address \"\(text)\": write HOST:PORT with an IPv4 address, localhost or [IPv6] (127.0.0.1:8787, [::1]:8787)")
+        }
+        guard LoopbackHost.isLoopback(host) || allowNonLoopback else {
             throw TokenAPIError(.nonLoopbackAddress, text, "listen address \"\(text)\": the token API hands out tokens without authentication, so it listens on loopback only; allow non-loopback addresses only if a firewall guards \(host)")
         }
         self = .tcp(host: host, port: port)
@@ -125,7 +130,6 @@ public struct TokenAPIService: Service {
     /// Serves until graceful shutdown or cancellation.
     public func run() async throws {
         try prepare()
-        let router = api.router()
         let health = api.storeHealth
         let events = engine.events()
         try await withThrowingDiscardingTaskGroup { group in
@@ -134,19 +138,26 @@ public struct TokenAPIService: Service {
             // Each application shuts down gracefully with the service group (finishing the
             // requests it has).
             for address in addresses {
-                let app = application(router, address)
-                group.addTask { try await app.runService() }
+                switch address {
+                case .unix(let path):
+                    let staging = try SocketStaging(path: path)
+                    let app = application(api.router(), address, bind: .unixDomainSocket(path: staging.stagedPath), staging: staging)
+                    group.addTask {
+                        defer { staging.discard() }
+                        try await app.runService()
+                    }
+                case .tcp(let host, let port):
+                    let app = application(api.router(forTCPHost: host), address, bind: .hostname(host, port: port), staging: nil)
+                    group.addTask { try await app.runService() }
+                }
             }
         }
         for case .unix(let path) in addresses { unlink(path) }
     }
 
-    private func application(_ router: Router<BasicRequestContext>, _ address: ListenAddress) -> some ApplicationProtocol {
-        let bind: BindAddress
-        switch address {
-        case .unix(let path): bind = .unixDomainSocket(path: path)
-        case .tcp(let host, let port): bind = .hostname(host, port: port)
-        }
+    private func application(_ router: Router<BasicRequestContext>, _ address: ListenAddress, bind: BindAddress,
+                             staging: SocketStaging?) -> some ApplicationProtocol {
+        let logger = logger
         let mode = socketMode
         let report = onListening
         var quiet = logger
@@ -162,7 +173,10 @@ public struct TokenAPIService: Service {
             onServerRunning: { channel in
                 switch address {
                 case .unix(let path):
-                    chmod(path, mode)
+                    if let problem = staging?.place(mode: mode) {
+                        logger.critical("the token API's socket could not be put in place: nobody can reach it", metadata: ["path": "\(path)", "error": "\(problem)"])
+                        return
+                    }
                     report(address)
                 case .tcp(let host, _):
                     report(.tcp(host: host, port: channel.localAddress?.port ?? 0))
@@ -185,8 +199,11 @@ enum SocketPath {
         guard info.st_uid == geteuid() || info.st_uid == 0 else {
             throw TokenAPIError(.socketDirectoryUnsafe, path, "the socket's directory \(directory) belongs to another user (uid \(info.st_uid)): use a directory this user owns")
         }
-        guard info.st_mode & S_IWOTH == 0 || info.st_mode & S_ISVTX != 0 && info.st_uid == geteuid() else {
-            throw TokenAPIError(.socketDirectoryUnsafe, path, "the socket's directory \(directory) is writable by everyone: use a directory only this user can write (mode 0750)")
+        // Whoever may write the directory may move the socket away and put their own in its
+        // place; the sticky bit on a directory of this user's forbids that.
+        guard info.st_mode & (S_IWOTH | S_IWGRP) == 0 || info.st_mode & S_ISVTX != 0 && info.st_uid == geteuid() else {
+            let who = info.st_mode & S_IWOTH != 0 ? "everyone" : "its group"
+            throw TokenAPIError(.socketDirectoryUnsafe, path, "the socket's directory \(directory) is writable by \(who), who could replace the socket: use a directory only this user can write (chmod go-w \(directory), mode 0750)")
         }
         var existing = stat()
         guard lstat(path, &existing) == 0 else { return }

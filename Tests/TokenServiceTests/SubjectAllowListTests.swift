@@ -71,6 +71,22 @@ struct SubjectAllowListTests {
         #expect(limiter.admit(a, now: start + .seconds(19.5)) == .limited(retryAfter: 0.5))
     }
 
+    // Issue 26 item 4: the limiter forgets what the interval no longer covers, a few entries
+    // per call, instead of re-filtering its whole table past a size.
+    @Test("the limiter's table holds only the last interval's keys, however many passed through")
+    func limiterBound() throws {
+        let limiter = InvalidationLimiter(interval: 10)
+        let start = ContinuousClock.now
+        for index in 0..<30_000 { #expect(limiter.admit(try .vehicle("old-\(index)"), now: start + .milliseconds(index / 10)) == .allowed) }
+        #expect(limiter.rememberedCount == 30_000)
+        let later = start + .seconds(20)
+        for index in 0..<20_000 { _ = limiter.admit(try .vehicle("new-\(index)"), now: later + .milliseconds(index / 10)) }
+        #expect(limiter.rememberedCount == 20_000, "every old key dropped, two per call")
+        // Still one per key per interval after the clean-up.
+        #expect(limiter.admit(try .vehicle("new-5"), now: later + .seconds(5)) == .limited(retryAfter: 5))
+        #expect(limiter.admit(try .vehicle("old-5"), now: later + .seconds(5)) == .allowed)
+    }
+
     @Test("the token route's hand-written JSON strings and timestamps read back as Foundation's", arguments: [
         "truck-7", #"a"b\c"#, "é ü 🚚", "tab\there", "nul\u{1}x", "eyJhbGciOiJSUzI1NiJ9.e30.c2ln", "/slash/",
     ])

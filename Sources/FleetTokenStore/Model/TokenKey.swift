@@ -32,6 +32,11 @@ public enum TokenKind: String, Sendable, Hashable, CaseIterable, Codable, Custom
 ///
 /// Tokens are cached, stored and refreshed per key, as the Fleet Engine SDKs cache them per
 /// vehicle ID or trip ID.
+///
+/// Keys compare, hash and order by the UTF-8 bytes of their ids, as the store, the file sinks
+/// and the token provider do: `zoë` written precomposed (NFC) and decomposed (NFD) are two
+/// subjects, as they are to Fleet Engine, and never share a token. (Swift's `String` equality
+/// would treat canonically equivalent ids as one.)
 public struct TokenKey: Hashable, Sendable, Comparable, CustomStringConvertible {
     /// The kind of subject.
     public let kind: TokenKind
@@ -42,18 +47,29 @@ public struct TokenKey: Hashable, Sendable, Comparable, CustomStringConvertible 
     public static let maximumSubjectIDLength = 512
 
     /// Creates a key, checking the subject id.
-    /// - Throws: ``InvalidTokenKey`` when the id is empty, `.` or `..`, longer than
-    ///   ``maximumSubjectIDLength`` bytes, or contains control characters.
+    /// - Throws: ``InvalidTokenKey`` when the id is empty, is `.` or `..` or has such a
+    ///   `/`-separated segment, is longer than ``maximumSubjectIDLength`` bytes, or contains
+    ///   control characters or invisible format characters (bidirectional overrides, zero-width
+    ///   characters).
     public init(kind: TokenKind, subjectID: String) throws(InvalidTokenKey) {
         if subjectID.isEmpty { throw .emptySubjectID(kind: kind) }
-        // Unreserved in URLs, so never percent-encoded: as `{id}` they would be path segments
-        // that proxies and servers resolve to another endpoint.
-        if subjectID == "." || subjectID == ".." { throw .pathSegment(kind: kind, subjectID: subjectID) }
         if subjectID.utf8.count > Self.maximumSubjectIDLength {
             throw .subjectIDTooLong(kind: kind, length: subjectID.utf8.count)
         }
-        if subjectID.unicodeScalars.contains(where: { $0.properties.generalCategory == .control }) {
-            throw .controlCharacters(kind: kind)
+        // Unreserved in URLs, so never percent-encoded: as `{id}` they would be path segments
+        // that proxies and servers resolve to another endpoint; inside an id with slashes,
+        // `fleet-a/x/../../truck-7` would pass a `fleet-a/*` pattern and name another subject.
+        if subjectID.utf8.split(separator: UInt8(ascii: "/"), omittingEmptySubsequences: false)
+            .contains(where: { $0.elementsEqual(".".utf8) || $0.elementsEqual("..".utf8) }) {
+            throw .pathSegment(kind: kind, subjectID: subjectID)
+        }
+        for scalar in subjectID.unicodeScalars {
+            switch scalar.properties.generalCategory {
+            case .control: throw .controlCharacters(kind: kind)
+            // Shown as nothing, or reversing what follows, in logs and tokenctl's output.
+            case .format: throw .formatCharacters(kind: kind)
+            default: continue
+            }
         }
         self.kind = kind
         self.subjectID = subjectID
@@ -82,9 +98,23 @@ public struct TokenKey: Hashable, Sendable, Comparable, CustomStringConvertible 
     /// `kind/subjectID`, e.g. `vehicle/truck-7`.
     public var description: String { "\(kind.rawValue)/\(subjectID)" }
 
-    /// Orders by kind, then subject id: the store's listing order.
+    /// Orders by kind, then the subject id's UTF-8 bytes: the store's listing order.
     public static func < (lhs: TokenKey, rhs: TokenKey) -> Bool {
-        (lhs.kind.rawValue, lhs.subjectID) < (rhs.kind.rawValue, rhs.subjectID)
+        if lhs.kind != rhs.kind { return lhs.kind.rawValue < rhs.kind.rawValue }
+        return lhs.subjectID.utf8.lexicographicallyPrecedes(rhs.subjectID.utf8)
+    }
+
+    /// Equal when the kinds are and the ids' UTF-8 bytes are.
+    public static func == (lhs: TokenKey, rhs: TokenKey) -> Bool {
+        lhs.kind == rhs.kind && lhs.subjectID.utf8.elementsEqual(rhs.subjectID.utf8)
+    }
+
+    /// Hashes the kind and the id's UTF-8 bytes.
+    public func hash(into hasher: inout Hasher) {
+        hasher.combine(kind)
+        var id = subjectID
+        id.withUTF8 { hasher.combine(bytes: UnsafeRawBufferPointer($0)) }
+        hasher.combine(id.utf8.count)
     }
 
     /// Builds a key from values already validated (read back from the store).
@@ -101,7 +131,7 @@ public struct TokenKey: Hashable, Sendable, Comparable, CustomStringConvertible 
 public struct InvalidTokenKey: Error, Sendable, Equatable, CustomStringConvertible {
     /// What is wrong with the id. More codes may come: match them with `==`, keep a `default`.
     public struct Code: Hashable, Sendable, CustomStringConvertible {
-        fileprivate enum Value: String, Sendable { case emptySubjectID, subjectIDTooLong, controlCharacters, pathSegment }
+        fileprivate enum Value: String, Sendable { case emptySubjectID, subjectIDTooLong, controlCharacters, pathSegment, formatCharacters }
 
         fileprivate let value: Value
 
@@ -111,8 +141,12 @@ public struct InvalidTokenKey: Error, Sendable, Equatable, CustomStringConvertib
         public static let subjectIDTooLong = Code(value: .subjectIDTooLong)
         /// The id contains control characters (newlines, tabs, NUL...).
         public static let controlCharacters = Code(value: .controlCharacters)
-        /// The id is `.` or `..`, which a provider URL would carry as a relative path segment.
+        /// The id is `.` or `..`, or has such a `/`-separated segment, which a provider URL or a
+        /// pattern would take as a relative path.
         public static let pathSegment = Code(value: .pathSegment)
+        /// The id contains invisible format characters (Unicode category Cf: bidirectional
+        /// overrides, zero-width characters), which make it read as another id.
+        public static let formatCharacters = Code(value: .formatCharacters)
 
         /// The code's name, e.g. `emptySubjectID`.
         public var description: String { value.rawValue }
@@ -141,8 +175,10 @@ public struct InvalidTokenKey: Error, Sendable, Equatable, CustomStringConvertib
     public static func subjectIDTooLong(kind: TokenKind, length: Int) -> Self { Self(.subjectIDTooLong, kind: kind, length: length) }
     /// The id contains control characters (newlines, tabs, NUL...).
     public static func controlCharacters(kind: TokenKind) -> Self { Self(.controlCharacters, kind: kind) }
-    /// The id is `.` or `..`, which a provider URL would carry as a relative path segment.
+    /// The id is `.` or `..`, or has such a `/`-separated segment.
     public static func pathSegment(kind: TokenKind, subjectID: String) -> Self { Self(.pathSegment, kind: kind, subjectID: subjectID) }
+    /// The id contains invisible format characters (Unicode category Cf).
+    public static func formatCharacters(kind: TokenKind) -> Self { Self(.formatCharacters, kind: kind) }
 
     /// What is wrong and what to do.
     public var description: String {
@@ -154,7 +190,9 @@ public struct InvalidTokenKey: Error, Sendable, Equatable, CustomStringConvertib
         case .controlCharacters:
             "the \(kind) id contains control characters (newline, tab, NUL...): check how the id was read"
         case .pathSegment:
-            "the \(kind) id \"\(subjectID ?? "")\" is a relative path segment, which proxies and servers would resolve to another endpoint of the token provider: give the real \(kind) id"
+            "the \(kind) id \"\(subjectID ?? "")\" is or holds a relative path segment (. or ..), which proxies, servers and allow patterns would resolve to another id: give the real \(kind) id"
+        case .formatCharacters:
+            "the \(kind) id contains invisible format characters (a bidirectional override or a zero-width character), which make it read as another id: check how the id was read"
         }
     }
 }

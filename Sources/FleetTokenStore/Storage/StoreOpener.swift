@@ -159,6 +159,9 @@ struct StoreOpener {
             // WAL makes NORMAL durable against crashes of the process; only a power loss can
             // drop the last commits, and tokens are refetchable.
             try db.execute(sql: "PRAGMA synchronous = NORMAL")
+            // A purged or replaced token must not stay readable in free pages: SQLite's default
+            // is off, and only some builds (Debian's) turn it on.
+            try db.execute(sql: "PRAGMA secure_delete = ON")
             // 8 KiB pages for a store this opening creates (SQLite ignores it for an existing
             // one): a table WITHOUT ROWID keeps at most about a quarter page of a row in place,
             // and a sealed token (encryption at rest) of a typical ~900-character JWT is

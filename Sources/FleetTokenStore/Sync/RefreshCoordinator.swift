@@ -103,8 +103,13 @@ actor RefreshCoordinator {
     }
 
     func invalidate(_ key: TokenKey) async {
-        // Keep the backoff: invalidating must not become a way around it.
-        parts.memory.installEmpty(key, failure: parts.memory.entry(key)?.failure)
+        // Keep the backoff: invalidating must not become a way around it. A key not held
+        // gets no entry: callers could otherwise grow memory with ids nobody uses.
+        if let held = parts.memory.entry(key) {
+            parts.memory.installEmpty(key, failure: held.failure)
+        } else if tracked.contains(key) {
+            parts.memory.installEmpty(key, failure: nil)
+        }
         parts.scheduler.cancel(key)
         // A rejected token still waiting for its group commit must not reach the store after
         // the removal below; the commit would have released the key's lease, so release it here.

@@ -215,6 +215,12 @@ final class TokenMemory: Sendable {
     }
 
     var keys: [TokenKey] { state.withLock { Array($0.slots.keys) } }
+
+    /// How many keys have an entry.
+    var count: Int { state.withLock { $0.slots.count } }
+
+    /// True when `key` has an entry.
+    func holds(_ key: TokenKey) -> Bool { state.withLock { $0.slots[key] != nil } }
 }
 
 

@@ -188,6 +188,28 @@ public final class TokenSyncEngine: Service, Sendable {
         }
     }
 
+    /// One page of ``subjects()``: at most `limit` subjects after `after` in key order.
+    public func subjects(after: TokenKey?, limit: Int) async -> [SubjectStatus] {
+        let tracked = await coordinator.trackedKeys
+        let local = wallClock()
+        var keys = Set(memory.keys).union(tracked)
+        if let after { keys = keys.filter { after < $0 } }
+        let page = keys.sorted().prefix(limit)
+        return page.map { key in
+            memory.status(key, tracked: tracked.contains(key), localNow: local)
+                ?? SubjectStatus(key: key, tracked: tracked.contains(key), state: .unavailable, expiresAt: nil,
+                                 fingerprint: nil, source: nil, failure: nil)
+        }
+    }
+
+    /// True when memory holds an entry for `key` (a token, or a failure being backed off): no
+    /// I/O, nothing created.
+    public func holds(_ key: TokenKey) -> Bool { memory.holds(key) }
+
+    /// How many subjects memory holds entries for: tracked ones and those used within the idle
+    /// window. No I/O.
+    public var heldCount: Int { memory.count }
+
     /// The status of one subject from memory; `.unavailable` when nothing is held for it.
     public func status(of key: TokenKey) -> SubjectStatus {
         memory.status(key, tracked: false, localNow: wallClock())
@@ -227,7 +249,8 @@ public final class TokenSyncEngine: Service, Sendable {
     }
 
     /// Forgets the token of `key` because Fleet Engine rejected it: it is removed from memory
-    /// and the store, and the next ``token(for:)`` fetches a new one.
+    /// and the store, and the next ``token(for:)`` fetches a new one. A key the engine neither
+    /// holds nor tracks is only removed from the store: invalidating creates nothing in memory.
     public func invalidate(_ key: TokenKey) async {
         await coordinator.invalidate(key)
     }

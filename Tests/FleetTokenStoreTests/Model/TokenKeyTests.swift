@@ -26,4 +26,38 @@ struct TokenKeyTests {
         #expect(throws: InvalidTokenKey.subjectIDTooLong(kind: .vehicle, length: long.utf8.count)) { try TokenKey.vehicle(long) }
         #expect(throws: InvalidTokenKey.controlCharacters(kind: .vehicle)) { try TokenKey.vehicle("a\nb") }
     }
+
+    // Issue 26 item 10: one id, one key, byte for byte.
+    @Test("canonically equivalent ids are distinct keys: they compare, hash and order by their UTF-8 bytes",
+          arguments: [("T-\u{212A}-9", "T-K-9"), ("zo\u{00EB}", "zoe\u{0308}"), ("\u{00C5}", "\u{212B}"), ("caf\u{00E9}", "cafe\u{0301}")])
+    func byteIdentity(first: String, second: String) throws {
+        #expect(first == second, "Swift's String equality takes these as one: the reason keys must not use it")
+        let a = try TokenKey.trip(first)
+        let b = try TokenKey.trip(second)
+        #expect(a != b)
+        #expect(Set([a, b]).count == 2)
+        #expect(Dictionary([(a, 1), (b, 2)], uniquingKeysWith: +).count == 2)
+        #expect((a < b) != (b < a), "a strict order between them")
+        #expect(a == (try TokenKey.trip(String(decoding: Array(first.utf8), as: UTF8.self))))
+        #expect((a < b) == Array(first.utf8).lexicographicallyPrecedes(Array(second.utf8)), "byte order, as the store lists")
+    }
+
+    @Test("invisible format characters (category Cf) are refused like control characters",
+          arguments: ["\u{202E}evil", "truck\u{200B}7", "a\u{2066}b", "\u{FEFF}v", "x\u{061C}"])
+    func formatCharacters(id: String) {
+        #expect(throws: InvalidTokenKey.formatCharacters(kind: .trip)) { try TokenKey.trip(id) }
+        #expect(InvalidTokenKey.formatCharacters(kind: .trip).description.contains("invisible"))
+    }
+
+    @Test(". and .. are refused as segments of a /-separated id; other slashes are fine",
+          arguments: ["fleet-a/x/../../truck-7", "fleet-a/..", "./v", "a/./b", "../v"])
+    func dotSegmentsInside(id: String) {
+        let error = #expect(throws: InvalidTokenKey.self) { try TokenKey.vehicle(id) }
+        #expect(error?.code == .pathSegment)
+    }
+
+    @Test("ids with slashes and dots that are not whole segments are accepted", arguments: ["fleet-a/truck-7", "a/.b/c", "a/b..", "a//b"])
+    func slashesAccepted(id: String) throws {
+        #expect(try TokenKey.vehicle(id).subjectID == id)
+    }
 }

@@ -9,7 +9,7 @@ import Testing
 
 @Suite("Opening a store and migrating its schema")
 struct OpenAndMigrationTests {
-    @Test("a fresh store gets the whole schema, WAL, synchronous=NORMAL, a 5 s busy timeout and private modes")
+    @Test("a fresh store gets the whole schema, WAL, synchronous=NORMAL, secure_delete, a 5 s busy timeout and private modes")
     func freshStore() async throws {
         let dir = Scratch()
         let path = dir.file("nested/deeper/tokens.sqlite")
@@ -27,6 +27,11 @@ struct OpenAndMigrationTests {
         #expect(pragmas.0 == "wal")
         #expect(pragmas.1 == 1) // NORMAL
         #expect((pragmas.2 ?? 0) >= 5000)
+        // Set explicitly (issue 26): a purged token must not stay in free pages on SQLite
+        // builds whose default is off. On the writer and on a reader (readers write nothing,
+        // but a checkpoint or a pool change must not depend on which connection runs it).
+        #expect(try await store.pool.write { try Int.fetchOne($0, sql: "PRAGMA secure_delete") } == 1)
+        #expect(try await store.pool.read { try Int.fetchOne($0, sql: "PRAGMA secure_delete") } == 1)
 
         #expect(fileMode(path) == 0o600)
         #expect(fileMode(path + "-wal") == 0o600)

@@ -1,0 +1,127 @@
+// A raw HTTP/1.1 exchange over a real socket: the request's bytes exactly as written (clients
+// such as AsyncHTTPClient normalize targets like //v1/…, which is what edge tests must send).
+
+import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// One request, written byte for byte, and the response read to the connection's end.
+public enum RawHTTP {
+    /// Where to connect.
+    public enum Endpoint: Sendable {
+        case unix(String)
+        case tcp(port: Int)
+    }
+
+    /// A response: status, header lines (lowercased names) and body.
+    public struct Answer: Sendable, CustomStringConvertible {
+        public let status: Int
+        public let headers: [(name: String, value: String)]
+        public let body: String
+        public var description: String { "\(status) \(body)" }
+        public func header(_ name: String) -> String? { headers.first { $0.name == name.lowercased() }?.value }
+    }
+
+    /// Sends `method target` with `headers` (a `Connection: close` is added) and reads the answer,
+    /// within `timeout` seconds. `host` nil sends no Host header.
+    public static func send(_ endpoint: Endpoint, _ method: String, _ target: String, host: String? = "localhost",
+                            headers: [(String, String)] = [], timeout: Int = 15) throws -> Answer {
+        var head = "\(method) \(target) HTTP/1.1\r\n"
+        if let host { head += "Host: \(host)\r\n" }
+        for (name, value) in headers { head += "\(name): \(value)\r\n" }
+        if method == "POST" { head += "Content-Length: 0\r\n" }
+        head += "Connection: close\r\n\r\n"
+        let raw = try exchange(endpoint, Array(head.utf8), timeout: timeout)
+        return try parse(raw)
+    }
+
+    /// Opens a connection and keeps it open without sending anything; the descriptor, or -1.
+    public static func openIdle(_ endpoint: Endpoint) -> Int32 {
+        (try? connect(endpoint, timeout: 5)) ?? -1
+    }
+
+    static func connect(_ endpoint: Endpoint, timeout: Int) throws -> Int32 {
+        let fd: Int32
+        let result: Int32
+        switch endpoint {
+        case .unix(let path):
+            fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+            var address = sockaddr_un()
+            address.sun_family = sa_family_t(AF_UNIX)
+            let bytes = Array(path.utf8)
+            withUnsafeMutableBytes(of: &address.sun_path) { buffer in
+                for (index, byte) in bytes.enumerated() where index < buffer.count - 1 { buffer[index] = byte }
+            }
+            result = withUnsafePointer(to: &address) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+            }
+        case .tcp(let port):
+            fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+            var address = sockaddr_in()
+            address.sin_family = sa_family_t(AF_INET)
+            address.sin_port = in_port_t(UInt16(port).bigEndian)
+            address.sin_addr.s_addr = inet_addr("127.0.0.1")
+            result = withUnsafePointer(to: &address) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+            }
+        }
+        guard fd >= 0, result == 0 else {
+            let reason = String(cString: strerror(errno))
+            if fd >= 0 { close(fd) }
+            throw ProcessFailure(message: "connect \(endpoint): \(reason)")
+        }
+        var limit = timeval(tv_sec: timeout, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, socklen_t(MemoryLayout<timeval>.size))
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, socklen_t(MemoryLayout<timeval>.size))
+        return fd
+    }
+
+    static func exchange(_ endpoint: Endpoint, _ request: [UInt8], timeout: Int) throws -> [UInt8] {
+        let fd = try connect(endpoint, timeout: timeout)
+        defer { close(fd) }
+        var sent = 0
+        while sent < request.count {
+            let count = request[sent...].withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+            guard count > 0 else { throw ProcessFailure(message: "write: \(String(cString: strerror(errno)))") }
+            sent += count
+        }
+        var received: [UInt8] = []
+        var buffer = [UInt8](repeating: 0, count: 65536)
+        while true {
+            let count = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+            if count > 0 { received += buffer[..<count]; continue }
+            if count == 0 { break }
+            throw ProcessFailure(message: "read: \(String(cString: strerror(errno))) after \(received.count) bytes")
+        }
+        return received
+    }
+
+    static func parse(_ raw: [UInt8]) throws -> Answer {
+        let text = String(decoding: raw, as: UTF8.self)
+        guard let end = text.range(of: "\r\n\r\n") else { throw ProcessFailure(message: "no response head in \(text.prefix(200))") }
+        let lines = text[..<end.lowerBound].components(separatedBy: "\r\n")
+        let statusParts = lines[0].split(separator: " ")
+        guard statusParts.count >= 2, let status = Int(statusParts[1]) else { throw ProcessFailure(message: "bad status line \(lines[0])") }
+        let headers = lines.dropFirst().compactMap { line -> (name: String, value: String)? in
+            guard let colon = line.firstIndex(of: ":") else { return nil }
+            return (line[..<colon].lowercased(), line[line.index(after: colon)...].trimmingCharacters(in: .whitespaces))
+        }
+        var body = String(text[end.upperBound...])
+        if headers.contains(where: { $0.name == "transfer-encoding" && $0.value.lowercased() == "chunked" }) { body = dechunk(body) }
+        return Answer(status: status, headers: headers, body: body)
+    }
+
+    static func dechunk(_ text: String) -> String {
+        var rest = Substring(text)
+        var out = ""
+        while let lineEnd = rest.range(of: "\r\n"), let size = Int(rest[..<lineEnd.lowerBound], radix: 16), size > 0 {
+            let start = lineEnd.upperBound
+            let utf8 = rest.utf8
+            guard let stop = utf8.index(start, offsetBy: size, limitedBy: utf8.endIndex) else { break }
+            out += String(rest[start..<stop])
+            rest = rest[stop...].dropFirst(2)
+        }
+        return out
+    }
+}

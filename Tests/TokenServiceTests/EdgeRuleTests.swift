@@ -1,0 +1,60 @@
+// Issue 26: the token API's edge rules as pure values: the normal form of a request target,
+// loopback hosts, and byte-for-byte glob matching.
+
+@testable import FleetTokenService
+import FleetTokenStore
+import Testing
+
+@Suite("Edge rules (pure): request targets, loopback hosts, byte-for-byte patterns")
+struct EdgeRuleTests {
+    @Test("targets in normal form pass", arguments: [
+        "/", "/healthz", "/v1/token/vehicle/truck-7", "/v1/token/trip/T%E2%84%AA-9", "/v1/token/vehicle/fleet-a%2Ftruck-7",
+        "/v1/subjects?limit=10&after=vehicle/v-1", "/v1/token/vehicle/a.b", "/v1/token/vehicle/..v"
+    ])
+    func normal(target: String) {
+        #expect(RequestTarget.problem(target) == nil, "\(target)")
+    }
+
+    @Test("targets not in normal form are refused", arguments: [
+        "//v1/token/vehicle/v", "/v1//token/vehicle/v", "/./v1/token/vehicle/v", "/v1/token/vehicle/v/", "/v1/../v1/token/vehicle/v",
+        "/v1/token/vehicle/..", "/v1/%74oken/vehicle/v", "/v1/token/vehicle/%2E%2E", "/v1/token/vehicle/%zz", "/v1/token/vehicle/%4",
+        "v1/token/vehicle/v", "*", "", "http://localhost//v1/token/vehicle/v", "/v1\\token", "//",
+    ])
+    func abnormal(target: String) {
+        #expect(RequestTarget.problem(target) != nil, "\(target)")
+    }
+
+    @Test("loopback is parsed: names that merely begin like an address are not", arguments: [
+        ("localhost", true), ("LocalHost", true), ("127.0.0.1", true), ("127.255.3.4", true), ("::1", true), ("0:0:0:0:0:0:0:1", true),
+        ("127.attacker.example", false), ("127.0.0.1.nip.io", false), ("localhost.attacker.example", false), ("128.0.0.1", false),
+        ("::2", false), ("::", false), ("127.1", false), ("", false), ("0x7f.0.0.1", false),
+    ])
+    func loopback(host: String, expected: Bool) {
+        #expect(LoopbackHost.isLoopback(host) == expected, "\(host)")
+    }
+
+    @Test("Host headers: a loopback host with or without a port, or the listener's own host", arguments: [
+        ("localhost", "127.0.0.1", true), ("localhost:8787", "127.0.0.1", true), ("[::1]:8787", "127.0.0.1", true),
+        ("127.0.0.1", "127.0.0.1", true), ("rebind.attacker.example:8787", "127.0.0.1", false), ("localhost:", "127.0.0.1", false),
+        ("localhost:80:80", "127.0.0.1", false), ("[::1", "127.0.0.1", false), ("", "127.0.0.1", false),
+        ("10.1.2.3:8787", "10.1.2.3", true), ("10.1.2.4:8787", "10.1.2.3", false), ("::1", "127.0.0.1", false),
+    ])
+    func hostHeader(value: String, listen: String, expected: Bool) {
+        #expect(LoopbackHost.isAllowedHostHeader(value, listenHost: listen) == expected, "\(value)")
+    }
+
+    @Test("patterns match ids byte for byte: a glob of ASCII K does not admit the Kelvin sign")
+    func patternBytes() throws {
+        let pattern = try SubjectAllowList.Pattern(parsing: "trip:T-K-*")
+        #expect(pattern.matches(try .trip("T-K-9")))
+        #expect(!pattern.matches(try .trip("T-\u{212A}-9")))
+        let accent = try SubjectAllowList.Pattern(parsing: "vehicle:zo\u{00EB}*")
+        #expect(accent.matches(try .vehicle("zo\u{00EB}-1")))
+        #expect(!accent.matches(try .vehicle("zoe\u{0308}-1")))
+        let middle = try SubjectAllowList.Pattern(parsing: "vehicle:*\u{00EB}*x")
+        #expect(middle.matches(try .vehicle("a\u{00EB}bx")))
+        #expect(!middle.matches(try .vehicle("ae\u{0308}bx")))
+        let allowList = SubjectAllowList(subjects: [try .trip("T-K-9")])
+        #expect(!allowList.allows(try .trip("T-\u{212A}-9")))
+    }
+}
