@@ -6,7 +6,8 @@ import Foundation
 import Synchronization
 
 /// A header whose value lives in a file, re-read whenever the file's modification time or size
-/// changes.
+/// changes. A file another user could have written (``SteeringFileCheck``) is refused at each
+/// re-read: the request fails, naming the file and the fix.
 final class HeaderFile: Sendable {
     let name: String
     let path: String
@@ -20,6 +21,10 @@ final class HeaderFile: Sendable {
     func value() throws(TokenProviderError) -> String {
         let stamp = FileStamp.of(path)
         if let cached = cache.withLock({ $0 }), cached.stamp == stamp { return cached.value }
+        // A credential another user could have written is not sent (checked on every re-read).
+        do { try SteeringFileCheck.check(path: path, role: "\(name) header file") } catch {
+            throw .other(detail: error.description)
+        }
         guard let data = FileManager.default.contents(atPath: path) else {
             throw .other(detail: "cannot read the \(name) header file \(path): check that it exists and is readable")
         }

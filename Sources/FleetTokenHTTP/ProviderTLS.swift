@@ -14,7 +14,8 @@ import Glibc
 #endif
 
 /// Where the fetcher's TLS material comes from: the CAs it trusts and the client certificate it
-/// presents (mutual TLS). All PEM files, re-read when they change on disk.
+/// presents (mutual TLS). All PEM files, re-read when they change on disk; each must belong to
+/// the running user or root and be writable by neither group nor others (``SteeringFileCheck``).
 public struct ProviderTLSFiles: Sendable, Equatable {
     /// PEM bundles that replace the system's trust roots (a private CA). Empty: system roots.
     public var caFiles: [String] = []
@@ -34,8 +35,9 @@ public struct ProviderTLSFiles: Sendable, Equatable {
 
 /// The TLS configuration built from ``ProviderTLSFiles``, rebuilt when any of the files changes
 /// (certificates rotate on disk, as header files do). A rebuild that fails (a certificate and a
-/// key that do not match while a rotation is half written, an unreadable file) keeps the last
-/// good configuration and warns once; requests in flight keep their connections.
+/// key that do not match while a rotation is half written, an unreadable file, a file another
+/// user could have written: ``SteeringFileCheck``) keeps the last good configuration and warns
+/// once; requests in flight keep their connections.
 final class ProviderTLS: Sendable {
     /// Warned about when the client certificate expires within this. Seven days.
     static let expiryWarning: TimeInterval = 7 * 86_400
@@ -144,6 +146,11 @@ final class ProviderTLS: Sendable {
     }
 
     private static func text(_ path: String, role: String) throws(HTTPFetcherConfigurationError) -> String {
+        // Trust and client identity another user could have written are refused, at the first
+        // load (a set-up error) and at each rebuild (the previous configuration stays).
+        do { try SteeringFileCheck.check(path: path, role: role) } catch {
+            throw .tls(error.description)
+        }
         guard let data = FileManager.default.contents(atPath: path) else {
             throw .tls("cannot read the \(role) \(path): check that it exists and is readable")
         }

@@ -61,14 +61,65 @@ public struct PostgresStoreLocation: Sendable, Equatable, CustomStringConvertibl
     /// The default schema.
     public static let defaultSchema = "fleet_token_store"
 
-    /// True when `text` looks like a PostgreSQL URL (as opposed to a SQLite store path).
+    /// True when `text` looks like a PostgreSQL URL (as opposed to a SQLite store path): it
+    /// starts with `postgres:` or `postgresql:`, so that a URL missing its `//` is refused as a
+    /// URL (without being printed) instead of being taken for a file name.
     public static func isPostgresURL(_ text: String) -> Bool {
         let lower = text.lowercased()
-        return lower.hasPrefix("postgres://") || lower.hasPrefix("postgresql://")
+        return lower.hasPrefix("postgres:") || lower.hasPrefix("postgresql:")
+    }
+
+    /// Whether ``redacted(_:)`` shows a parameter's value: the plain parameters' values, when
+    /// they are what the parameter takes (a value in the wrong place may be a pasted password).
+    static func isPlainValue(_ value: String, of name: String) -> Bool {
+        switch name {
+        case "sslmode": SSLMode(rawValue: value) != nil
+        case "schema": isPlainIdentifier(value)
+        case "host": value.hasPrefix("/")
+        case "sslrootcert", "passfile": true
+        default: false
+        }
+    }
+
+    /// `text` fit to print: for a PostgreSQL URL, its password (`USER:PASSWORD@`) and the
+    /// value of every parameter but the plain ones (`sslmode`, `sslrootcert`, `host`, `schema`,
+    /// `passfile`, when their value is one they take) as `***`, whether or not the URL would be
+    /// accepted; a URL that cannot be parsed at all is not shown. Any other text (a SQLite
+    /// path) as it is.
+    ///
+    /// `postgres://agent:s3cret@db:5432/fleet?sslmode=require&password=s3cret` becomes
+    /// `postgres://agent:***@db:5432/fleet?sslmode=require&password=***`.
+    public static func redacted(_ text: String) -> String {
+        guard isPostgresURL(text) else { return text }
+        let lower = text.lowercased()
+        guard lower.hasPrefix("postgres://") || lower.hasPrefix("postgresql://"), var components = URLComponents(string: text) else {
+            return notShown
+        }
+        if components.percentEncodedPassword != nil { components.percentEncodedPassword = "***" }
+        if let items = components.percentEncodedQueryItems {
+            components.percentEncodedQueryItems = items.map { item in
+                let name = isShowableName(item.name) ? item.name : "***"
+                guard let value = item.value else { return URLQueryItem(name: name, value: nil) }
+                return URLQueryItem(name: name, value: isPlainValue(value.removingPercentEncoding ?? value, of: item.name) ? value : "***")
+            }
+        }
+        if components.percentEncodedFragment != nil { components.percentEncodedFragment = "***" }
+        return components.string ?? notShown
+    }
+
+    /// What ``redacted(_:)`` prints for a PostgreSQL URL it cannot parse.
+    static let notShown = "postgres://<not shown: not a valid URL>"
+
+    /// A parameter name shown in messages: a short word. Anything else may be a value pasted in
+    /// the wrong place.
+    static func isShowableName(_ name: String) -> Bool {
+        !name.isEmpty && name.count <= 40
+            && name.unicodeScalars.allSatisfy { ("a"..."z").contains($0) || ("A"..."Z").contains($0) || ("0"..."9").contains($0) || $0 == "_" || $0 == "-" }
     }
 
     /// Reads `url`.
-    /// - Throws: ``PostgresURLError`` naming what is wrong (never the password).
+    /// - Throws: ``PostgresURLError`` naming what is wrong: a parameter by its name, never its
+    ///   value, and never the password.
     public init(url: String) throws(PostgresURLError) {
         guard Self.isPostgresURL(url) else { throw .notAPostgresURL }
         // URLComponents wants a host; libpq allows `postgres:///db` and `postgres://user@/db`.
@@ -92,31 +143,33 @@ public struct PostgresStoreLocation: Sendable, Equatable, CustomStringConvertibl
             switch item.name {
             case "sslmode":
                 guard let mode = SSLMode(rawValue: value) else {
-                    throw .badParameter(name: "sslmode", value: value,
-                                        expected: SSLMode.allCases.map(\.rawValue).joined(separator: ", "))
+                    throw .badParameter(name: "sslmode", expected: SSLMode.allCases.map(\.rawValue).joined(separator: ", "))
                 }
                 sslMode = mode
             case "sslrootcert": sslRootCertificate = value
             case "host":
                 guard value.hasPrefix("/") else {
-                    throw .badParameter(name: "host", value: value, expected: "an absolute directory holding the server's Unix socket")
+                    throw .badParameter(name: "host", expected: "an absolute directory holding the server's Unix socket")
                 }
                 socketDirectory = value
             case "schema":
                 guard Self.isPlainIdentifier(value) else {
-                    throw .badParameter(name: "schema", value: value,
+                    throw .badParameter(name: "schema",
                                         expected: "a lower-case name of letters, digits and '_' (at most 48 characters), not starting with a digit or pg_")
                 }
                 schema = value
             case "passfile": passwordFileFromURL = value
+            case "password":
+                throw .badParameter(name: "password", expected: "the password in the URL as USER:PASSWORD@HOST, in PGPASSWORD, "
+                                    + "or in a password file (passfile=, PGPASSFILE, ~/.pgpass)")
             default:
-                throw .badParameter(name: item.name, value: value,
+                throw .badParameter(name: Self.isShowableName(item.name) ? item.name : "(its name not shown)",
                                     expected: "one of sslmode, sslrootcert, host, schema, passfile")
             }
         }
         if socketDirectory == nil && host == nil { host = "localhost" }
         if socketDirectory != nil && sslMode != .disable && sslMode != .prefer {
-            throw .badParameter(name: "sslmode", value: sslMode.rawValue, expected: "disable or prefer with a Unix socket (TLS runs over TCP)")
+            throw .badParameter(name: "sslmode", expected: "disable or prefer with a Unix socket (TLS runs over TCP)")
         }
     }
 
@@ -205,20 +258,21 @@ struct PasswordFileLines {
     }
 }
 
-/// A connection URL that cannot be used, worded for the operator; never carries the password.
+/// A connection URL that cannot be used, worded for the operator; names a parameter, never
+/// carries its value or the password.
 public struct PostgresURLError: Error, Sendable, Equatable, CustomStringConvertible {
     enum Reason: Sendable, Equatable {
         case notAPostgresURL
         case malformed(String)
-        case badParameter(name: String, value: String, expected: String)
+        case badParameter(name: String, expected: String)
         case passwordFile(path: String, reason: String)
     }
     let reason: Reason
 
     static let notAPostgresURL = Self(reason: .notAPostgresURL)
     static func malformed(_ what: String) -> Self { Self(reason: .malformed(what)) }
-    static func badParameter(name: String, value: String, expected: String) -> Self {
-        Self(reason: .badParameter(name: name, value: value, expected: expected))
+    static func badParameter(name: String, expected: String) -> Self {
+        Self(reason: .badParameter(name: name, expected: expected))
     }
     static func passwordFile(path: String, reason: String) -> Self { Self(reason: .passwordFile(path: path, reason: reason)) }
 
@@ -229,8 +283,8 @@ public struct PostgresURLError: Error, Sendable, Equatable, CustomStringConverti
             "not a PostgreSQL URL: write postgres://USER@HOST:PORT/DATABASE"
         case .malformed(let what):
             "the PostgreSQL URL is malformed (\(what)): write postgres://USER@HOST:PORT/DATABASE?sslmode=..."
-        case .badParameter(let name, let value, let expected):
-            "the PostgreSQL URL's parameter \(name)=\(value) is not accepted: expected \(expected)"
+        case .badParameter(let name, let expected):
+            "the PostgreSQL URL's parameter \(name) is not accepted (its value is not shown): expected \(expected)"
         case .passwordFile(let path, let reason):
             "the database password file \(path) \(reason)"
         }

@@ -15,6 +15,8 @@ struct SinkFiles {
     var written: [TokenKey: TokenFingerprint] = [:]
     /// Keys whose last write or removal failed: retried at the next event.
     var failed: Set<TokenKey> = []
+    /// Kind directories the last sweep for stale files skipped, with the reason (logged once).
+    var unsweptDirectories: [TokenKind: String] = [:]
 
     init(sink: TokenFileSink) { self.sink = sink }
 
@@ -25,16 +27,24 @@ struct SinkFiles {
         let path = sink.path(for: key)
         if let held {
             guard written[key] != held.fingerprint || failed.contains(key) else { return }
-            let value = held.value, fileMode = sink.fileMode, directoryMode = sink.directoryMode
+            let value = held.value, fileMode = sink.fileMode, directories = sink.directories
+            let name = TokenFileSink.fileName(for: key.subjectID), kind = key.kind
             let failure = await SinkFileIO.attempt { () throws(SinkFileIO.Failure) in
-                try SinkFileIO.ensureDirectory((path as NSString).deletingLastPathComponent, mode: directoryMode)
-                try SinkFileIO.replace(path, with: value, mode: fileMode)
+                _ = try directories.withKind(kind, create: true) { (directory: Int32) throws(SinkFileIO.Failure) in
+                    try SinkFileIO.replace(name, in: directory, path: path, with: value, mode: fileMode)
+                }
             }
             guard settle(failure, of: "write", key: key, path: path) else { return }
             written[key] = held.fingerprint
             sink.logger.debug("token file written", metadata: ["key": "\(key)", "path": "\(path)", "fingerprint": "\(held.fingerprint)"])
         } else {
-            let failure = await SinkFileIO.attempt { () throws(SinkFileIO.Failure) in try SinkFileIO.remove(path) }
+            let directories = sink.directories, name = TokenFileSink.fileName(for: key.subjectID), kind = key.kind
+            let failure = await SinkFileIO.attempt { () throws(SinkFileIO.Failure) in
+                // A missing kind directory holds no file to remove.
+                _ = try directories.withKind(kind, create: false) { (directory: Int32) throws(SinkFileIO.Failure) in
+                    try SinkFileIO.remove(name, in: directory, path: path)
+                }
+            }
             guard settle(failure, of: "remove", key: key, path: path), written.removeValue(forKey: key) != nil else { return }
             sink.logger.info("token file removed", metadata: ["key": "\(key)", "path": "\(path)",
                                                               "reason": tracked.contains(key) ? "no usable token" : "not tracked"])
@@ -63,31 +73,37 @@ struct SinkFiles {
     }
 
     /// Brings every file in line: each tracked key, then deletes `*.jwt` files in the kind
-    /// directories that belong to no tracked key (left by an earlier run, or missed).
+    /// directories that belong to no tracked key (left by an earlier run, or missed). Only kind
+    /// directories that pass the checks are swept, through their held descriptors; one that
+    /// does not is logged once (until its problem changes) and left alone.
     mutating func reconcile(tracked: Set<TokenKey>) async {
         for key in tracked.sorted() { await sync(key, tracked: tracked) }
         await dropUntrackedAndRetry(tracked: tracked, except: tracked)
-        let root = sink.directory
         let expected = Dictionary(grouping: tracked, by: \.kind).mapValues { Set($0.map { Array(TokenFileSink.fileName(for: $0.subjectID).utf8) }) }
-        let removed = await SinkFileIO.perform { () -> [String] in
-            var removed: [String] = []
-            for kind in TokenKind.allCases {
-                let directory = "\(root)/\(kind.rawValue)"
-                guard let names = try? FileManager.default.contentsOfDirectory(atPath: directory) else { continue }
-                for name in names {
-                    let stale: Bool
-                    if name.hasPrefix(".token-sink-") && name.hasSuffix(".tmp") {
-                        // A temporary file of a write that crashed (a minute old: not one in progress).
-                        var info = stat()
-                        stale = stat("\(directory)/\(name)", &info) == 0 && time(nil) - info.st_mtim.tv_sec > 60
-                    } else {
-                        stale = name.hasSuffix(".jwt") && !name.hasPrefix(".") && expected[kind]?.contains(Array(name.utf8)) != true
+        let directories = sink.directories
+        let swept = await SinkFileIO.perform { () -> [(TokenKind, Result<[String], SinkFileIO.Failure>)] in
+            TokenKind.allCases.map { kind in
+                do throws(SinkFileIO.Failure) {
+                    let removed = try directories.withKind(kind, create: false) { directory in
+                        SinkFileIO.removeStale(in: directory, keeping: expected[kind] ?? [])
                     }
-                    if stale, (try? SinkFileIO.remove("\(directory)/\(name)")) != nil { removed.append("\(kind.rawValue)/\(name)") }
+                    return (kind, .success(removed ?? []))
+                } catch {
+                    return (kind, .failure(error))
                 }
             }
-            return removed
         }
-        for file in removed { sink.logger.info("stale token file removed", metadata: ["file": "\(file)"]) }
+        for (kind, result) in swept {
+            switch result {
+            case .success(let removed):
+                unsweptDirectories[kind] = nil
+                for name in removed { sink.logger.info("stale token file removed", metadata: ["file": "\(kind.rawValue)/\(name)"]) }
+            case .failure(let failure):
+                guard unsweptDirectories.updateValue(failure.description, forKey: kind) != failure.description else { continue }
+                sink.logger.warning("stale token files are not removed from a sink directory that fails its checks", metadata: [
+                    "path": "\(directories.path(of: kind))", "error": "\(failure)",
+                ])
+            }
+        }
     }
 }

@@ -13,7 +13,7 @@ import Glibc
 
 extension TokenAPI {
     /// The key named by the path, or the refusal: `404` unknown kind, `400` bad id, `403` not allowed.
-    func subject(_ context: BasicRequestContext) -> Result<TokenKey, Refusal> {
+    func subject(_ context: TokenAPIRequestContext) -> Result<TokenKey, Refusal> {
         let kindText = context.parameters.get("kind") ?? ""
         guard let kind = TokenKind(rawValue: kindText) else {
             return .failure(Refusal(Self.json(.notFound, ["error": "unknown kind: use vehicle, trip, deliveryVehicle or task"])))
@@ -28,8 +28,20 @@ extension TokenAPI {
         } catch {
             return .failure(Refusal(Self.json(.badRequest, ["error": error.description])))
         }
-        guard subjectsInForce.state.withLock({ $0.allowList.allows(key) }) else {
-            return .failure(Refusal(Self.json(.forbidden, ["error": "\(key) is not a configured subject and matches no allow pattern"])))
+        let (allowList, clients) = subjectsInForce.state.withLock { ($0.allowList, $0.clients) }
+        if clients.isEmpty {
+            guard allowList.allows(key) else {
+                return .failure(Refusal(Self.json(.forbidden, ["error": "\(key) is not a configured subject and matches no allow pattern"])))
+            }
+            return .success(key)
+        }
+        // Client rules decide alone: the answer names the caller and the subject it asked for,
+        // never which subjects exist or whom they are granted to.
+        guard let peer = context.peer else {
+            return .failure(Refusal(Self.json(.forbidden, ["error": "the caller could not be identified: with client rules (--allow-client), tokens are served on Unix sockets only"])))
+        }
+        guard clients.allows(key, for: peer) else {
+            return .failure(Refusal(Self.json(.forbidden, ["error": "no client rule (--allow-client) grants \(key) to uid \(peer.uid)"])))
         }
         return .success(key)
     }

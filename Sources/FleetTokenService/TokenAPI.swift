@@ -36,6 +36,9 @@ public struct TokenAPI: Sendable {
         public var allowList: SubjectAllowList
         /// The subjects `/readyz` requires a usable token for.
         public var readinessSubjects: [TokenKey]
+        /// Which Unix-socket callers may have which subjects (`--allow-client`); empty: callers
+        /// are not told apart and ``allowList`` decides.
+        public var clientPolicy: ClientAccessPolicy = try! ClientAccessPolicy(rules: [])
         /// Shortest time between two forced fetches of one key. Default 10 s.
         public var invalidateInterval: TimeInterval = 10
         /// The most subjects asked for through allow patterns (not configured) that memory may
@@ -64,15 +67,18 @@ public struct TokenAPI: Sendable {
     let subjectsInForce: SubjectsInForce
     let limiter: InvalidationLimiter
     let storeHealth: StoreHealth
+    let audit: HandoutAudit
     let logger: Logger
 
     /// An API over `engine`. `storeHealth` is what ``TokenAPIService`` keeps from the engine's events.
     public init(engine: TokenSyncEngine, configuration: Configuration, storeHealth: StoreHealth = StoreHealth(), logger: Logger) {
         self.engine = engine
         self.configuration = configuration
-        self.subjectsInForce = SubjectsInForce(allowList: configuration.allowList, readiness: configuration.readinessSubjects)
+        self.subjectsInForce = SubjectsInForce(allowList: configuration.allowList, readiness: configuration.readinessSubjects,
+                                               clients: configuration.clientPolicy)
         self.limiter = InvalidationLimiter(interval: configuration.invalidateInterval)
         self.storeHealth = storeHealth
+        self.audit = HandoutAudit(logger: logger)
         self.logger = logger
     }
 
@@ -94,25 +100,31 @@ public struct TokenAPI: Sendable {
         subjectsInForce.state.withLock { $0.allowList.patterns = patterns }
     }
 
-    /// The router with every route and rule, for requests arriving over a Unix socket.
-    public func router() -> Router<BasicRequestContext> { router(for: .unix) }
+    /// Replaces the client rules (a reloaded configuration): in force for the next request.
+    public func replaceClientPolicy(_ policy: ClientAccessPolicy) {
+        subjectsInForce.state.withLock { $0.clients = policy }
+    }
+
+    /// The router with every route and rule, for requests arriving over a Unix socket. Callers
+    /// are not identified through it: with client rules, use ``TokenAPIService``.
+    public func router() -> Router<TokenAPIRequestContext> { router(for: .unix) }
 
     /// The router for requests arriving over a TCP listener bound to `host` (which adds the
     /// Host and Origin rules).
-    public func router(forTCPHost host: String) -> Router<BasicRequestContext> { router(for: .tcp(host: host)) }
+    public func router(forTCPHost host: String) -> Router<TokenAPIRequestContext> { router(for: .tcp(host: host)) }
 
     /// Every route requires the request header, decided on the route that matched, except the
     /// ones listed in ``publicPaths``, which carry no token.
-    func router(for transport: APITransport) -> Router<BasicRequestContext> {
-        let router = Router(context: BasicRequestContext.self)
-        router.add(middleware: TokenAPIAccessRules(logger: logger, transport: transport))
+    func router(for transport: APITransport, peers: @escaping PeerLookup = { _ in nil }) -> Router<TokenAPIRequestContext> {
+        let router = Router(context: TokenAPIRequestContext.self)
+        router.add(middleware: TokenAPIAccessRules(logger: logger, transport: transport, peers: peers))
         router.get("/healthz") { _, _ in Self.json(.ok, ["status": "ok"]) }
         router.get("/readyz") { _, _ in await self.readiness() }
         router.get("/metrics") { _, _ in self.metrics() }
         let guarded = router.group().add(middleware: TokenRequestHeaderRule())
         guarded.get("/v1/token/:kind/:id") { request, context in try await self.token(request, context) }
         guarded.post("/v1/invalidate/:kind/:id") { _, context in try await self.invalidate(context) }
-        guarded.get("/v1/subjects") { request, _ in await self.subjects(request) }
+        guarded.get("/v1/subjects") { request, context in await self.subjects(request, context) }
         return router
     }
 
@@ -121,7 +133,7 @@ public struct TokenAPI: Sendable {
 
     // MARK: routes
 
-    func token(_ request: Request, _ context: BasicRequestContext) async throws -> Response {
+    func token(_ request: Request, _ context: TokenAPIRequestContext) async throws -> Response {
         let key: TokenKey
         switch subject(context) {
         case .failure(let refusal): return refusal.response
@@ -131,6 +143,7 @@ public struct TokenAPI: Sendable {
         do throws(TokenUnavailable) {
             let (token, source) = try await engine.tokenWithSource(for: key)
             let fingerprint = token.fingerprint.description
+            if let peer = context.peer { audit.record(peer, key: key, fingerprint: fingerprint) }
             var headers: HTTPFields = [Self.fingerprintHeader: fingerprint, .cacheControl: "no-store"]
             if request.headers[.accept].map(Self.prefersPlainText) == true {
                 headers[.contentType] = "text/plain; charset=utf-8"
@@ -148,7 +161,7 @@ public struct TokenAPI: Sendable {
         }
     }
 
-    func invalidate(_ context: BasicRequestContext) async throws -> Response {
+    func invalidate(_ context: TokenAPIRequestContext) async throws -> Response {
         let key: TokenKey
         switch subject(context) {
         case .failure(let refusal): return refusal.response
@@ -177,7 +190,11 @@ public struct TokenAPI: Sendable {
         ], headers: [.retryAfter: "60"])
     }
 
-    func subjects(_ request: Request) async -> Response {
+    func subjects(_ request: Request, _ context: TokenAPIRequestContext) async -> Response {
+        let clients = subjectsInForce.state.withLock { $0.clients }
+        if !clients.isEmpty && context.peer == nil {
+            return Self.json(.forbidden, ["error": "the caller could not be identified: with client rules (--allow-client), subjects are listed on Unix sockets only"])
+        }
         let query = request.uri.queryParameters
         var limit = configuration.subjectsPageSize
         if let text = query["limit"] {
@@ -201,7 +218,10 @@ public struct TokenAPI: Sendable {
             let id = last.key.subjectID.addingPercentEncoding(withAllowedCharacters: .alphanumerics.union(CharacterSet(charactersIn: "-._~"))) ?? last.key.subjectID
             headers[HTTPField.Name("Link")!] = "</v1/subjects?limit=\(limit)&after=\(last.key.kind.rawValue)/\(id)>; rel=\"next\""
         }
-        let list = page.map { status -> [String: Any] in
+        // With client rules, a caller sees only the subjects granted to it (a page may then be
+        // shorter than the limit; the Link header still continues after the page's last key).
+        let shown = clients.isEmpty ? page : page.filter { status in context.peer.map { clients.allows(status.key, for: $0) } ?? false }
+        let list = shown.map { status -> [String: Any] in
             var object: [String: Any] = [
                 "kind": status.key.kind.rawValue, "id": status.key.subjectID, "tracked": status.tracked,
                 "status": status.state.rawValue,

@@ -16,6 +16,9 @@ enum APITransport: Sendable, Equatable {
     case tcp(host: String)
 }
 
+/// Looks up the identity of the caller on a Unix-socket connection (read when it was accepted).
+typealias PeerLookup = @Sendable (ObjectIdentifier) -> PeerIdentity?
+
 /// The rules every request meets before routing, and the access log (kind, id, status,
 /// fingerprint, latency; never a token).
 ///
@@ -23,12 +26,15 @@ enum APITransport: Sendable, Equatable {
 /// so the route that matches is the route whose rules are applied: no second reading of the path
 /// can disagree with the router's.
 struct TokenAPIAccessRules: RouterMiddleware {
-    typealias Context = BasicRequestContext
+    typealias Context = TokenAPIRequestContext
     let logger: Logger
     let transport: APITransport
+    let peers: PeerLookup
 
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
         let started = ContinuousClock.now
+        var context = context
+        if case .unix = transport { context.peer = peers(context.connection) }
         let response: Response
         if let refusal = refusal(request) {
             response = refusal
@@ -40,7 +46,7 @@ struct TokenAPIAccessRules: RouterMiddleware {
             }
         }
         // Built only when the log level lets it through (the metadata is an autoclosure).
-        logger.info("token API request", metadata: Self.metadata(request, response, since: started))
+        logger.info("token API request", metadata: Self.metadata(request, response, peer: context.peer, since: started))
         return response
     }
 
@@ -66,11 +72,15 @@ struct TokenAPIAccessRules: RouterMiddleware {
         return nil
     }
 
-    static func metadata(_ request: Request, _ response: Response, since started: ContinuousClock.Instant) -> Logger.Metadata {
+    static func metadata(_ request: Request, _ response: Response, peer: PeerIdentity?, since started: ContinuousClock.Instant) -> Logger.Metadata {
         var metadata: Logger.Metadata = [
             "method": "\(request.method)", "path": "\(request.uri.path)", "status": "\(response.status.code)",
             "latency_ms": "\(milliseconds(ContinuousClock.now - started))",
         ]
+        if let peer {
+            metadata["uid"] = "\(peer.uid)"
+            metadata["pid"] = "\(peer.pid)"
+        }
         if let fingerprint = response.headers[TokenAPI.fingerprintHeader] { metadata["fingerprint"] = "\(fingerprint)" }
         return metadata
     }
@@ -85,7 +95,7 @@ struct TokenAPIAccessRules: RouterMiddleware {
 /// the request carries `Fleet-Token-Request: true`, which a server-side request forgery or an
 /// HTML form cannot add.
 struct TokenRequestHeaderRule: RouterMiddleware {
-    typealias Context = BasicRequestContext
+    typealias Context = TokenAPIRequestContext
 
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
         guard request.headers[TokenAPI.requestHeader]?.lowercased() == "true" else {

@@ -106,11 +106,15 @@ public struct TokenAPIService: Service {
     let socketMode: mode_t
     let logger: Logger
     let onListening: @Sendable (ListenAddress) -> Void
+    /// Connection caps over every address (APIConnectionLimits.swift).
+    let connectionGate: ConnectionGate
 
     /// A service for `api` on `addresses`; Unix sockets get `socketMode` (default 0660).
     /// `onListening` is called once per address when it accepts connections (a port 0 is
-    /// reported with the port bound).
+    /// reported with the port bound). `connectionLimits` caps the connections open at once, over
+    /// every address and per peer (see ``APIConnectionLimits``).
     public init(api: TokenAPI, engine: TokenSyncEngine, addresses: [ListenAddress], socketMode: mode_t = 0o660,
+                connectionLimits: APIConnectionLimits = APIConnectionLimits(),
                 logger: Logger, onListening: @escaping @Sendable (ListenAddress) -> Void = { _ in }) {
         self.api = api
         self.engine = engine
@@ -118,6 +122,7 @@ public struct TokenAPIService: Service {
         self.socketMode = socketMode
         self.logger = logger
         self.onListening = onListening
+        self.connectionGate = ConnectionGate(limits: connectionLimits, logger: logger)
     }
 
     /// Checks every Unix socket path before anything listens: the directory, and no live agent
@@ -141,13 +146,15 @@ public struct TokenAPIService: Service {
                 switch address {
                 case .unix(let path):
                     let staging = try SocketStaging(path: path)
-                    let app = application(api.router(), address, bind: .unixDomainSocket(path: staging.stagedPath), staging: staging)
+                    let gate = connectionGate
+                    let app = application(api.router(for: .unix, peers: { gate.identity(of: $0) }), address,
+                                          bind: .unixDomainSocket(path: staging.stagedPath), staging: staging)
                     group.addTask {
                         defer { staging.discard() }
                         try await app.runService()
                     }
                 case .tcp(let host, let port):
-                    let app = application(api.router(forTCPHost: host), address, bind: .hostname(host, port: port), staging: nil)
+                    let app = application(api.router(for: .tcp(host: host)), address, bind: .hostname(host, port: port), staging: nil)
                     group.addTask { try await app.runService() }
                 }
             }
@@ -155,7 +162,7 @@ public struct TokenAPIService: Service {
         for case .unix(let path) in addresses { unlink(path) }
     }
 
-    private func application(_ router: Router<BasicRequestContext>, _ address: ListenAddress, bind: BindAddress,
+    private func application(_ router: Router<TokenAPIRequestContext>, _ address: ListenAddress, bind: BindAddress,
                              staging: SocketStaging?) -> some ApplicationProtocol {
         let logger = logger
         let mode = socketMode
@@ -165,10 +172,12 @@ public struct TokenAPIService: Service {
         return Application(
             router: router,
             // Slow or idle clients are dropped after 30 s; a request head is capped at 16 KiB
-            // and 100 fields (the API's requests need a handful).
-            server: .http1(configuration: .init(
+            // and 100 fields (the API's requests need a handful). Connections past the caps
+            // (overall, per peer) are answered 503 and closed: APIConnectionLimits.swift.
+            server: connectionGate.http1(configuration: .init(
                 idleTimeout: .seconds(30),
-                httpDecoderConfiguration: .init(maxHeaderFieldSize: 8 * 1024, maxHeaderListSize: 16 * 1024, maxHeaderFieldCount: 100))),
+                httpDecoderConfiguration: .init(maxHeaderFieldSize: 8 * 1024, maxHeaderListSize: 16 * 1024, maxHeaderFieldCount: 100)),
+                unixSocket: { if case .unix = address { true } else { false } }()),
             configuration: .init(address: bind, serverName: nil, backlog: 1024),
             onServerRunning: { channel in
                 switch address {

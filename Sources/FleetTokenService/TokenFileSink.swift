@@ -26,7 +26,16 @@ import Glibc
 ///   new token. Other `*.jwt` files in the kind directories are deleted as stale; other files are
 ///   left alone.
 /// - **Modes:** files `fileMode` (default 0640); directories it creates get the same bits plus
-///   `x` wherever `r` is set (0640 gives 0750).
+///   `x` wherever `r` is set (0640 gives 0750), whatever the umask.
+/// - **Directories, checked then held:** the root and each kind directory are opened with
+///   `O_NOFOLLOW | O_DIRECTORY`, checked, and held open; every write, rename and removal is made
+///   relative to the held descriptor (`openat`, `renameat`, `unlinkat`, `fchmod` of the
+///   temporary file), and directories it creates are made with `mkdirat` in their held parent.
+///   One that is a symbolic link, belongs to another user than the effective uid (root
+///   excepted), is writable by group or others, or is set-group-ID is refused: ``prepare()``
+///   throws, and later writes to it fail (logged, retried). Stale files are swept only in
+///   directories that pass. A kind directory whose name leads elsewhere later (moved, replaced)
+///   is opened and checked again before use.
 /// - **File names** (``fileName(for:)``): the id's UTF-8 text with `/` written `%2F`, `%` written
 ///   `%25` and a leading `.` written `%2E`; everything else (spaces, quotes, Unicode) is kept. So
 ///   `truck-7` is `truck-7.jwt` and `fleet/a b` is `fleet%2Fa b.jwt`. Percent-decoding gives the
@@ -45,6 +54,8 @@ public struct TokenFileSink: Service, CustomStringConvertible {
     let engine: TokenSyncEngine
     let checkInterval: Duration
     let logger: Logger
+    /// The root and kind directories, checked, then held open.
+    let directories: SinkDirectories
 
     /// A sink of `engine`'s tracked tokens under `directory`, with files of `fileMode`, checked
     /// every `checkInterval`.
@@ -55,6 +66,7 @@ public struct TokenFileSink: Service, CustomStringConvertible {
         self.fileMode = fileMode
         self.checkInterval = checkInterval
         self.logger = logger
+        self.directories = SinkDirectories(root: directory, mode: Self.directoryMode(for: fileMode))
     }
 
     /// `TokenFileSink(DIRECTORY, mode 640)`, as service logs name it.
@@ -62,7 +74,9 @@ public struct TokenFileSink: Service, CustomStringConvertible {
 
     /// Mode of the directories the sink creates: `fileMode` plus `x` wherever `r` is set, and
     /// always `rwx` for the owner.
-    public var directoryMode: mode_t {
+    public var directoryMode: mode_t { Self.directoryMode(for: fileMode) }
+
+    static func directoryMode(for fileMode: mode_t) -> mode_t {
         fileMode | (fileMode & 0o444) >> 2 | 0o700
     }
 
@@ -92,21 +106,20 @@ public struct TokenFileSink: Service, CustomStringConvertible {
         "\(directory)/\(key.kind.rawValue)/\(Self.fileName(for: key.subjectID))"
     }
 
-    /// Creates the directory (with ``directoryMode``) if it is missing and checks that it can be
-    /// written, so a wrong `--sink` fails at start.
-    /// - Throws: ``TokenFileSinkError``.
+    /// Opens the directory, creating it (and missing parents) with ``directoryMode`` if it is
+    /// missing, checks it and every kind directory in it that exists, and holds them open: a
+    /// wrong or unsafe `--sink` fails at start, and no later write or removal can be sent
+    /// elsewhere by a symlink or a swapped directory.
+    ///
+    /// Refused: a sink or kind directory that is a symbolic link or not a directory, that
+    /// belongs to a user other than this process's effective uid and root, that group or others
+    /// may write in, or that is set-group-ID; a sink directory this user cannot write in. Kind
+    /// directories missing now are created (``directoryMode``) and checked when first needed.
+    /// Without this call the directories are opened and checked at the first write, and a
+    /// refusal is logged and retried as a write error is.
+    /// - Throws: ``TokenFileSinkError``, naming the directory at fault and the fix.
     public func prepare() throws(TokenFileSinkError) {
-        do {
-            try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true,
-                                                    attributes: [.posixPermissions: Int(directoryMode)])
-        } catch {
-            throw TokenFileSinkError(.directoryNotCreated, directory: directory,
-                                     "cannot create the sink directory \(directory): \(error.localizedDescription); create it, or choose another directory")
-        }
-        guard access(directory, W_OK | X_OK) == 0 else {
-            throw TokenFileSinkError(.directoryNotWritable, directory: directory,
-                                     "cannot write in the sink directory \(directory): \(String(cString: strerror(errno))); give this user write access, or choose another directory")
-        }
+        try directories.prepare()
     }
 
     private enum Work: Sendable {
@@ -157,38 +170,5 @@ extension TokenSyncEvent {
         case .refreshed(let key, _, _, _), .removedExternally(let key), .refreshFailed(let key, _, _, _): key
         case .storeDegraded, .storeRecovered: nil
         }
-    }
-}
-
-/// A token sink problem at start, said for an operator: thrown by ``TokenFileSink/prepare()``.
-///
-/// Check ``code`` against the static values of ``Code`` (`error.code == .directoryNotWritable`).
-public struct TokenFileSinkError: Error, Sendable, Equatable, CustomStringConvertible {
-    /// What is wrong. More codes may come: match them with `==`, keep a `default`.
-    public struct Code: Hashable, Sendable, CustomStringConvertible {
-        fileprivate enum Value: String, Sendable { case directoryNotCreated, directoryNotWritable }
-
-        fileprivate let value: Value
-
-        /// The sink directory is missing and could not be created.
-        public static let directoryNotCreated = Code(value: .directoryNotCreated)
-        /// This user cannot write in the sink directory.
-        public static let directoryNotWritable = Code(value: .directoryNotWritable)
-
-        /// The code's name, e.g. `directoryNotWritable`.
-        public var description: String { value.rawValue }
-    }
-
-    /// What is wrong.
-    public let code: Code
-    /// The sink directory.
-    public let directory: String
-    /// What is wrong and what to do.
-    public let description: String
-
-    init(_ code: Code, directory: String, _ description: String) {
-        self.code = code
-        self.directory = directory
-        self.description = description
     }
 }

@@ -15,7 +15,7 @@ struct AgentValueTests {
         proposed.vehicles = ["v"]; proposed.trips = ["t"]; proposed.deliveryVehicles = ["d"]; proposed.tasks = ["k"]
         proposed.subjectsFile = "/s"; proposed.headers = ["A: b"]; proposed.headerFiles = ["B:/f"]
         proposed.caFiles = ["/ca"]; proposed.extraCAFiles = ["/x"]; proposed.clientCertificate = "/c"; proposed.clientKey = "/k"
-        proposed.logLevel = .debug; proposed.allow = ["trip:*"]
+        proposed.logLevel = .debug; proposed.allow = ["trip:*"]; proposed.allowClient = ["uid:7 trip:*"]
         proposed.db = "/other.sqlite"; proposed.listen = ["unix:/s"]; proposed.connectTimeout = 9; proposed.logFormat = .json
         let applied = AgentSettings().takingLiveOptions(from: proposed)
         for option in AgentOption.all {
@@ -28,7 +28,7 @@ struct AgentValueTests {
             }
         }
         #expect(AgentOption.all.filter(\.live).map(\.key).sorted() == [
-            "allow", "ca-file", "client-cert", "client-key", "delivery-vehicle", "extra-ca-file", "header", "header-file",
+            "allow", "allow-client", "ca-file", "client-cert", "client-key", "delivery-vehicle", "extra-ca-file", "header", "header-file",
             "log-level", "subjects-file", "task", "trip", "vehicle",
         ])
     }

@@ -48,13 +48,18 @@ struct ConfigFileTests {
         allow-non-loopback-listen: false
         socket-mode: "0600"
         allow: ["trip:*"]
+        allow-client: ["uid:4242 vehicle:v-*"]
         invalidate-interval: 30s
         sink: \(scratch.file("sink"))
         sink-mode: "0600"
         exit-on-permanent-error: true
         permanent-error-attempts: 5
+        max-dynamic-subjects: 500
+        max-api-connections: 300
+        max-api-connections-per-peer: 20
         demo-lifetime: 60
         lease-duration: 10
+        idle-window: 30
         failure-backoff: 2
         """
     }

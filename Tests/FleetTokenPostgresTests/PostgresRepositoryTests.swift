@@ -28,22 +28,46 @@ struct PostgresURLTests {
         #expect(PostgresStoreLocation.isPostgresURL("postgres://a@b/c") && !PostgresStoreLocation.isPostgresURL("/var/lib/tokens.sqlite"))
     }
 
-    @Test("bad URLs are refused with what to write instead, never echoing the password", arguments: [
-        ("postgres://db.example/tokens", "no user"),
-        ("postgres://u:pw@h/d?sslmode=maybe", "sslmode=maybe"),
-        ("postgres://u:pw@h/d?schema=Fleet-A", "schema=Fleet-A"),
-        ("postgres://u:pw@h/d?schema=pg_catalog", "schema=pg_catalog"),
-        ("postgres://u:pw@h/d?host=relative/dir", "host=relative/dir"),
-        ("postgres://u:pw@h/d?sslmode=verify-full&host=/run/pg", "Unix socket"),
-        ("postgres://u:pw@h/d?user=x", "user=x"),
-        ("postgres://u:pw@h:99999/d", "out of range"),
-    ])
-    func refused(url: String, says: String) {
+    // Issue 26: a parameter is named, never its value (a value in the wrong place may be a
+    // pasted password).
+    @Test("bad URLs are refused with what to write instead, naming the parameter, never echoing its value or the password", arguments: [
+        ("postgres://db.example/tokens", "no user", nil),
+        ("postgres://u:pw@h/d?sslmode=maybe", "parameter sslmode is not accepted", "maybe"),
+        ("postgres://u:pw@h/d?schema=Fleet-A", "parameter schema is not accepted", "Fleet-A"),
+        ("postgres://u:pw@h/d?schema=pg_catalog", "parameter schema is not accepted", "pg_catalog"),
+        ("postgres://u:pw@h/d?host=relative/dir", "parameter host is not accepted", "relative/dir"),
+        ("postgres://u:pw@h/d?sslmode=verify-full&host=/run/pg", "Unix socket", nil),
+        ("postgres://u:pw@h/d?user=xavier", "parameter user is not accepted", "xavier"),
+        ("postgres://u@h/d?password=hunter2", "parameter password is not accepted", "hunter2"),
+        ("postgres://u@h/d?hunter2%20hunter2=x", "(its name not shown)", "hunter2"),
+        ("postgres://u:pw@h:99999/d", "out of range", nil),
+        ("postgres:u:pw@h/d", "no user", nil),
+    ] as [(String, String, String?)])
+    func refused(url: String, says: String, value: String?) {
         #expect(throws: PostgresURLError.self) { try PostgresStoreLocation(url: url) }
         do { _ = try PostgresStoreLocation(url: url) } catch {
             #expect(error.description.contains(says), "\(error)")
             #expect(!error.description.contains("pw"), "\(error)")
+            if let value { #expect(!error.description.contains(value), "\(error)") }
         }
+    }
+
+    @Test("redacted: the password and every value that may be one as ***, the rest of the URL kept; a URL that does not parse is not shown; a path is left alone", arguments: [
+        ("postgres://agent:s3cret@db:5432/fleet?sslmode=require&password=s3cret", "postgres://agent:***@db:5432/fleet?sslmode=require&password=***"),
+        ("postgresql://agent:s3cr%40t@db/fleet", "postgresql://agent:***@db/fleet"),
+        ("postgres://agent@db/fleet?sslmode=verify-full&sslrootcert=/etc/ca.pem&schema=fleet_a&host=/run/pg&passfile=/etc/pgpass",
+         "postgres://agent@db/fleet?sslmode=verify-full&sslrootcert=/etc/ca.pem&schema=fleet_a&host=/run/pg&passfile=/etc/pgpass"),
+        ("postgres://agent@db/fleet?sslmode=s3cret&pasword=s3cret&schema=S3cret", "postgres://agent@db/fleet?sslmode=***&pasword=***&schema=***"),
+        ("postgres://agent@db/fleet?s3cret%20s3cret=1#s3cret", "postgres://agent@db/fleet?***=***#***"),
+        ("postgres://agent:s3cret@db:99999/fleet", "postgres://agent:***@db:99999/fleet"),
+        ("postgres://agent:s3cret@db:5432:1/fleet", "postgres://<not shown: not a valid URL>"),
+        ("postgres:agent:s3cret@db/fleet", "postgres://<not shown: not a valid URL>"),
+        ("./tokens.sqlite", "./tokens.sqlite"),
+        ("/var/lib/token-agent/tokens.sqlite", "/var/lib/token-agent/tokens.sqlite"),
+    ])
+    func redacted(text: String, shown: String) {
+        #expect(PostgresStoreLocation.redacted(text) == shown)
+        #expect(!PostgresStoreLocation.redacted(text).lowercased().contains("s3cr"))
     }
 
     @Test("the password: a password file first, then the URL, PGPASSWORD, then a matching libpq password file line")

@@ -45,7 +45,8 @@ struct AgentOption: Sendable {
 
     /// Every option a config file or the environment may set, in the README's order.
     static let all: [AgentOption] = [
-        AgentOption(key: "db", shape: .text),
+        // A PostgreSQL URL may hold the database password (--print-config shows it as ***).
+        AgentOption(key: "db", shape: .text, secret: true),
         AgentOption(key: "encryption-key-file", shape: .list),
         AgentOption(key: "provider-url", shape: .text),
         AgentOption(key: "vehicle", shape: .list),
@@ -80,7 +81,11 @@ struct AgentOption: Sendable {
         AgentOption(key: "allow-non-loopback-listen", shape: .toggle),
         AgentOption(key: "socket-mode", shape: .text),
         AgentOption(key: "allow", shape: .list),
+        AgentOption(key: "allow-client", shape: .list),
         AgentOption(key: "invalidate-interval", shape: .duration),
+        AgentOption(key: "max-dynamic-subjects", shape: .integer),
+        AgentOption(key: "max-api-connections", shape: .integer),
+        AgentOption(key: "max-api-connections-per-peer", shape: .integer),
         AgentOption(key: "sink", shape: .text),
         AgentOption(key: "sink-mode", shape: .text),
         AgentOption(key: "exit-on-permanent-error", shape: .toggle),
@@ -88,6 +93,7 @@ struct AgentOption: Sendable {
         // Test and tuning knobs the help hides.
         AgentOption(key: "demo-lifetime", shape: .integer),
         AgentOption(key: "lease-duration", shape: .number),
+        AgentOption(key: "idle-window", shape: .number),
         AgentOption(key: "failure-backoff", shape: .number),
     ]
 

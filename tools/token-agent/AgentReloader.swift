@@ -45,6 +45,7 @@ struct AgentReloader: Sendable {
         var file: AgentConfigFile?
         var keys: [TokenKey]
         var patterns: [SubjectAllowList.Pattern]
+        var clients: ClientAccessPolicy
         var fetcher: HTTPTokenFetcher?
         var trust: TrustFiles
         /// Options that changed but apply only after a restart.
@@ -113,6 +114,10 @@ struct AgentReloader: Sendable {
         let restartNeeded = differing.filter { !$0.live }.map(\.key)
         let changed = differing.filter(\.live).map(\.key)
 
+        // A file another user could have written refuses the reload, changed or not.
+        do { try applied.checkSteeringFiles() } catch {
+            throw Refusal(path: error.file.path, message: error.description, subjectsFile: error.file.key == "subjects-file")
+        }
         var fileSubjects: [TokenKey] = []
         if let path = applied.subjectsFile {
             do { fileSubjects = try SubjectListFile(contentsOfFile: path).subjects } catch {
@@ -127,6 +132,9 @@ struct AgentReloader: Sendable {
         } catch {
             throw Refusal(path: place, message: "\(error)")
         }
+        // Names are resolved anew on every reload: a user added since start can be named now.
+        let clients: ClientAccessPolicy
+        do { clients = try applied.clientPolicy() } catch { throw Refusal(path: place, message: error.description) }
         if keys.isEmpty { keys = defaultKeys }
         if keys.isEmpty && applied.subjectsFile == nil {
             throw Refusal(path: place, message: "the reloaded configuration names no subject to keep tokens for (give vehicle, trip, delivery-vehicle, task or subjects-file)")
@@ -145,7 +153,7 @@ struct AgentReloader: Sendable {
                 throw Refusal(path: place, message: OperatorHints.describe(error))
             }
         }
-        return Plan(proposed: proposed, settings: applied, file: file, keys: keys, patterns: patterns, fetcher: fetcher,
+        return Plan(proposed: proposed, settings: applied, file: file, keys: keys, patterns: patterns, clients: clients, fetcher: fetcher,
                     trust: newTrust, restartNeeded: restartNeeded, changed: changed)
     }
 
@@ -156,6 +164,7 @@ struct AgentReloader: Sendable {
         let replaced = plan.fetcher.map { client.install($0) }
         logLevel.level = plan.settings.logLevel
         api?.replaceAllowPatterns(plan.patterns)
+        api?.replaceClientPolicy(plan.clients)
         let change = SubjectListChange(from: subjects.current, to: plan.keys)
         subjects.current = plan.keys
         api?.replaceSubjects(plan.keys)

@@ -94,7 +94,8 @@ struct AgentRun {
             do { configuration = try PostgresStoreConfiguration(url: path) } catch {
                 await client.shutdown()
                 await issuer?.stop()
-                throw ValidationError("\(settings.origins.name("db")): \(error)")
+                // Named as the operator gave it; the error names a parameter, never a value.
+                throw ValidationError("\(settings.db == nil ? "TOKEN_STORE_DB" : settings.origins.name("db")): \(error)")
             }
             do {
                 try await PostgresTokenRepository.withRepository(configuration, mode: .agent, logger: logger) { store in
@@ -195,10 +196,14 @@ struct AgentRun {
         guard !addresses.isEmpty else { return nil }
         var configuration = TokenAPI.Configuration(allowList: try usage { try settings.allowList(keys: keys) }, readinessSubjects: keys)
         configuration.invalidateInterval = settings.invalidateInterval.seconds
+        configuration.maxDynamicSubjects = settings.maxDynamicSubjects
+        configuration.clientPolicy = try usage { try settings.clientPolicy() }
         configuration.metricsText = { registry.emitToString() }
         let api = TokenAPI(engine: engine, configuration: configuration, logger: logger)
         let service = TokenAPIService(
-            api: api, engine: engine, addresses: addresses, socketMode: settings.socketModeValue ?? 0o660, logger: logger,
+            api: api, engine: engine, addresses: addresses, socketMode: settings.socketModeValue ?? 0o660,
+            connectionLimits: APIConnectionLimits(maxConnections: settings.maxAPIConnections, maxConnectionsPerPeer: settings.maxAPIConnectionsPerPeer),
+            logger: logger,
             onListening: { address in logger.notice("token API listening", metadata: ["address": "\(address)"]) })
         try service.prepare()
         FileDescriptorLimit.raise()

@@ -36,8 +36,15 @@ extension AgentSettings {
         }
         guard (10...3600).contains(demoLifetime) else { throw UsageError("\(origins.name("demo-lifetime")) must be between 10 and 3600") }
         guard (0.1...3600).contains(leaseDuration) else { throw UsageError("\(origins.name("lease-duration")) must be between 0.1 and 3600 seconds") }
+        guard (1...86_400).contains(idleWindow) else { throw UsageError("\(origins.name("idle-window")) must be between 1 and 86400 seconds") }
         if let failureBackoff, !(0.1...3600).contains(failureBackoff) {
             throw UsageError("\(origins.name("failure-backoff")) must be between 0.1 and 3600 seconds")
+        }
+        guard (1...10_000_000).contains(maxDynamicSubjects) else {
+            throw UsageError("\(origins.name("max-dynamic-subjects")) must be between 1 and 10000000")
+        }
+        for (key, value) in [("max-api-connections", maxAPIConnections), ("max-api-connections-per-peer", maxAPIConnectionsPerPeer)] {
+            if let value, !(1...1_000_000).contains(value) { throw UsageError("\(origins.name(key)) must be between 1 and 1000000") }
         }
         guard (1...1000).contains(permanentErrorAttempts) else {
             throw UsageError("\(origins.name("permanent-error-attempts")) must be between 1 and 1000")
@@ -48,9 +55,14 @@ extension AgentSettings {
         try checkTransport(environment: environment)
         _ = try listenAddresses(demo: false)
         _ = try allowList(keys: [])
+        _ = try clientPolicy()
         if once && !listen.isEmpty { throw UsageError("\(origins.name("listen")) serves tokens while the agent runs: it does not go with --once") }
-        guard socketModeValue != nil else {
+        guard let mode = socketModeValue else {
             throw UsageError("\(origins.name("socket-mode")) \(socketMode): give an octal mode such as 0660 or 0600")
+        }
+        // Whoever may connect gets tokens: "others" would be every user and service on the host.
+        guard mode & 0o007 == 0 else {
+            throw UsageError("\(origins.name("socket-mode")) \(socketMode) lets every user on the host connect and take tokens: give the clients a group and use 0660 (or 0600 for the agent's user alone)")
         }
         if once && sink != nil { throw UsageError("\(origins.name("sink")) keeps files fresh while the agent runs: it does not go with --once") }
         guard sinkModeValue != nil else {
@@ -93,6 +105,22 @@ extension AgentSettings {
         } catch {
             throw UsageError("\(origins.name("allow")) \(error)")
         }
+    }
+
+    /// The `--allow-client` rules, names resolved now (at start, and on every reload).
+    /// - Throws: ``UsageError`` for a bad rule, an unknown name, or rules beside a TCP listener
+    ///   (whose callers cannot be identified).
+    func clientPolicy() throws(UsageError) -> ClientAccessPolicy {
+        let policy: ClientAccessPolicy
+        do {
+            policy = try ClientAccessPolicy(rules: try allowClient.map { text throws(ClientRuleError) in try ClientRule(parsing: text) })
+        } catch {
+            throw UsageError("\(origins.name("allow-client")) \(error)")
+        }
+        if !policy.isEmpty, let tcp = listen.first(where: { !$0.hasPrefix("unix:") }) {
+            throw UsageError("\(origins.name("allow-client")) grants tokens per caller, and a caller over TCP (\(origins.name("listen")) \(tcp)) cannot be identified: listen on a Unix socket only")
+        }
+        return policy
     }
 
     func allowPatterns() throws -> [SubjectAllowList.Pattern] {
@@ -173,6 +201,7 @@ extension AgentSettings {
         policy.retention = retention.seconds
         policy.allowOpaqueTokens = allowOpaqueTokens
         policy.leaseDuration = leaseDuration
+        policy.idleWindow = idleWindow
         if let failureBackoff {
             // Both bases: the engine's first backoff is the larger of the two.
             policy.nonRetryableBackoffBase = failureBackoff

@@ -22,6 +22,7 @@ extension AgentSettings {
         "client-key": { $0.clientKey = $1.clientKey },
         "log-level": { $0.logLevel = $1.logLevel },
         "allow": { $0.allow = $1.allow },
+        "allow-client": { $0.allowClient = $1.allowClient },
     ]
 
     /// These settings with the live options (and their origins) taken from `proposed`.

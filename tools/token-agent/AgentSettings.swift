@@ -46,13 +46,20 @@ struct AgentSettings: Sendable, Equatable {
     var allowNonLoopbackListen = false
     var socketMode = "0660"
     var allow: [String] = []
+    var allowClient: [String] = []
     var invalidateInterval = DurationArgument(seconds: 10)
     var sink: String?
     var sinkMode = "0640"
     var exitOnPermanentError = false
     var permanentErrorAttempts = 3
+    var maxDynamicSubjects = 10_000
+    var maxAPIConnections = APIConnectionLimits.defaultMaxConnections
+    /// nil: half the overall cap in force.
+    var maxAPIConnectionsPerPeer: Int?
     var demoLifetime = 120
     var leaseDuration = 30.0
+    /// Seconds an untracked subject is kept fresh after its last use (RefreshPolicy.idleWindow).
+    var idleWindow = 600.0
     /// First backoff after a refusal the provider will repeat (401, 403, a bad answer); nil: the policy's.
     var failureBackoff: Double?
 
@@ -163,13 +170,18 @@ extension AgentSettings {
         settings.allowNonLoopbackListen = try values.toggle("allow-non-loopback-listen")
         settings.socketMode = try values.text("socket-mode") ?? settings.socketMode
         settings.allow = values.list("allow")
+        settings.allowClient = values.list("allow-client")
         settings.invalidateInterval = try values.parsed("invalidate-interval", "a duration such as 10s or 1m", DurationArgument.init(argument:)) ?? settings.invalidateInterval
         settings.sink = try values.text("sink")
         settings.sinkMode = try values.text("sink-mode") ?? settings.sinkMode
         settings.exitOnPermanentError = try values.toggle("exit-on-permanent-error")
         settings.permanentErrorAttempts = try values.parsed("permanent-error-attempts", "a whole number", Int.init) ?? settings.permanentErrorAttempts
+        settings.maxDynamicSubjects = try values.parsed("max-dynamic-subjects", "a whole number", Int.init) ?? settings.maxDynamicSubjects
+        settings.maxAPIConnections = try values.parsed("max-api-connections", "a whole number", Int.init) ?? settings.maxAPIConnections
+        settings.maxAPIConnectionsPerPeer = try values.parsed("max-api-connections-per-peer", "a whole number", Int.init)
         settings.demoLifetime = try values.parsed("demo-lifetime", "a whole number of seconds", Int.init) ?? settings.demoLifetime
         settings.leaseDuration = try values.parsed("lease-duration", "a number of seconds", Double.init) ?? settings.leaseDuration
+        settings.idleWindow = try values.parsed("idle-window", "a number of seconds", Double.init) ?? settings.idleWindow
         settings.failureBackoff = try values.parsed("failure-backoff", "a number of seconds", Double.init)
         return settings
     }
@@ -180,7 +192,7 @@ extension AgentSettings {
         var values: [String: [String]] = [
             "vehicle": vehicles, "trip": trips, "delivery-vehicle": deliveryVehicles, "task": tasks,
             "header": headers, "header-file": headerFiles, "ca-file": caFiles, "extra-ca-file": extraCAFiles,
-            "listen": listen, "allow": allow, "encryption-key-file": encryptionKeyFiles,
+            "listen": listen, "allow": allow, "allow-client": allowClient, "encryption-key-file": encryptionKeyFiles,
             "method": [method.rawValue], "expiration-key": [expirationKey], "expiration-format": [expirationFormat.rawValue],
             "no-proxy": [String(noProxy)], "allow-insecure-http": [String(allowInsecureHTTP)],
             "allow-opaque-tokens": [String(allowOpaqueTokens)], "connect-timeout": [Self.number(connectTimeout)],
@@ -189,12 +201,15 @@ extension AgentSettings {
             "allow-non-loopback-listen": [String(allowNonLoopbackListen)], "socket-mode": [socketMode],
             "invalidate-interval": [invalidateInterval.description], "sink-mode": [sinkMode],
             "exit-on-permanent-error": [String(exitOnPermanentError)], "permanent-error-attempts": [String(permanentErrorAttempts)],
+            "max-dynamic-subjects": [String(maxDynamicSubjects)], "max-api-connections": [String(maxAPIConnections)],
             "demo-lifetime": [String(demoLifetime)], "lease-duration": [Self.number(leaseDuration)],
+            "idle-window": [Self.number(idleWindow)],
         ]
         let optional: [String: String?] = [
             "db": db, "provider-url": providerURL, "subjects-file": subjectsFile, "body-template": bodyTemplate,
             "content-type": contentType, "client-cert": clientCertificate, "client-key": clientKey, "proxy": proxy,
             "token-key": tokenKey, "sink": sink, "failure-backoff": failureBackoff.map(Self.number),
+            "max-api-connections-per-peer": maxAPIConnectionsPerPeer.map(String.init),
         ]
         for (key, value) in optional { values[key] = value.map { [$0] } ?? [] }
         return values

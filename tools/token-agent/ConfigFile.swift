@@ -3,6 +3,7 @@
 // snapshots keep no line numbers and accept any key, and an operator needs both.
 
 import Configuration
+import FleetTokenStore
 import Foundation
 import SystemPackage
 import Yams
@@ -22,6 +23,11 @@ struct AgentConfigFile: Sendable {
         // access(2) first: its errno says why a file cannot be read in an operator's words.
         guard access(path, R_OK) == 0 else {
             throw ConfigFileError(path: path, line: nil, message: "cannot be read: \(String(cString: strerror(errno)))")
+        }
+        // A file another user could have written is refused before it is read, at start and
+        // on every reload (as sshd refuses such an authorized_keys).
+        do { try SteeringFileCheck.check(path: path, role: "config file") } catch {
+            throw ConfigFileError(path: path, line: nil, message: error.reason)
         }
         let text: String
         do {

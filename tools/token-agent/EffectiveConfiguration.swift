@@ -2,6 +2,7 @@
 // with where its value came from, secrets redacted. The output loads as a config file again
 // (except for the redacted values).
 
+import FleetTokenPostgres
 import FleetTokenService
 import FleetTokenStore
 import Foundation
@@ -33,7 +34,8 @@ struct EffectiveConfiguration {
                     let literal = option.shape == .text ? JSONText.quoted(value) : value
                     lines.append("\(option.key): \(literal)  # \(origin)")
                 } else if option.key == "db" {
-                    let path = storeVariable ?? "./tokens.sqlite"
+                    // TOKEN_STORE_DB is redacted as --db is: it may hold a database password.
+                    let path = storeVariable.map(PostgresStoreLocation.redacted) ?? "./tokens.sqlite"
                     lines.append("db: \(JSONText.quoted(path))  # \(storeVariable == nil ? "default" : "TOKEN_STORE_DB")")
                 } else {
                     lines.append("# \(option.key): not set")
@@ -56,7 +58,7 @@ struct EffectiveConfiguration {
     /// shape (a password or query values may be credentials); other secrets go whole.
     private func redact(_ value: String, of option: AgentOption) -> String {
         if option.key == "provider-url" { return Self.redactedURL(value) }
-        if option.key == "db" { return Self.redactedDatabasePassword(value) }
+        if option.key == "db" { return PostgresStoreLocation.redacted(value) }
         guard option.secret else { return value }
         switch option.key {
         case "header":
@@ -70,17 +72,8 @@ struct EffectiveConfiguration {
     }
 
     /// `https://user:***@host/path/{id}?api_key=<redacted>`: userinfo password and query values
-    /// hidden, placeholders kept.
-    /// A PostgreSQL URL's password as `***` (its parameters, such as sslmode, stay: they are
-    /// no secret); a SQLite path as it is.
-    static func redactedDatabasePassword(_ text: String) -> String {
-        guard let scheme = text.range(of: "://"), let at = text[scheme.upperBound...].firstIndex(of: "@"),
-              let colon = text[scheme.upperBound..<at].firstIndex(of: ":") else { return text }
-        var result = text
-        result.replaceSubrange(result.index(after: colon)..<at, with: "***")
-        return result
-    }
-
+    /// hidden, placeholders kept. (The store's URL goes through PostgresStoreLocation.redacted,
+    /// whatever its source: its password as `***`, plain parameters such as sslmode kept.)
     static func redactedURL(_ text: String) -> String {
         var result = text
         if let scheme = result.range(of: "://"), let at = result[scheme.upperBound...].firstIndex(of: "@"),

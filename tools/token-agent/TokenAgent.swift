@@ -167,8 +167,24 @@ struct TokenAgent: AsyncParsableCommand {
             help: "Also hand out subjects matching KIND:GLOB over the API, e.g. 'trip:*' or 'vehicle:truck-*' (repeatable).")
     var allowPatterns: [String] = []
 
+    @Option(name: .customLong("allow-client"),
+            help: "Grant a Unix-socket caller subjects: 'user:NAME KIND:GLOB', 'group:NAME KIND:GLOB', 'uid:N …' or 'gid:N …' (repeatable). With any such rule, a caller gets only what a rule for its uid or groups grants; not with a TCP --listen.")
+    var allowClients: [String] = []
+
     @Option(name: .customLong("invalidate-interval"), help: "Shortest time between two forced refetches of one key through the API: 10s (default), 1m.")
     var invalidateInterval: DurationArgument?
+
+    @Option(name: .customLong("max-dynamic-subjects"),
+            help: "Most subjects asked for through --allow patterns held at once (default 10000); past it the API answers 503 with Retry-After.")
+    var maxDynamicSubjects: Int?
+
+    @Option(name: .customLong("max-api-connections"),
+            help: "Most API connections open at once (default 4096, less when the open-files limit minus a reserve of 64 is lower); past it a connection is answered 503 and closed.")
+    var maxAPIConnections: Int?
+
+    @Option(name: .customLong("max-api-connections-per-peer"),
+            help: "Most API connections open at once from one peer: a TCP client's address, a Unix-socket client's user (default half the overall cap).")
+    var maxAPIConnectionsPerPeer: Int?
 
     @Flag(name: .customLong("exit-on-permanent-error"),
           help: "Exit with code 78 when the provider answers 401/403 to every subject --permanent-error-attempts times in a row, instead of retrying forever.")
@@ -181,6 +197,10 @@ struct TokenAgent: AsyncParsableCommand {
             help: ArgumentHelp("Seconds a cross-process refresh lease lasts between renewals.", visibility: .hidden))
     var leaseDuration: Double?
 
+    @Option(name: .customLong("idle-window"),
+            help: ArgumentHelp("Seconds an untracked subject nobody asks for is still refreshed before it is dropped from memory (default 600).", visibility: .hidden))
+    var idleWindow: Double?
+
     @Option(name: .customLong("failure-backoff"),
             help: ArgumentHelp("Seconds of the first backoff after a refusal the provider will repeat (default 30).", visibility: .hidden))
     var failureBackoff: Double?
@@ -190,7 +210,7 @@ struct TokenAgent: AsyncParsableCommand {
         var values: [String: ConfigContent] = [:]
         let lists: [(String, [String])] = [
             ("vehicle", vehicles), ("trip", trips), ("delivery-vehicle", deliveryVehicles), ("task", tasks), ("header", headers),
-            ("header-file", headerFiles), ("ca-file", caFiles), ("extra-ca-file", extraCAFiles), ("listen", listen), ("allow", allowPatterns),
+            ("header-file", headerFiles), ("ca-file", caFiles), ("extra-ca-file", extraCAFiles), ("listen", listen), ("allow", allowPatterns), ("allow-client", allowClients),
             ("encryption-key-file", encryptionKeyFiles),
         ]
         for (key, list) in lists where !list.isEmpty { values[key] = .stringArray(list) }
@@ -202,7 +222,10 @@ struct TokenAgent: AsyncParsableCommand {
             ("request-timeout", requestTimeout.map { String($0) }), ("demo-lifetime", demoLifetime.map(String.init)),
             ("retention", retention?.description), ("socket-mode", socketMode), ("sink", sink), ("sink-mode", sinkMode),
             ("invalidate-interval", invalidateInterval?.description), ("permanent-error-attempts", permanentErrorAttempts.map(String.init)),
+            ("max-dynamic-subjects", maxDynamicSubjects.map(String.init)),
+            ("max-api-connections", maxAPIConnections.map(String.init)), ("max-api-connections-per-peer", maxAPIConnectionsPerPeer.map(String.init)),
             ("lease-duration", leaseDuration.map { String($0) }), ("failure-backoff", failureBackoff.map { String($0) }),
+            ("idle-window", idleWindow.map { String($0) }),
         ]
         for case (let key, let text?) in texts { values[key] = .string(text) }
         let toggles: [(String, Bool)] = [
@@ -235,6 +258,7 @@ struct TokenAgent: AsyncParsableCommand {
         let sources = SettingSources(flags: flagValues, environment: environment, file: file)
         let settings = try AgentSettings.resolve(sources)
         try settings.check(environment: environment)
+        do { try settings.checkSteeringFiles() } catch { throw UsageError(error.description) }
         return (settings, sources)
     }
 

@@ -74,7 +74,8 @@ struct StoreOptions: ParsableArguments {
     func withPostgres<T: Sendable>(_ mode: StoreOpenMode, _ body: (PostgresTokenRepository) async throws -> T) async throws -> T {
         let configuration: PostgresStoreConfiguration
         do { configuration = try PostgresStoreConfiguration(url: path) } catch {
-            throw ValidationError("--db: \(error)")
+            // Names a parameter, never its value nor the password.
+            throw ValidationError("\(db == nil ? "TOKEN_STORE_DB" : "--db"): \(error)")
         }
         do {
             return try await PostgresTokenRepository.withRepository(configuration, mode: mode, logger: logger, body)

@@ -1,0 +1,141 @@
+// Files that steer an agent (its configuration, the subjects it serves, the credentials and
+// trust it uses towards the provider) judged as sshd judges `authorized_keys`: refused when
+// someone other than the agent's user or root could have written them. The rule is a pure
+// value (`SteeringFileCheck`); `SteeringFileCheck.check(path:role:)` is its I/O wrapper.
+
+import Foundation
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// Whether a file that steers an agent could have been written by another user.
+///
+/// A file is sound when it belongs to the agent's effective user or to root, and neither its
+/// group nor others may write to it: whoever can write a config file can allow every subject,
+/// whoever can write a CA file can trust their own server. Only the write bits and the owner
+/// count (not read bits, not ACLs), as with sshd's `StrictModes`.
+///
+/// ```swift
+/// let check = SteeringFileCheck(mode: 0o666, ownerID: 1001, userID: 1000)
+/// check.isSafe                   // false
+/// check.writableByGroupOrOthers  // true
+/// check.ownedByAnotherUser       // true
+/// ```
+public struct SteeringFileCheck: Sendable, Equatable {
+    /// The file's permission bits (`st_mode & 0o7777`).
+    public let mode: UInt32
+    /// The file's owner (`st_uid`).
+    public let ownerID: UInt32
+    /// The user the agent runs as (its effective uid).
+    public let userID: UInt32
+
+    /// Judges a file from its `stat` fields and the agent's effective uid.
+    public init(mode: UInt32, ownerID: UInt32, userID: UInt32) {
+        self.mode = mode & 0o7777
+        self.ownerID = ownerID
+        self.userID = userID
+    }
+
+    /// True when group or others may write to the file.
+    public var writableByGroupOrOthers: Bool { mode & 0o022 != 0 }
+
+    /// True when the file belongs to neither the agent's user nor root.
+    public var ownedByAnotherUser: Bool { ownerID != userID && ownerID != 0 }
+
+    /// True when only the agent's user (or root) can have written the file.
+    public var isSafe: Bool { !writableByGroupOrOthers && !ownedByAnotherUser }
+
+    /// What is wrong and how to fix it, for a message that names the file before it: `is
+    /// writable by group or others (mode 0666): … run `chmod go-w PATH``. Nil when sound.
+    public func reason(path: String) -> String? {
+        guard !isSafe else { return nil }
+        let shown = Self.shellQuoted(path)
+        let others = userID == 0 ? "not to root, the user this runs as" : "neither to this user (uid \(userID)) nor to root"
+        let owner = "belongs to uid \(ownerID)\(Self.userName(ownerID).map { " (\($0))" } ?? ""), \(others)"
+        let open = "is writable by group or others (mode \(String(format: "%04o", mode)))"
+        switch (ownedByAnotherUser, writableByGroupOrOthers) {
+        case (true, true):
+            return "\(owner), and \(open): other users could change what the agent does; run `chown \(userID) \(shown) && chmod go-w \(shown)` as root, or use a file this user owns"
+        case (true, false):
+            return "\(owner): that user could change what the agent does; run `chown \(userID) \(shown)` as root, or use a file this user owns"
+        default:
+            return "\(open): another user could change what the agent does; run `chmod go-w \(shown)`"
+        }
+    }
+
+    /// `path` as a shell word: as it is when it holds only safe characters, else single-quoted.
+    static func shellQuoted(_ path: String) -> String {
+        let safe = CharacterSet(charactersIn: "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789/._-+:@%,=")
+        guard !path.isEmpty, path.unicodeScalars.allSatisfy(safe.contains) else {
+            return "'" + path.replacingOccurrences(of: "'", with: "'\\''") + "'"
+        }
+        return path
+    }
+
+    /// The login name of `uid`, when the system knows one.
+    static func userName(_ uid: UInt32) -> String? {
+        var entry = passwd()
+        var result: UnsafeMutablePointer<passwd>?
+        var buffer = [CChar](repeating: 0, count: 4096)
+        guard getpwuid_r(uid_t(uid), &entry, &buffer, buffer.count, &result) == 0, result != nil, let name = entry.pw_name else {
+            return nil
+        }
+        return String(cString: name)
+    }
+}
+
+extension SteeringFileCheck {
+    /// Judges the file at `path` as it will be read (a symbolic link is followed).
+    ///
+    /// A file that cannot be examined (missing, a directory on the way not searchable) passes:
+    /// reading it then says what is wrong in its own words.
+    /// - Parameter role: How a message names the file, such as `config file` or `client key`.
+    /// - Throws: ``SteeringFileError`` naming the file, what is wrong and the command that fixes it.
+    public static func check(path: String, role: String) throws(SteeringFileError) {
+        var info = stat()
+        guard stat(path, &info) == 0 else { return }
+        let check = SteeringFileCheck(mode: UInt32(info.st_mode), ownerID: UInt32(info.st_uid), userID: UInt32(geteuid()))
+        guard check.isSafe else { throw SteeringFileError(path: path, role: role, check: check) }
+    }
+}
+
+/// A file refused because another user could have written it: which file, what is wrong, and
+/// the command that fixes it. Never the file's content.
+public struct SteeringFileError: Error, Sendable, Equatable, CustomStringConvertible {
+    /// What is wrong. More codes may come: match them with `==`, keep a `default`.
+    public struct Code: Hashable, Sendable, CustomStringConvertible {
+        fileprivate let name: String
+        /// The file belongs to a user other than the agent's and root (whatever its mode).
+        public static let ownedByAnotherUser = Code(name: "ownedByAnotherUser")
+        /// Group or others may write to the file.
+        public static let writableByGroupOrOthers = Code(name: "writableByGroupOrOthers")
+        /// The code's stable name.
+        public var description: String { name }
+    }
+
+    /// What is wrong: ``Code/ownedByAnotherUser`` when the owner is wrong (the mode may be too),
+    /// else ``Code/writableByGroupOrOthers``.
+    public var code: Code { check.ownedByAnotherUser ? .ownedByAnotherUser : .writableByGroupOrOthers }
+    /// The file.
+    public let path: String
+    /// How messages name the file: `config file`, `subjects file`, `CA file`, ….
+    public let role: String
+    /// The file's mode and owner, and the agent's user.
+    public let check: SteeringFileCheck
+
+    /// A refusal of the file at `path`, judged by `check`.
+    public init(path: String, role: String, check: SteeringFileCheck) {
+        self.path = path
+        self.role = role
+        self.check = check
+    }
+
+    /// What is wrong and the fix, without the role and path: `is writable by group or others
+    /// (mode 0666): …; run `chmod go-w PATH``.
+    public var reason: String { check.reason(path: path) ?? "is sound" }
+
+    /// `the config file /etc/token-agent.yaml is writable by group or others (mode 0666): …`.
+    public var description: String { "the \(role) \(path) \(reason)" }
+}

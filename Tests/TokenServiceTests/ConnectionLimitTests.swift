@@ -1,0 +1,334 @@
+// Issue 26 item 5: caps on the token API's concurrent connections, overall and per peer, with
+// descriptors kept in reserve for the store and the provider. Real token-agent processes (one
+// started under `ulimit -n 128`), real sockets, a real dev-token-server.
+
+@testable import FleetTokenService
+import Foundation
+import Logging
+import NIOCore
+import NIOPosix
+import Synchronization
+import TestSupportKit
+import Testing
+#if canImport(Glibc)
+import Glibc
+#endif
+
+@Suite("token API connection caps", .exclusive)
+struct ConnectionLimitTests {
+    static let marked = [("Fleet-Token-Request", "true")]
+
+    @Test("open-files limit 128: 200 idle TCP connections neither stall a cached-token GET nor the store; past the per-peer cap they are answered 503 and closed; closing them restores TCP service")
+    func lowOpenFilesLimit() async throws {
+        let scratch = Scratch()
+        let issuer = try await IssuerProcess(scratch: scratch)
+        let agent = try await CappedAgent.start(scratch, provider: issuer.template, ["--vehicle", "v-1"], openFiles: 128)
+        let unix = RawHTTP.Endpoint.unix(agent.socket)
+        let tcp = RawHTTP.Endpoint.tcp(port: agent.tcpPort)
+        #expect(await eventually(within: 20) { (try? RawHTTP.send(unix, "GET", "/readyz", timeout: 5))?.status == 200 })
+        let first = try RawHTTP.send(unix, "GET", "/v1/token/vehicle/v-1", headers: Self.marked, timeout: 5)
+        #expect(first.status == 200, "\(first)")
+        let firstPrint = try #require(first.header("Fleet-Token-Fingerprint"))
+
+        var idle: [Int32] = []
+        defer { for descriptor in idle where descriptor >= 0 { close(descriptor) } }
+        for _ in 0..<200 { idle.append(RawHTTP.openIdle(tcp)) }
+        #expect(idle.allSatisfy { $0 >= 0 }, "the kernel completes every handshake (backlog 1024)")
+        // Until the agent has taken them all from the listener's queue (or cannot: out of descriptors).
+        let drained = await eventually(within: 5) { CappedAgent.acceptQueue(port: agent.tcpPort) == 0 }
+
+        // The cached token, at once: the measured defect was a timeout here.
+        let started = Date()
+        let cached = try? RawHTTP.send(unix, "GET", "/v1/token/vehicle/v-1", headers: Self.marked, timeout: 5)
+        #expect(cached?.status == 200, "a cached-token GET within 5 s beside 200 idle TCP connections; got \(cached.map(\.description) ?? "no answer")")
+        #expect(Date().timeIntervalSince(started) < 5)
+        #expect(drained, "the agent accepts (and refuses) connections past its caps instead of leaving them queued")
+        // A store write and a provider fetch still get their descriptors.
+        let invalidated = try? RawHTTP.send(unix, "POST", "/v1/invalidate/vehicle/v-1", headers: Self.marked, timeout: 5)
+        #expect(invalidated?.status == 204, "\(invalidated.map(\.description) ?? "no answer")")
+        let refetched = try? RawHTTP.send(unix, "GET", "/v1/token/vehicle/v-1", headers: Self.marked, timeout: 10)
+        #expect(refetched?.status == 200, "\(refetched.map(\.description) ?? "no answer")")
+        #expect(refetched?.header("Fleet-Token-Fingerprint").map { $0 != firstPrint } == true, "the invalidated token was replaced by a new fetch")
+        let shown = try await runToEnd("tokenctl", ["--db", scratch.file("tokens.sqlite"), "show", "vehicle", "v-1", "--json"], in: scratch)
+        #expect(shown.status == 0 && shown.stdout.contains(refetched?.header("Fleet-Token-Fingerprint") ?? "?"), "the new token is in the store: \(shown.stdout)")
+        #expect(!agent.process.stderr.contains("unable to open database file"), "\(agent.process.stderr.suffix(2000))")
+
+        // The cap in force is logged with its reason; past the per-peer cap (all TCP clients are
+        // 127.0.0.1, one peer) connections are answered 503 and closed at once.
+        let caps = try #require(CappedAgent.caps(in: agent.process.stderr), "the caps in force are logged: \(agent.process.stderr.suffix(3000))")
+        #expect(caps.overall < 128 - 64, "the reserve of 64 descriptors is kept: \(caps)")
+        #expect(caps.perPeer < caps.overall)
+        #expect(agent.process.stderr.contains("open-files limit 128"))
+        let outcome = await refusals(idle, expected: 200 - caps.perPeer)
+        #expect(outcome.refused == 200 - caps.perPeer, "\(outcome)")
+        #expect(outcome.unanswered == 0, "refused connections are told why: \(outcome)")
+        let overTCP = try? RawHTTP.send(tcp, "GET", "/v1/token/vehicle/v-1", headers: Self.marked, timeout: 5)
+        #expect(overTCP?.status == 503, "\(overTCP.map(\.description) ?? "no answer")")
+        #expect(overTCP?.header("Retry-After") == "1")
+        #expect(overTCP?.body.contains("per peer") == true, "\(overTCP.map(\.description) ?? "")")
+
+        for descriptor in idle where descriptor >= 0 { close(descriptor) }
+        idle = []
+        #expect(await eventually(within: 10) {
+            (try? RawHTTP.send(tcp, "GET", "/v1/token/vehicle/v-1", headers: Self.marked, timeout: 5))?.status == 200
+        }, "closing the idle connections frees their slots")
+        #expect(!agent.process.stderr.contains("unable to open database file"))
+        #expect(await agent.stop() == 0, "\(agent.process.stderr.suffix(2000))")
+    }
+
+    @Test("--max-api-connections 6, --max-api-connections-per-peer 4: a fifth connection from one user on the Unix socket is answered 503, a TCP client (another peer) still gets in, the seventh overall is refused, and a closed connection frees its slot")
+    func configuredCaps() async throws {
+        let scratch = Scratch()
+        let issuer = try await IssuerProcess(scratch: scratch)
+        let agent = try await CappedAgent.start(scratch, provider: issuer.template,
+                                                ["--vehicle", "v-1", "--max-api-connections", "6", "--max-api-connections-per-peer", "4"])
+        let unix = RawHTTP.Endpoint.unix(agent.socket)
+        let tcp = RawHTTP.Endpoint.tcp(port: agent.tcpPort)
+        #expect(await eventually(within: 20) { (try? RawHTTP.send(unix, "GET", "/readyz", timeout: 5))?.status == 200 })
+        let caps = try #require(CappedAgent.caps(in: agent.process.stderr), "\(agent.process.stderr.suffix(3000))")
+        #expect(caps.overall == 6 && caps.perPeer == 4)
+        #expect(agent.process.stderr.contains("reason=configured"), "\(agent.process.stderr.suffix(3000))")
+
+        var open: [Int32] = []
+        defer { for descriptor in open { close(descriptor) } }
+        // Kept-alive connections that were served once: admitted for sure.
+        for _ in 0..<4 { open.append(try keptAlive(unix)) }
+        let fifth = try RawHTTP.send(unix, "GET", "/v1/token/vehicle/v-1", headers: Self.marked, timeout: 5)
+        #expect(fifth.status == 503 && fifth.header("Retry-After") == "1", "\(fifth)")
+        #expect(fifth.body.contains("per peer"), "\(fifth)")
+        // On a Unix socket the peer is the client's user, read with SO_PEERCRED.
+        #expect(agent.process.stderr.contains("peer=uid \(getuid())"), "\(agent.process.stderr.suffix(2000))")
+        let otherPeer = try RawHTTP.send(tcp, "GET", "/v1/token/vehicle/v-1", headers: Self.marked, timeout: 5)
+        #expect(otherPeer.status == 200, "a TCP client is another peer: \(otherPeer)")
+
+        for _ in 0..<2 { open.append(try keptAlive(tcp)) }
+        let seventh = try RawHTTP.send(tcp, "GET", "/v1/token/vehicle/v-1", headers: Self.marked, timeout: 5)
+        #expect(seventh.status == 503 && seventh.header("Retry-After") == "1", "\(seventh)")
+        #expect(seventh.body.contains("6 connections"), "\(seventh)")
+
+        close(open.removeFirst())
+        #expect(await eventually(within: 10) {
+            (try? RawHTTP.send(tcp, "GET", "/v1/token/vehicle/v-1", headers: Self.marked, timeout: 5))?.status == 200
+        }, "a closed connection frees its slot")
+        #expect(await agent.stop() == 0, "\(agent.process.stderr.suffix(2000))")
+    }
+
+    @Test("a connection accepted while half the overall cap or more is in use is closed after 5 s idle; the earlier ones keep the 30 s timeout")
+    func busyIdleTimeout() async throws {
+        let scratch = Scratch()
+        let issuer = try await IssuerProcess(scratch: scratch)
+        let agent = try await CappedAgent.start(scratch, provider: issuer.template, ["--vehicle", "v-1", "--max-api-connections", "4", "--max-api-connections-per-peer", "4"])
+        let unix = RawHTTP.Endpoint.unix(agent.socket)
+        #expect(await eventually(within: 20) { (try? RawHTTP.send(unix, "GET", "/readyz", timeout: 5))?.status == 200 })
+        var open: [Int32] = []
+        defer { for descriptor in open { close(descriptor) } }
+        for _ in 0..<2 { open.append(try keptAlive(unix)) }
+        let late = try keptAlive(unix)
+        open.append(late)
+        let accepted = Date()
+        #expect(await eventually(within: 15) { isClosedByPeer(late) }, "the busy connection is closed")
+        let idleFor = Date().timeIntervalSince(accepted)
+        #expect(idleFor > 3 && idleFor < 12, "after about 5 s: \(idleFor)")
+        #expect(!isClosedByPeer(open[0]) && !isClosedByPeer(open[1]), "connections accepted before the threshold stay")
+        #expect(await agent.stop() == 0, "\(agent.process.stderr.suffix(2000))")
+    }
+
+    @Test("the caps in force: the configured ones, or what the open-files limit leaves after the open descriptors and the reserve; per peer half the overall unless set; never below 1")
+    func capsInForce() {
+        let plenty = APIConnectionLimits().caps(openFilesLimit: 1_048_576, openDescriptors: 40)
+        #expect(plenty.overall == 4096 && plenty.perPeer == 2048 && plenty.busyThreshold == 2048 && !plenty.limitedByOpenFiles)
+        #expect(APIConnectionLimits().caps(openFilesLimit: nil, openDescriptors: 40).overall == 4096)
+        let tight = APIConnectionLimits().caps(openFilesLimit: 128, openDescriptors: 38)
+        #expect(tight.overall == 26 && tight.perPeer == 13 && tight.limitedByOpenFiles)
+        #expect(tight.reason.contains("open-files limit 128") && tight.reason.contains("38") && tight.reason.contains("reserve of 64"))
+        let set = APIConnectionLimits(maxConnections: 100, maxConnectionsPerPeer: 500).caps(openFilesLimit: 1024, openDescriptors: 40)
+        #expect(set.overall == 100 && set.perPeer == 100, "a per-peer cap above the overall one is the overall one")
+        let starved = APIConnectionLimits().caps(openFilesLimit: 64, openDescriptors: 40)
+        #expect(starved.overall == 1 && starved.perPeer == 1 && starved.busyThreshold == 1)
+        #expect(APIConnectionLimits(descriptorReserve: 0).caps(openFilesLimit: 128, openDescriptors: 28).overall == 100)
+    }
+
+    @Test("the gate counts per peer and overall, refuses without counting, and frees a slot on release")
+    func gateCounts() {
+        let gate = ConnectionGate(limits: APIConnectionLimits(maxConnections: 4, maxConnectionsPerPeer: 2), logger: Logger(label: "test"))
+        #expect(gate.caps.overall == 4 && gate.caps.perPeer == 2)
+        let a = ConnectionPeer.user(1000), b = ConnectionPeer.address("127.0.0.1"), c = ConnectionPeer.unixSocket
+        #expect(gate.admit(a) == .admitted(busy: false))
+        #expect(gate.admit(a) == .admitted(busy: false))
+        #expect(gate.admit(a) == .refusedPerPeer(open: 2))
+        #expect(gate.admit(b) == .admitted(busy: true), "from half the overall cap on, busy")
+        #expect(gate.admit(b) == .admitted(busy: true))
+        #expect(gate.admit(c) == .refusedOverall(open: 4))
+        let full = gate.openConnections(from: a)
+        #expect(full.overall == 4 && full.peer == 2)
+        gate.release(a)
+        #expect(gate.openConnections(from: a).peer == 1)
+        #expect(gate.admit(c) == .admitted(busy: true))
+        #expect(gate.openConnections(from: c).overall == 4)
+    }
+
+    @Test("a Unix-socket client's peer is its user (SO_PEERCRED), a TCP client's its address")
+    func peers() async throws {
+        let scratch = Scratch()
+        let seen = SeenPeers()
+        let bootstrap = ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+        let unixServer = try await bootstrap.childChannelInitializer { channel in
+            seen.add(ConnectionPeer.of(channel, unixSocket: true))
+            return channel.eventLoop.makeSucceededVoidFuture()
+        }.bind(unixDomainSocketPath: scratch.file("peer.sock")).get()
+        let tcpServer = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton).childChannelInitializer { channel in
+            seen.add(ConnectionPeer.of(channel, unixSocket: false))
+            return channel.eventLoop.makeSucceededVoidFuture()
+        }.bind(host: "127.0.0.1", port: 0).get()
+        let unixClient = RawHTTP.openIdle(.unix(scratch.file("peer.sock")))
+        #expect(await eventually(within: 5) { seen.peers.count == 1 })
+        let tcpClient = RawHTTP.openIdle(.tcp(port: try #require(tcpServer.localAddress?.port)))
+        #expect(await eventually(within: 5) { seen.peers.count == 2 })
+        close(unixClient)
+        close(tcpClient)
+        #expect(seen.peers == [.user(getuid()), .address("127.0.0.1")])
+        try await unixServer.close()
+        try await tcpServer.close()
+    }
+
+    @Test("the caps are options like any other: a config-file key, checked (0 is a usage error naming the option)")
+    func capOptions() async throws {
+        let scratch = Scratch()
+        let config = scratch.file("token-agent.yaml")
+        try "max-api-connections: 300\nmax-api-connections-per-peer: 20\n".write(toFile: config, atomically: true, encoding: .utf8)
+        let printed = try await runToEnd("token-agent", ["--config", config, "--print-config"], in: scratch)
+        #expect(printed.status == 0, "\(printed.stderr)")
+        #expect(printed.stdout.contains("max-api-connections: 300"), "\(printed.stdout)")
+        #expect(printed.stdout.contains("max-api-connections-per-peer: 20"), "\(printed.stdout)")
+
+        for arguments in [["--max-api-connections", "0"], ["--max-api-connections-per-peer", "0"], ["--max-api-connections", "many"]] {
+            let refused = try await runToEnd("token-agent", arguments + ["--listen", "unix:\(scratch.file("api.sock"))"], in: scratch)
+            #expect(refused.status == 64, "\(arguments): \(refused.stderr)")
+            #expect(refused.stderr.contains(arguments[0]), "\(arguments): \(refused.stderr)")
+        }
+    }
+
+    /// Waits (at most 10 s) until `expected` of `descriptors` were closed by the agent; counts
+    /// those answered `503` first and those closed without an answer.
+    func refusals(_ descriptors: [Int32], expected: Int) async -> (refused: Int, unanswered: Int, stillOpen: Int) {
+        var answered = Set<Int32>()
+        var silent = Set<Int32>()
+        let deadline = Date().addingTimeInterval(10)
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        while answered.count + silent.count < expected && Date() < deadline {
+            for descriptor in descriptors where descriptor >= 0 && !answered.contains(descriptor) && !silent.contains(descriptor) {
+                let count = buffer.withUnsafeMutableBytes { recv(descriptor, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
+                if count > 0 {
+                    if String(decoding: buffer[..<count], as: UTF8.self).hasPrefix("HTTP/1.1 503") { answered.insert(descriptor) } else { silent.insert(descriptor) }
+                } else if count == 0 || (errno != EAGAIN && errno != EWOULDBLOCK) {
+                    silent.insert(descriptor)
+                }
+            }
+            try? await Task.sleep(for: .milliseconds(50))
+        }
+        return (answered.count, silent.count, descriptors.count - answered.count - silent.count)
+    }
+
+    /// A connection that was served one keep-alive request (`GET /healthz`) and is left open.
+    func keptAlive(_ endpoint: RawHTTP.Endpoint) throws -> Int32 {
+        let descriptor = RawHTTP.openIdle(endpoint)
+        guard descriptor >= 0 else { throw ProcessFailure(message: "connect \(endpoint) failed") }
+        let request = Array("GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n".utf8)
+        guard request.withUnsafeBytes({ write(descriptor, $0.baseAddress, $0.count) }) == request.count else {
+            close(descriptor)
+            throw ProcessFailure(message: "write failed")
+        }
+        var received: [UInt8] = []
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        while true {
+            let count = buffer.withUnsafeMutableBytes { read(descriptor, $0.baseAddress, $0.count) }
+            guard count > 0 else {
+                close(descriptor)
+                throw ProcessFailure(message: "the kept-alive connection ended: \(String(decoding: received, as: UTF8.self))")
+            }
+            received += buffer[..<count]
+            let text = String(decoding: received, as: UTF8.self)
+            guard let end = text.range(of: "\r\n\r\n") else { continue }
+            guard text.hasPrefix("HTTP/1.1 200") else {
+                close(descriptor)
+                throw ProcessFailure(message: "not admitted: \(text)")
+            }
+            let length = text[..<end.lowerBound].split(separator: "\r\n")
+                .first { $0.lowercased().hasPrefix("content-length:") }
+                .flatMap { Int($0.split(separator: ":")[1].trimmingCharacters(in: .whitespaces)) } ?? 0
+            if text.utf8.count - text[..<end.upperBound].utf8.count >= length { return descriptor }
+        }
+    }
+}
+
+/// True when the agent closed `descriptor` (end of stream, or a reset), without waiting.
+func isClosedByPeer(_ descriptor: Int32) -> Bool {
+    var byte: UInt8 = 0
+    let count = recv(descriptor, &byte, 1, Int32(MSG_DONTWAIT | MSG_PEEK))
+    return count == 0 || (count < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
+}
+
+/// The peers a test server's child-channel initializer saw.
+final class SeenPeers: Sendable {
+    private let list = Mutex<[ConnectionPeer]>([])
+    func add(_ peer: ConnectionPeer) { list.withLock { $0.append(peer) } }
+    var peers: [ConnectionPeer] { list.withLock { $0 } }
+}
+
+/// A long-lived token-agent listening on a Unix socket and 127.0.0.1:0, optionally under a
+/// lowered open-files limit (`ulimit -n`, soft and hard, so the agent cannot raise it).
+struct CappedAgent {
+    let process: RunningProcess
+    let socket: String
+    let tcpPort: Int
+
+    static func start(_ scratch: Scratch, provider: String, _ arguments: [String], openFiles: Int? = nil) async throws -> CappedAgent {
+        let socket = scratch.file("api.sock")
+        let agentArguments = ["--db", scratch.file("tokens.sqlite"), "--provider-url", provider, "--log-level", "info",
+                              "--listen", "unix:\(socket)", "--listen", "127.0.0.1:0"] + arguments
+        let agentPath = productsDirectory.appendingPathComponent("token-agent").path
+        let process = if let openFiles {
+            try RunningProcess("/bin/sh", ["-c", "ulimit -n \(openFiles); exec \"$0\" \"$@\"", agentPath] + agentArguments, in: scratch)
+        } else {
+            try RunningProcess("token-agent", agentArguments, in: scratch)
+        }
+        let deadline = Date().addingTimeInterval(30)
+        while Date() < deadline && process.isRunning && process.stderr.components(separatedBy: "token API listening").count - 1 < 2 {
+            try await Task.sleep(for: .milliseconds(25))
+        }
+        guard process.stderr.components(separatedBy: "token API listening").count - 1 >= 2,
+              let range = process.stderr.range(of: #"address=127\.0\.0\.1:\d+"#, options: .regularExpression),
+              let port = Int(process.stderr[range].split(separator: ":").last!) else {
+            throw ProcessFailure(message: "token-agent did not start listening: \(process.stderr)")
+        }
+        return CappedAgent(process: process, socket: socket, tcpPort: port)
+    }
+
+    /// The caps the agent logged at start: `overall=N per_peer=M`.
+    static func caps(in log: String) -> (overall: Int, perPeer: Int)? {
+        func number(_ key: String) -> Int? {
+            guard let range = log.range(of: key + #"=\d+"#, options: .regularExpression) else { return nil }
+            return Int(log[range].split(separator: "=").last!)
+        }
+        guard let overall = number("overall"), let perPeer = number("per_peer") else { return nil }
+        return (overall, perPeer)
+    }
+
+    /// Connections waiting in the accept queue of the loopback TCP listener on `port` (the
+    /// `rx_queue` of its LISTEN row in /proc/net/tcp), nil when there is no such listener.
+    static func acceptQueue(port: Int) -> Int? {
+        guard let table = try? String(contentsOfFile: "/proc/net/tcp", encoding: .utf8) else { return nil }
+        let local = String(format: "0100007F:%04X", port)
+        for line in table.split(separator: "\n").dropFirst() {
+            let fields = line.split(separator: " ")
+            guard fields.count > 4, fields[1] == local, fields[3] == "0A" else { continue }
+            return fields[4].split(separator: ":").last.flatMap { Int($0, radix: 16) }
+        }
+        return nil
+    }
+
+    func stop() async -> Int32? {
+        process.signal(SIGTERM)
+        return await process.wait(upTo: 20)
+    }
+}

@@ -1,0 +1,174 @@
+// Issue 26 item 7: the file sink's directories are checked, then held. A root or kind directory
+// that is a symlink, belongs to another user, is writable by group or others, or is setgid
+// stops the start; writes and stale-file removals never leave directories checked that way.
+// Real directories, a real engine (in-memory store, scripted provider), no mocks.
+
+import FleetTokenService
+import FleetTokenStore
+import FleetTokenStoreTesting
+import Foundation
+import Logging
+import ServiceLifecycle
+import TestSupportKit
+import Testing
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// An unsafe sink layout, planted under `scratch/sink` before the sink starts.
+struct UnsafeSinkLayout: Sendable, CustomTestStringConvertible {
+    let name: String
+    /// The directory at fault, relative to the scratch directory.
+    let fault: String
+    let code: TokenFileSinkError.Code
+    /// Words the error must say (besides the path): what is wrong and the fix.
+    let says: [String]
+    let plant: @Sendable (Scratch) throws -> Void
+
+    var testDescription: String { name }
+
+    static func directory(_ path: String, mode: mode_t, owner: uid_t? = nil) throws {
+        try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+        #expect(chmod(path, mode) == 0)
+        if let owner { #expect(chown(path, owner, gid_t(owner)) == 0) }
+    }
+
+    static let all: [UnsafeSinkLayout] = [
+        UnsafeSinkLayout(name: "root is a symlink", fault: "sink", code: .symbolicLink, says: ["symbolic link", "elsewhere"]) { scratch in
+            try directory(scratch.file("elsewhere"), mode: 0o750)
+            try FileManager.default.createSymbolicLink(atPath: scratch.file("sink"), withDestinationPath: scratch.file("elsewhere"))
+        },
+        UnsafeSinkLayout(name: "kind directory is a symlink", fault: "sink/vehicle", code: .symbolicLink, says: ["symbolic link", "remove the link"]) { scratch in
+            try directory(scratch.file("sink"), mode: 0o750)
+            try directory(scratch.file("elsewhere"), mode: 0o750)
+            try FileManager.default.createSymbolicLink(atPath: scratch.file("sink/vehicle"), withDestinationPath: scratch.file("elsewhere"))
+        },
+        UnsafeSinkLayout(name: "root is group-writable (0770)", fault: "sink", code: .writableByOthers, says: ["0770", "chmod go-w"]) { scratch in
+            try directory(scratch.file("sink"), mode: 0o770)
+        },
+        UnsafeSinkLayout(name: "kind directory is writable by others (0757)", fault: "sink/trip", code: .writableByOthers, says: ["0757", "chmod go-w"]) { scratch in
+            try directory(scratch.file("sink/trip"), mode: 0o757)
+        },
+        UnsafeSinkLayout(name: "kind directory of another user planted 2777: every problem and fix in one message", fault: "sink/vehicle", code: .foreignOwner,
+                         says: ["uid 65534", "2777", "chown 0 ", "chmod go-w,g-s", "or remove it and let the sink create it"]) { scratch in
+            try directory(scratch.file("sink/vehicle"), mode: 0o2777, owner: 65534)
+        },
+        UnsafeSinkLayout(name: "kind directory is setgid (2750)", fault: "sink/vehicle", code: .setGroupID, says: ["2750", "chmod g-s"]) { scratch in
+            try directory(scratch.file("sink/vehicle"), mode: 0o2750)
+        },
+        UnsafeSinkLayout(name: "kind directory owned by another user", fault: "sink/vehicle", code: .foreignOwner, says: ["uid 65534", "chown"]) { scratch in
+            try directory(scratch.file("sink/vehicle"), mode: 0o750, owner: 65534)
+        },
+        UnsafeSinkLayout(name: "root owned by another user", fault: "sink", code: .foreignOwner, says: ["uid 65534", "chown"]) { scratch in
+            try directory(scratch.file("sink"), mode: 0o750, owner: 65534)
+        },
+    ]
+}
+
+extension FileSinkTests {
+    /// A sink under `scratch/sink` of an engine (in-memory store, a provider minting JWTs)
+    /// tracking `keys`, checked every 50 ms.
+    static func librarySink(_ scratch: Scratch, logger: Logger, keys: [TokenKey] = []) async -> (TokenSyncEngine, TokenFileSink) {
+        let time = TestTime(start: Date())
+        let store = InMemoryTokenRepository()
+        let engine = TokenSyncEngine(repository: store, leases: store, fetcher: ScriptedFetcher.minting(time), logger: logger)
+        await engine.track(keys)
+        return (engine, TokenFileSink(engine: engine, directory: scratch.file("sink"), checkInterval: .milliseconds(50), logger: logger))
+    }
+
+    @Test("an unsafe root or kind directory fails prepare() with a typed error naming the path and the fix", arguments: UnsafeSinkLayout.all)
+    func unsafeDirectoriesFailTheStart(_ layout: UnsafeSinkLayout) async throws {
+        let scratch = Scratch()
+        try layout.plant(scratch)
+        let (_, sink) = await Self.librarySink(scratch, logger: Logger(label: "sink-test"))
+        let error = #expect(throws: TokenFileSinkError.self) { try sink.prepare() }
+        #expect(error?.code == layout.code, "\(String(describing: error))")
+        #expect(error?.path == scratch.file(layout.fault))
+        #expect(error?.directory == scratch.file("sink"))
+        let text = error?.description ?? ""
+        #expect(text.contains(scratch.file(layout.fault)), "\(text)")
+        for words in layout.says { #expect(text.contains(words), "\(text) says \(words)") }
+    }
+
+    @Test("safe directories pass: root-owned or own, 0700 to 0755, sticky; missing ones (and missing parents) are created 0750 in the sink's group, whatever a set-group-ID parent says")
+    func safeDirectoriesPass() async throws {
+        let scratch = Scratch()
+        try UnsafeSinkLayout.directory(scratch.file("sink/vehicle"), mode: 0o755)
+        try UnsafeSinkLayout.directory(scratch.file("sink/trip"), mode: 0o700)
+        try UnsafeSinkLayout.directory(scratch.file("sink/task"), mode: 0o1750)
+        #expect(chown(scratch.file("sink/vehicle"), 0, 0) == 0)
+        let (_, sink) = await Self.librarySink(scratch, logger: Logger(label: "sink-test"))
+        try sink.prepare()
+
+        // (The umask is the process's, shared with tests running beside this one: the agent's
+        // own umask is tested in SinkDirectoryProcessTests.)
+        let nested = Scratch()
+        let (engine, _) = await Self.librarySink(nested, logger: Logger(label: "sink-test"))
+        let deep = TokenFileSink(engine: engine, directory: nested.file("a/b/sink"), logger: Logger(label: "sink-test"))
+        try deep.prepare()
+        #expect(fileMode(nested.file("a/b/sink")) == 0o750)
+        #expect(fileMode(nested.file("a/b")) == 0o750)
+
+        // Under a set-group-ID parent of another group: the created directory is the sink's own.
+        try UnsafeSinkLayout.directory(nested.file("shared"), mode: 0o2755)
+        #expect(chown(nested.file("shared"), 0, 65534) == 0)
+        let underShared = TokenFileSink(engine: engine, directory: nested.file("shared/sink"), logger: Logger(label: "sink-test"))
+        try underShared.prepare()
+        var info = stat()
+        #expect(stat(nested.file("shared/sink"), &info) == 0)
+        #expect(info.st_mode & 0o7777 == 0o750 && info.st_gid == getegid(), "mode \(String(info.st_mode & 0o7777, radix: 8)), gid \(info.st_gid)")
+    }
+
+    @Test("a symlinked kind directory: the link's target is never written nor cleaned, at start or when the link is swapped in while running")
+    func symlinkTargetIsNeverTouched() async throws {
+        let scratch = Scratch()
+        let target = scratch.file("elsewhere")
+        try UnsafeSinkLayout.directory(target, mode: 0o750)
+        FileManager.default.createFile(atPath: target + "/important.jwt", contents: Data("keep me".utf8))
+        try UnsafeSinkLayout.directory(scratch.file("sink"), mode: 0o750)
+        try FileManager.default.createSymbolicLink(atPath: scratch.file("sink/vehicle"), withDestinationPath: target)
+        let logs = LogRecorder(label: "sink-test", level: .debug)
+        let keys = [try TokenKey.vehicle("truck-7"), try TokenKey.trip("t-1")]
+        let (engine, sink) = await Self.librarySink(scratch, logger: logs.logger, keys: keys)
+        #expect(throws: TokenFileSinkError.self, "the start fails") { try sink.prepare() }
+
+        // An embedder that runs the sink anyway: the trip file shows it works; the link is not followed.
+        try await Self.running([engine, sink], logger: logs.logger) {
+            #expect(await eventually(within: 10) { FileManager.default.fileExists(atPath: scratch.file("sink/trip/t-1.jwt")) }, "\(logs.allText)")
+            try await Task.sleep(for: .milliseconds(300)) // several checks (every 50 ms)
+        }
+        #expect(try FileManager.default.contentsOfDirectory(atPath: target) == ["important.jwt"], "nothing written to or deleted from the target")
+        #expect(FileSinkTests.contents(target + "/important.jwt") == "keep me")
+        #expect(logs.allText.contains(scratch.file("sink/vehicle")) && logs.allText.contains("symbolic link"), "\(logs.allText)")
+
+        // A sink that started safely; then the kind directory is swapped for a link.
+        try FileManager.default.removeItem(atPath: scratch.file("sink/vehicle"))
+        let (engine2, sink2) = await Self.librarySink(scratch, logger: logs.logger, keys: keys)
+        try sink2.prepare()
+        try await Self.running([engine2, sink2], logger: logs.logger) {
+            #expect(await eventually(within: 10) { FileManager.default.fileExists(atPath: scratch.file("sink/vehicle/truck-7.jwt")) }, "\(logs.allText)")
+            try FileManager.default.moveItem(atPath: scratch.file("sink/vehicle"), toPath: scratch.file("moved"))
+            try FileManager.default.createSymbolicLink(atPath: scratch.file("sink/vehicle"), withDestinationPath: target)
+            logs.clear()
+            await engine2.untrack([keys[0]]) // its file would be removed, through the link
+            #expect(await eventually(within: 5) { logs.allText.contains("symbolic link") }, "\(logs.allText)")
+            try await Task.sleep(for: .milliseconds(300))
+        }
+        #expect(try FileManager.default.contentsOfDirectory(atPath: target) == ["important.jwt"], "nothing written to or deleted from the target")
+        #expect(FileSinkTests.contents(target + "/important.jwt") == "keep me")
+    }
+
+    /// Runs `services` in a group around `body`, then shuts them down.
+    static func running(_ services: [any Service], logger: Logger, _ body: () async throws -> Void) async throws {
+        let group = ServiceGroup(services: services, logger: logger)
+        try await withThrowingTaskGroup(of: Void.self) { tasks in
+            tasks.addTask { try await group.run() }
+            do { try await body() } catch {
+                await group.triggerGracefulShutdown()
+                throw error
+            }
+            await group.triggerGracefulShutdown()
+            try await tasks.waitForAll()
+        }
+    }
+}
