@@ -152,13 +152,16 @@ enum ConnectionPeer: Hashable, Sendable, CustomStringConvertible {
         var found: PeerCredentials?
         credentials.assumeIsolated().whenSuccess { found = $0 }
         guard let found else { return nil }
-        // Linux's SO_PEERGROUPS (59): the groups fill the front of a zeroed buffer and the
-        // length is not returned, so a 0 past the primary group is taken as the end. More than
-        // 64 groups fail with ERANGE: then only the primary group counts.
+        // Linux's SO_PEERGROUPS (59): the groups fill the front of a zeroed buffer, sorted, and
+        // the length is not returned: trailing zeros are the buffer's (group 0, sorted first,
+        // is kept when other groups follow it; a caller whose only supplementary group is 0
+        // loses it, failing closed). More than 64 groups fail with ERANGE: then only the
+        // primary group counts.
         let groupsFuture: EventLoopFuture<PeerGroups> = provider.unsafeGetSocketOption(level: SocketOptionLevel(SOL_SOCKET), name: SocketOptionName(59))
         var groups: [gid_t] = []
         groupsFuture.assumeIsolated().whenSuccess { list in
-            groups = withUnsafeBytes(of: list) { Array($0.bindMemory(to: gid_t.self)).prefix { $0 != 0 }.map { $0 } }
+            let all = withUnsafeBytes(of: list) { Array($0.bindMemory(to: gid_t.self)) }
+            groups = all.lastIndex(where: { $0 != 0 }).map { Array(all[...$0]) } ?? []
         }
         return PeerIdentity(uid: found.uid, gid: found.gid, pid: found.pid, groups: groups)
     }

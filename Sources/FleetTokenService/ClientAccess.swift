@@ -157,19 +157,31 @@ public struct ClientAccessPolicy: Sendable, Equatable {
 public enum SystemAccounts {
     /// The uid of the user `name`, or nil when there is none.
     public static func uid(named name: String) -> uid_t? {
-        var entry = passwd()
-        var result: UnsafeMutablePointer<passwd>?
-        var buffer = [CChar](repeating: 0, count: 16_384)
-        guard getpwnam_r(name, &entry, &buffer, buffer.count, &result) == 0, result != nil else { return nil }
-        return entry.pw_uid
+        var size = 16_384
+        // ERANGE: the entry is larger than the buffer (a long list of fields); grow and retry.
+        while size <= 16 << 20 {
+            var entry = passwd()
+            var result: UnsafeMutablePointer<passwd>?
+            var buffer = [CChar](repeating: 0, count: size)
+            let status = getpwnam_r(name, &entry, &buffer, buffer.count, &result)
+            if status == ERANGE { size *= 4; continue }
+            return status == 0 && result != nil ? entry.pw_uid : nil
+        }
+        return nil
     }
 
     /// The gid of the group `name`, or nil when there is none.
     public static func gid(named name: String) -> gid_t? {
-        var entry = group()
-        var result: UnsafeMutablePointer<group>?
-        var buffer = [CChar](repeating: 0, count: 65_536)
-        guard getgrnam_r(name, &entry, &buffer, buffer.count, &result) == 0, result != nil else { return nil }
-        return entry.gr_gid
+        var size = 65_536
+        // ERANGE: a group with many members does not fit; grow and retry.
+        while size <= 64 << 20 {
+            var entry = group()
+            var result: UnsafeMutablePointer<group>?
+            var buffer = [CChar](repeating: 0, count: size)
+            let status = getgrnam_r(name, &entry, &buffer, buffer.count, &result)
+            if status == ERANGE { size *= 4; continue }
+            return status == 0 && result != nil ? entry.gr_gid : nil
+        }
+        return nil
     }
 }

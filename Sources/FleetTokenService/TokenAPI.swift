@@ -105,6 +105,15 @@ public struct TokenAPI: Sendable {
         subjectsInForce.state.withLock { $0.clients = policy }
     }
 
+    /// Replaces the allow patterns and the client rules at once (a reloaded configuration), so
+    /// that no request is decided on the new patterns with the old rules, or the reverse.
+    public func replaceAccess(patterns: [SubjectAllowList.Pattern], clients: ClientAccessPolicy) {
+        subjectsInForce.state.withLock { state in
+            state.allowList.patterns = patterns
+            state.clients = clients
+        }
+    }
+
     /// The router with every route and rule, for requests arriving over a Unix socket. Callers
     /// are not identified through it: with client rules, use ``TokenAPIService``.
     public func router() -> Router<TokenAPIRequestContext> { router(for: .unix) }
@@ -212,16 +221,18 @@ public struct TokenAPI: Sendable {
             }
             after = key
         }
-        let page = await engine.subjects(after: after, limit: limit)
+        // With client rules, a caller sees only the subjects granted to it, filtered before
+        // paging: a page and its next link name nothing else.
+        let peer = context.peer
+        let page = await engine.subjects(after: after, limit: limit) { key in
+            clients.isEmpty || peer.map { clients.allows(key, for: $0) } == true
+        }
         var headers: HTTPFields = [:]
         if page.count == limit, let last = page.last {
-            let id = last.key.subjectID.addingPercentEncoding(withAllowedCharacters: .alphanumerics.union(CharacterSet(charactersIn: "-._~"))) ?? last.key.subjectID
+            let id = last.key.subjectID.addingPercentEncoding(withAllowedCharacters: Self.unreservedASCII) ?? last.key.subjectID
             headers[HTTPField.Name("Link")!] = "</v1/subjects?limit=\(limit)&after=\(last.key.kind.rawValue)/\(id)>; rel=\"next\""
         }
-        // With client rules, a caller sees only the subjects granted to it (a page may then be
-        // shorter than the limit; the Link header still continues after the page's last key).
-        let shown = clients.isEmpty ? page : page.filter { status in context.peer.map { clients.allows(status.key, for: $0) } ?? false }
-        let list = shown.map { status -> [String: Any] in
+        let list = page.map { status -> [String: Any] in
             var object: [String: Any] = [
                 "kind": status.key.kind.rawValue, "id": status.key.subjectID, "tracked": status.tracked,
                 "status": status.state.rawValue,
@@ -237,16 +248,25 @@ public struct TokenAPI: Sendable {
         return Self.json(.ok, list, headers: headers)
     }
 
+    /// RFC 3986's unreserved characters, ASCII only (a header carries no raw UTF-8).
+    static let unreservedASCII = CharacterSet(charactersIn: "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+
     func readiness() async -> Response {
         var reasons: [String] = []
         if let problem = storeHealth.problem { reasons.append("the store cannot be written: \(problem)") }
-        for key in subjectsInForce.state.withLock({ $0.readiness }) {
+        let (readiness, clients) = subjectsInForce.state.withLock { ($0.readiness, $0.clients) }
+        var unusable = 0
+        for key in readiness {
             let status = engine.status(of: key)
             if !status.isUsable {
+                unusable += 1
+                // With client rules, any caller may ask /readyz: it must not learn subject ids.
+                guard clients.isEmpty else { continue }
                 let cause = status.failure.map { ": last error \($0.lastErrorKind), next attempt at \(Self.timestamp($0.nextAttemptAt))" } ?? ""
                 reasons.append("\(key) has no usable token\(cause)")
             }
         }
+        if !clients.isEmpty && unusable > 0 { reasons.append("\(unusable) configured subjects have no usable token (see /v1/subjects, or the agent's log)") }
         return reasons.isEmpty ? Self.json(.ok, ["status": "ready"])
             : Self.json(.serviceUnavailable, ["status": "not ready", "reasons": reasons])
     }

@@ -61,7 +61,7 @@ public struct TokenAPIError: Error, Sendable, Equatable, CustomStringConvertible
     /// What is wrong. More codes may come: match them with `==`, keep a `default`.
     public struct Code: Hashable, Sendable, CustomStringConvertible {
         fileprivate enum Value: String, Sendable {
-            case invalidAddress, nonLoopbackAddress, socketDirectoryMissing, socketDirectoryUnsafe, notASocket, socketInUse
+            case invalidAddress, nonLoopbackAddress, socketDirectoryMissing, socketDirectoryUnsafe, notASocket, socketInUse, socketNotPlaced
         }
 
         fileprivate let value: Value
@@ -78,6 +78,8 @@ public struct TokenAPIError: Error, Sendable, Equatable, CustomStringConvertible
         public static let notASocket = Code(value: .notASocket)
         /// Another process answers on the socket.
         public static let socketInUse = Code(value: .socketInUse)
+        /// The socket, bound in private, could not be given its mode or moved to its path.
+        public static let socketNotPlaced = Code(value: .socketNotPlaced)
 
         /// The code's name, e.g. `socketInUse`.
         public var description: String { value.rawValue }
@@ -137,7 +139,15 @@ public struct TokenAPIService: Service {
         try prepare()
         let health = api.storeHealth
         let events = engine.events()
+        // A socket that could not be put in place makes the service fail (and the agent stop)
+        // rather than run unreachable.
+        let (placementFailures, placementFailed) = AsyncStream.makeStream(of: TokenAPIError.self)
+        defer { placementFailed.finish() }
         try await withThrowingDiscardingTaskGroup { group in
+            // Cancelled at graceful shutdown (iterating a stream ends when its task is cancelled).
+            group.addTask {
+                try await cancelWhenGracefulShutdown { for await failure in placementFailures { throw failure } }
+            }
             // Ends at graceful shutdown: the service group stops the engine only after this service.
             group.addTask { await cancelWhenGracefulShutdown { for await event in events { health.record(event) } } }
             // Each application shuts down gracefully with the service group (finishing the
@@ -148,13 +158,15 @@ public struct TokenAPIService: Service {
                     let staging = try SocketStaging(path: path)
                     let gate = connectionGate
                     let app = application(api.router(for: .unix, peers: { gate.identity(of: $0) }), address,
-                                          bind: .unixDomainSocket(path: staging.stagedPath), staging: staging)
+                                          bind: .unixDomainSocket(path: staging.stagedPath), staging: staging,
+                                          placementFailed: placementFailed)
                     group.addTask {
                         defer { staging.discard() }
                         try await app.runService()
                     }
                 case .tcp(let host, let port):
-                    let app = application(api.router(for: .tcp(host: host)), address, bind: .hostname(host, port: port), staging: nil)
+                    let app = application(api.router(for: .tcp(host: host)), address, bind: .hostname(host, port: port), staging: nil,
+                                          placementFailed: placementFailed)
                     group.addTask { try await app.runService() }
                 }
             }
@@ -163,7 +175,8 @@ public struct TokenAPIService: Service {
     }
 
     private func application(_ router: Router<TokenAPIRequestContext>, _ address: ListenAddress, bind: BindAddress,
-                             staging: SocketStaging?) -> some ApplicationProtocol {
+                             staging: SocketStaging?,
+                             placementFailed: AsyncStream<TokenAPIError>.Continuation) -> some ApplicationProtocol {
         let logger = logger
         let mode = socketMode
         let report = onListening
@@ -184,6 +197,7 @@ public struct TokenAPIService: Service {
                 case .unix(let path):
                     if let problem = staging?.place(mode: mode) {
                         logger.critical("the token API's socket could not be put in place: nobody can reach it", metadata: ["path": "\(path)", "error": "\(problem)"])
+                        placementFailed.yield(TokenAPIError(.socketNotPlaced, path, "the token API's socket could not be moved to \(path): \(problem); check the socket directory's owner and mode"))
                         return
                     }
                     report(address)

@@ -14,12 +14,12 @@ import Glibc
 struct ClientAccessTests {
     /// `curl` run as `uid`/`gid` (with group 0 beside, for the socket's 0660 mode) against the
     /// agent's socket: each URL's status and body.
-    static func ask(_ socket: String, uid: UInt32, gid: UInt32, _ paths: [String], method: String = "GET",
-                    in scratch: Scratch) async throws -> [(status: Int, body: String)] {
+    static func ask(_ socket: String, uid: UInt32, gid: UInt32, groups: String = "0", _ paths: [String], method: String = "GET",
+                    headers: Bool = false, in scratch: Scratch) async throws -> [(status: Int, body: String)] {
         let setpriv = try #require(executable(["/usr/bin/setpriv", "/bin/setpriv"]), "needs setpriv (util-linux)")
         let curl = try #require(executable(["/usr/bin/curl", "/usr/local/bin/curl"]), "needs curl")
-        var arguments = ["--reuid=\(uid)", "--regid=\(gid)", "--groups=0", curl, "-s", "--unix-socket", socket,
-                         "-H", "Fleet-Token-Request: true", "-X", method]
+        var arguments = ["--reuid=\(uid)", "--regid=\(gid)", "--groups=\(groups)", curl, "-s", "--unix-socket", socket,
+                         "-H", "Fleet-Token-Request: true", "-X", method] + (headers ? ["-i"] : [])
         for path in paths { arguments += ["-w", "\n@@%{http_code}@@\n", "http://localhost\(path)"] }
         let result = try await runToEnd(setpriv, arguments, in: scratch, timeout: 30)
         #expect(result.status == 0, "\(result.stderr)")
@@ -55,6 +55,9 @@ struct ClientAccessTests {
         // gid 1: trips; not the configured vehicle.
         let asDaemon = try await Self.ask(socket, uid: 4242, gid: 1, ["/v1/token/trip/t-1", "/v1/token/trip/t-conf", "/v1/token/vehicle/v-1"], in: scratch)
         #expect(asDaemon.map(\.status) == [200, 200, 403], "\(asDaemon)")
+        // A supplementary group counts (SO_PEERGROUPS): gid 1 beside group 0.
+        let supplementary = try await Self.ask(socket, uid: 4545, gid: 4545, groups: "0,1", ["/v1/token/trip/t-7", "/v1/token/vehicle/v-1"], in: scratch)
+        #expect(supplementary.map(\.status) == [200, 403], "\(supplementary)")
         // A caller no rule names: nothing; nor may it invalidate.
         let stranger = try await Self.ask(socket, uid: 4343, gid: 4343, ["/v1/token/vehicle/v-1", "/v1/token/trip/t-1"], in: scratch)
         #expect(stranger.map(\.status) == [403, 403], "\(stranger)")
@@ -71,11 +74,19 @@ struct ClientAccessTests {
         let list = try #require(try JSONSerialization.jsonObject(with: Data(listed[0].body.utf8)) as? [[String: Any]], "\(listed)")
         #expect(Set(list.map { "\($0["kind"] ?? "")/\($0["id"] ?? "")" }).isSubset(of: ["vehicle/v-1", "vehicle/v-9"]))
         #expect(!list.isEmpty)
+        // Pages are of what the caller may see: a next link never names another's subject.
+        let firstPage = try await Self.ask(socket, uid: nobody, gid: 65534, ["/v1/subjects?limit=1"], headers: true, in: scratch)
+        let link = firstPage[0].body.split(separator: "\r\n").first { $0.lowercased().hasPrefix("link:") }
+        #expect(link.map { $0.contains("after=vehicle/") } ?? true, "\(firstPage[0].body.prefix(400))")
+        #expect(!firstPage[0].body.contains("trip/"), "\(firstPage[0].body.prefix(400))")
+        let ready = try RawHTTP.send(.unix(socket), "GET", "/readyz")
+        #expect(!ready.body.contains("vehicle/") && !ready.body.contains("trip/"), "/readyz names no subject with client rules: \(ready)")
 
         // The access log names the caller; the audit line says who got which token, once per
         // caller (pid), subject and token: nobody's two GETs of v-1 in one curl gave one line.
         let log = agent.process.stderr
-        #expect(log.contains("uid=\(nobody)") && log.contains("pid="), "\(log.suffix(2000))")
+        let accessLines = log.split(separator: "\n").filter { $0.contains("token API request") && $0.contains("path=/v1/token/vehicle/v-1") }
+        #expect(accessLines.contains { $0.contains("uid=\(nobody)") && $0.contains("pid=") }, "\(accessLines)")
         let audits = log.split(separator: "\n").filter { $0.contains("token handed to a local client") }
         let nobodyV1 = audits.filter { $0.contains("uid=\(nobody)") && $0.contains("key=vehicle/v-1") }
         #expect(nobodyV1.count == 1, "\(audits)")

@@ -163,8 +163,7 @@ struct AgentReloader: Sendable {
         // reload sets off is logged at the new level.
         let replaced = plan.fetcher.map { client.install($0) }
         logLevel.level = plan.settings.logLevel
-        api?.replaceAllowPatterns(plan.patterns)
-        api?.replaceClientPolicy(plan.clients)
+        api?.replaceAccess(patterns: plan.patterns, clients: plan.clients)
         let change = SubjectListChange(from: subjects.current, to: plan.keys)
         subjects.current = plan.keys
         api?.replaceSubjects(plan.keys)
