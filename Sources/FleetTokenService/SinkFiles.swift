@@ -13,10 +13,13 @@ struct SinkFiles {
     let sink: TokenFileSink
     /// The fingerprint of the token each file holds, as this sink last wrote it.
     var written: [TokenKey: TokenFingerprint] = [:]
-    /// Keys whose last write or removal failed: retried at the next event.
+    /// Keys whose last write or removal failed: retried at the writer's next pass (the next
+    /// event of a tracked subject, a change of tracking, or the check).
     var failed: Set<TokenKey> = []
     /// Kind directories the last sweep for stale files skipped, with the reason (logged once).
     var unsweptDirectories: [TokenKind: String] = [:]
+    /// The generation of the tracked keys the files were last brought in line with.
+    var trackedGeneration: UInt64?
 
     init(sink: TokenFileSink) { self.sink = sink }
 
@@ -66,19 +69,30 @@ struct SinkFiles {
         return false
     }
 
-    /// Removes the files written for keys no longer tracked, and retries failed keys, except
-    /// those just synced.
-    mutating func dropUntrackedAndRetry(tracked: Set<TokenKey>, except synced: Set<TokenKey>) async {
-        for key in Set(written.keys).subtracting(tracked).union(failed).subtracting(synced) { await sync(key, tracked: tracked) }
+    /// Follows what changed, at a cost in proportion to it: syncs each key of `changed` once,
+    /// retries failed keys, and only when the tracked keys' generation moved, removes the files
+    /// of keys no longer tracked and writes those of newly tracked keys that hold a token.
+    mutating func follow(_ changed: Set<TokenKey>, tracked: TrackedKeys) async {
+        var keys = changed.union(failed)
+        if tracked.generation != trackedGeneration {
+            keys.formUnion(written.keys.filter { !tracked.keys.contains($0) })
+            keys.formUnion(tracked.keys.filter { written[$0] == nil && sink.engine.heldToken(for: $0) != nil })
+            trackedGeneration = tracked.generation
+        }
+        for key in keys { await sync(key, tracked: tracked.keys) }
     }
 
-    /// Brings every file in line: each tracked key, then deletes `*.jwt` files in the kind
-    /// directories that belong to no tracked key (left by an earlier run, or missed). Only kind
-    /// directories that pass the checks are swept, through their held descriptors; one that
-    /// does not is logged once (until its problem changes) and left alone.
-    mutating func reconcile(tracked: Set<TokenKey>) async {
+    /// Brings every file in line: each tracked key, the files of keys no longer tracked and
+    /// failed keys, then deletes `*.jwt` files in the kind directories that belong to no tracked
+    /// key (left by an earlier run, or missed). Only kind directories that pass the checks are
+    /// swept, through their held descriptors; one that does not is logged once (until its
+    /// problem changes) and left alone. The safety net under ``follow(_:tracked:)``: it costs a
+    /// look at every tracked key, so it runs at start and every check interval, not per event.
+    mutating func reconcile(tracked snapshot: TrackedKeys) async {
+        let tracked = snapshot.keys
+        trackedGeneration = snapshot.generation
         for key in tracked.sorted() { await sync(key, tracked: tracked) }
-        await dropUntrackedAndRetry(tracked: tracked, except: tracked)
+        for key in Set(written.keys).subtracting(tracked).union(failed).subtracting(tracked) { await sync(key, tracked: tracked) }
         let expected = Dictionary(grouping: tracked, by: \.kind).mapValues { Set($0.map { Array(TokenFileSink.fileName(for: $0.subjectID).utf8) }) }
         let directories = sink.directories
         let swept = await SinkFileIO.perform { () -> [(TokenKind, Result<[String], SinkFileIO.Failure>)] in

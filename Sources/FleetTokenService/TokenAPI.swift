@@ -191,8 +191,10 @@ public struct TokenAPI: Sendable {
     /// `503` when `key` would be one more pattern-allowed subject than
     /// ``Configuration/maxDynamicSubjects``; nil when it may be served.
     func capRefusal(_ key: TokenKey) -> Response? {
-        let configured = subjectsInForce.state.withLock { $0.allowList.subjects.count }
-        guard !engine.holds(key), engine.heldCount - configured >= configuration.maxDynamicSubjects,
+        // Held but not tracked: what requests brought in. (Concurrent requests for new ids
+        // may pass together, so the cap can be exceeded by at most the requests in flight.)
+        guard !engine.holds(key), !engine.isTracked(key),
+              engine.heldCount - engine.tracked.keys.count >= configuration.maxDynamicSubjects,
               !subjectsInForce.state.withLock({ $0.allowList.subjects.contains(key) }) else { return nil }
         return Self.json(.serviceUnavailable, [
             "error": "the agent already holds \(configuration.maxDynamicSubjects) subjects asked for through allow patterns (--max-dynamic-subjects); unused ones are dropped after the idle window: retry later, or raise the cap",

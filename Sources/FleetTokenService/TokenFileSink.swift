@@ -6,6 +6,7 @@ public import FleetTokenStore
 public import Foundation
 public import Logging
 public import ServiceLifecycle
+import Synchronization
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -18,8 +19,10 @@ import Glibc
 /// - **Atomicity:** a new token is written to a hidden temporary file (`.token-sink-….tmp`) in the
 ///   same directory, `fsync`ed, renamed over the old file, and the directory is `fsync`ed; a
 ///   reader sees the old file or the new one, never a partial one.
-/// - **When:** at start (tokens the store already holds), on every refresh event, and in a check
-///   every `checkInterval` (default 5 s) that also repairs missed or failed writes.
+/// - **When:** at start (tokens the store already holds), on every refresh event of a tracked
+///   subject, and in a check every `checkInterval` (default 5 s) that also repairs missed or
+///   failed writes. An event costs what changed (see ``run()``), not a walk of every subject, so
+///   a file follows its token's refresh however many untracked subjects refresh beside it.
 /// - **Removal:** the file of a subject that is no longer tracked, or whose token the engine no
 ///   longer holds usable (purged by `tokenctl purge`, or below the floor), is deleted. A purged
 ///   subject that is still tracked is fetched again at once, and its file comes back with the
@@ -122,44 +125,99 @@ public struct TokenFileSink: Service, CustomStringConvertible {
         try directories.prepare()
     }
 
-    private enum Work: Sendable {
-        case event(TokenSyncEvent)
-        case check
-    }
-
     /// Writes the tokens held now, then follows the engine's events and the periodic check until
     /// graceful shutdown or cancellation.
+    ///
+    /// Each event costs what it is about: one reader takes the engine's events as they come and
+    /// drops those about untracked subjects (a lock and a hash lookup: pattern-allowed subjects
+    /// refreshed on demand never reach the writer); the one writer drains everything pending at
+    /// once and syncs each distinct key once, and looks through the tracked keys only when
+    /// their generation (``TrackedKeys/generation``) moved. So a burst never queues up behind
+    /// itself, and a file follows its token's refresh within one pass of the writer. The check
+    /// every `checkInterval` brings every file in line, whatever an event missed.
     public func run() async {
         // Subscribed before the first pass, so nothing that happens in between is missed.
         let events = engine.events()
-        let (work, feed) = AsyncStream<Work>.makeStream(bufferingPolicy: .bufferingNewest(10_000))
+        let inbox = SinkInbox()
         let interval = checkInterval
+        let engine = self.engine
         await cancelWhenGracefulShutdown {
             await withDiscardingTaskGroup { group in
-                group.addTask { for await event in events { feed.yield(.event(event)) } }
                 group.addTask {
-                    while (try? await Task.sleep(for: interval)) != nil { feed.yield(.check) }
+                    var generation = engine.tracked.generation
+                    for await event in events {
+                        let tracked = engine.tracked
+                        if let key = event.key, tracked.keys.contains(key) {
+                            inbox.changed(key)
+                        } else if event.key == nil || tracked.generation != generation {
+                            // The store degraded or recovered (a moment to retry failed writes),
+                            // or tracking changed since the last event: the writer looks.
+                            inbox.wake()
+                        }
+                        generation = tracked.generation
+                    }
                 }
-                // One consumer: writes and removals happen in event order, never concurrently.
+                group.addTask {
+                    while (try? await Task.sleep(for: interval)) != nil { inbox.check() }
+                }
+                // One writer: writes and removals never run concurrently.
                 var files = SinkFiles(sink: self)
-                await files.reconcile(tracked: await self.trackedKeys())
-                for await item in work {
-                    switch item {
-                    case .check:
-                        await files.reconcile(tracked: await self.trackedKeys())
-                    case .event(let event):
-                        let tracked = await self.trackedKeys()
-                        if let key = event.key { await files.sync(key, tracked: tracked) }
-                        await files.dropUntrackedAndRetry(tracked: tracked, except: event.key.map { [$0] } ?? [])
+                await files.reconcile(tracked: engine.tracked)
+                for await _ in inbox.bell {
+                    let work = inbox.take()
+                    if work.check {
+                        await files.reconcile(tracked: engine.tracked)
+                    } else {
+                        await files.follow(work.keys, tracked: engine.tracked)
                     }
                 }
                 group.cancelAll()
             }
         }
     }
+}
 
-    func trackedKeys() async -> Set<TokenKey> {
-        Set(await engine.subjects().lazy.filter(\.tracked).map(\.key))
+/// What the sink's writer has yet to do: the keys whose tokens changed and whether the periodic
+/// check is due, filled by the event reader and the timer, taken whole by the writer. Adding
+/// is a lock and a set insertion, so the reader never falls behind the engine; a key changed
+/// many times before the writer looks is synced once.
+final class SinkInbox: Sendable {
+    struct Work: Sendable {
+        var keys: Set<TokenKey> = []
+        var check = false
+    }
+
+    private let pending = Mutex(Work())
+    private let ring: AsyncStream<Void>.Continuation
+    /// Rings when work is pending; rings pending while the writer is busy collapse into one.
+    let bell: AsyncStream<Void>
+
+    init() {
+        (bell, ring) = AsyncStream<Void>.makeStream(bufferingPolicy: .bufferingNewest(1))
+    }
+
+    /// The token of `key` (tracked) changed or went away.
+    func changed(_ key: TokenKey) {
+        pending.withLock { _ = $0.keys.insert(key) }
+        ring.yield()
+    }
+
+    /// Wakes the writer with nothing new: it retries failed writes and follows a change of the
+    /// tracked keys on every pass.
+    func wake() { ring.yield() }
+
+    /// The periodic check is due.
+    func check() {
+        pending.withLock { $0.check = true }
+        ring.yield()
+    }
+
+    /// Everything pending, leaving nothing.
+    func take() -> Work {
+        pending.withLock { work in
+            defer { work = Work() }
+            return work
+        }
     }
 }
 

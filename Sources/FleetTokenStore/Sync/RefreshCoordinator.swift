@@ -15,7 +15,16 @@ actor RefreshCoordinator {
     nonisolated let parts: EngineParts
     private let sweeper: RetentionSweeper
     private var inFlight: [TokenKey: Task<Outcome, Never>] = [:]
-    private var tracked: Set<TokenKey> = []
+    private var tracked: Set<TokenKey> = [] {
+        didSet {
+            // Published for readers that must not wait for the actor (the engine's `tracked`).
+            guard tracked.count != oldValue.count || tracked != oldValue else { return }
+            let keys = tracked
+            trackedSnapshot.withLock { $0 = TrackedKeys(keys: keys, generation: $0.generation + 1) }
+        }
+    }
+    /// ``tracked`` and its generation, behind a lock: read by the engine without an actor hop.
+    nonisolated let trackedSnapshot = Mutex(TrackedKeys())
     /// Flights the scheduler started and that have not ended: they count against the fetch bound.
     private var backgroundFlights = 0
     /// Background refreshes asked for by hits, on their way to the actor.

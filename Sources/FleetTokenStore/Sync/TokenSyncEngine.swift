@@ -4,6 +4,7 @@ public import CoreMetrics
 public import Foundation
 public import Logging
 public import ServiceLifecycle
+import Synchronization
 
 /// Hands out tokens per vehicle and trip: fresh ones from memory with no I/O, stale ones while
 /// a refresh runs in the background, and new ones fetched once per key however many callers
@@ -188,12 +189,13 @@ public final class TokenSyncEngine: Service, Sendable {
         }
     }
 
-    /// One page of ``subjects()``: at most `limit` subjects after `after` in key order.
-    public func subjects(after: TokenKey?, limit: Int) async -> [SubjectStatus] {
-        let tracked = await coordinator.trackedKeys
+    /// One page of ``subjects()``: at most `limit` subjects after `after` in key order, of those
+    /// `included` lets through (a caller's grants, say: the page is full of what it may see).
+    public func subjects(after: TokenKey?, limit: Int, where included: (TokenKey) -> Bool = { _ in true }) async -> [SubjectStatus] {
+        let tracked = self.tracked.keys
         let local = wallClock()
         var keys = Set(memory.keys).union(tracked)
-        if let after { keys = keys.filter { after < $0 } }
+        keys = keys.filter { key in after.map { $0 < key } ?? true && included(key) }
         let page = keys.sorted().prefix(limit)
         return page.map { key in
             memory.status(key, tracked: tracked.contains(key), localNow: local)
@@ -240,6 +242,18 @@ public final class TokenSyncEngine: Service, Sendable {
     /// restarted agent serves them with zero fetches when they are still fresh.
     public func track(_ keys: [TokenKey]) async {
         await coordinator.track(keys)
+    }
+
+    /// The keys kept fresh proactively, with a generation that changes whenever they do. No
+    /// I/O and no wait for the engine's work: one lock, and the set is shared, not copied. For
+    /// edges that follow tracking: remember the generation, look at the keys again when it moved.
+    public var tracked: TrackedKeys {
+        coordinator.trackedSnapshot.withLock { $0 }
+    }
+
+    /// Whether `key` is kept fresh proactively (see ``track(_:)``): one lock and a hash lookup.
+    public func isTracked(_ key: TokenKey) -> Bool {
+        coordinator.trackedSnapshot.withLock { $0.keys.contains(key) }
     }
 
     /// Stops proactive refresh of `keys` (they are still served, and refreshed on demand while
