@@ -6,8 +6,9 @@ import Foundation
 import Synchronization
 
 /// A header whose value lives in a file, re-read whenever the file's modification time or size
-/// changes. A file another user could have written (``SteeringFileCheck``) is refused at each
-/// re-read: the request fails, naming the file and the fix.
+/// changes. A file another user could have written or replaced (``SteeringFileCheck``) is
+/// refused at each re-read: the request fails, naming the file and the fix. The value sent is
+/// read from the file that was judged (one open descriptor).
 final class HeaderFile: Sendable {
     let name: String
     let path: String
@@ -21,12 +22,16 @@ final class HeaderFile: Sendable {
     func value() throws(TokenProviderError) -> String {
         let stamp = FileStamp.of(path)
         if let cached = cache.withLock({ $0 }), cached.stamp == stamp { return cached.value }
-        // A credential another user could have written is not sent (checked on every re-read).
-        do { try SteeringFileCheck.check(path: path, role: "\(name) header file") } catch {
-            throw .other(detail: error.description)
-        }
-        guard let data = FileManager.default.contents(atPath: path) else {
-            throw .other(detail: "cannot read the \(name) header file \(path): check that it exists and is readable")
+        // A credential another user could have written is not sent (judged on every re-read,
+        // on the open file whose bytes are sent).
+        let data: Data
+        do { data = try SteeringFileCheck.read(path: path, role: "\(name) header file") } catch {
+            switch error.code {
+            case .missing, .unreadable:
+                throw .other(detail: "cannot read the \(name) header file \(path): check that it exists and is readable")
+            default:
+                throw .other(detail: error.description)
+            }
         }
         let value = String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
         guard HTTPTokenFetcher.isValidHeaderValue(value) else {

@@ -15,7 +15,8 @@ import Glibc
 
 /// Where the fetcher's TLS material comes from: the CAs it trusts and the client certificate it
 /// presents (mutual TLS). All PEM files, re-read when they change on disk; each must belong to
-/// the running user or root and be writable by neither group nor others (``SteeringFileCheck``).
+/// the running user or root and be writable by neither group nor others, nor lie in a directory
+/// another user could write to (``SteeringFileCheck``).
 public struct ProviderTLSFiles: Sendable, Equatable {
     /// PEM bundles that replace the system's trust roots (a private CA). Empty: system roots.
     public var caFiles: [String] = []
@@ -36,7 +37,7 @@ public struct ProviderTLSFiles: Sendable, Equatable {
 /// The TLS configuration built from ``ProviderTLSFiles``, rebuilt when any of the files changes
 /// (certificates rotate on disk, as header files do). A rebuild that fails (a certificate and a
 /// key that do not match while a rotation is half written, an unreadable file, a file another
-/// user could have written: ``SteeringFileCheck``) keeps the last good configuration and warns
+/// user could have written or replaced: ``SteeringFileCheck``) keeps the last good configuration and warns
 /// once; requests in flight keep their connections.
 final class ProviderTLS: Sendable {
     /// Warned about when the client certificate expires within this. Seven days.
@@ -118,7 +119,9 @@ final class ProviderTLS: Sendable {
         case (nil, nil):
             break
         case (let certificatePath?, let keyPath?):
-            let chain = try certificates(certificatePath, role: "client certificate")
+            // One read of each: the chain and the leaf come from the same bytes.
+            let certificatePEM = try text(certificatePath, role: "client certificate")
+            let chain = try certificates(pem: certificatePEM, path: certificatePath, role: "client certificate")
             let keyPEM = try text(keyPath, role: "client key")
             let key: NIOSSLPrivateKey
             do {
@@ -126,7 +129,7 @@ final class ProviderTLS: Sendable {
             } catch {
                 throw .tls("the client key \(keyPath) is not a PEM private key")
             }
-            let leaf = try parsedLeaf(certificatePath)
+            let leaf = try parsedLeaf(pem: certificatePEM, path: certificatePath)
             do {
                 guard try Certificate.PrivateKey(pemEncoded: keyPEM).publicKey == leaf.publicKey else {
                     throw HTTPFetcherConfigurationError.tls("the client key \(keyPath) does not belong to the certificate \(certificatePath)")
@@ -146,19 +149,26 @@ final class ProviderTLS: Sendable {
     }
 
     private static func text(_ path: String, role: String) throws(HTTPFetcherConfigurationError) -> String {
-        // Trust and client identity another user could have written are refused, at the first
-        // load (a set-up error) and at each rebuild (the previous configuration stays).
-        do { try SteeringFileCheck.check(path: path, role: role) } catch {
-            throw .tls(error.description)
-        }
-        guard let data = FileManager.default.contents(atPath: path) else {
-            throw .tls("cannot read the \(role) \(path): check that it exists and is readable")
+        // Trust and client identity another user could have written or replaced are refused,
+        // at the first load (a set-up error) and at each rebuild (the previous configuration
+        // stays); what is used is what was judged (read from the same open file).
+        let data: Data
+        do { data = try SteeringFileCheck.read(path: path, role: role) } catch {
+            switch error.code {
+            case .missing, .unreadable:
+                throw .tls("cannot read the \(role) \(path): check that it exists and is readable")
+            default:
+                throw .tls(error.description)
+            }
         }
         return String(decoding: data, as: UTF8.self)
     }
 
     private static func certificates(_ path: String, role: String) throws(HTTPFetcherConfigurationError) -> [NIOSSLCertificate] {
-        let pem = try text(path, role: role)
+        try certificates(pem: try text(path, role: role), path: path, role: role)
+    }
+
+    private static func certificates(pem: String, path: String, role: String) throws(HTTPFetcherConfigurationError) -> [NIOSSLCertificate] {
         let certificates = try? NIOSSLCertificate.fromPEMBytes(Array(pem.utf8))
         guard let certificates, !certificates.isEmpty else {
             throw .tls("the \(role) \(path) holds no PEM certificate")
@@ -167,8 +177,7 @@ final class ProviderTLS: Sendable {
     }
 
     /// The first certificate of a PEM file, parsed for its public key and expiry.
-    private static func parsedLeaf(_ path: String) throws(HTTPFetcherConfigurationError) -> Certificate {
-        let pem = try text(path, role: "client certificate")
+    private static func parsedLeaf(pem: String, path: String) throws(HTTPFetcherConfigurationError) -> Certificate {
         let end = "-----END CERTIFICATE-----"
         guard let begin = pem.range(of: "-----BEGIN CERTIFICATE-----"),
               let finish = pem.range(of: end, range: begin.upperBound..<pem.endIndex),

@@ -11,7 +11,8 @@ public struct PostgresStoreConfiguration: Sendable {
     /// Where the database is.
     public var location: PostgresStoreLocation
     /// A file holding only the password (say, a systemd credential), read at open; comes
-    /// before the URL's password, `PGPASSWORD` and the libpq password file.
+    /// before the URL's password, `PGPASSWORD` and the libpq password file. Refused when
+    /// another user could have written it (``SteeringFileCheck``).
     public var passwordFile: String?
     /// The server ends any statement running longer (`statement_timeout`), and no operation
     /// waits longer for a connection: the engine then serves from memory and retries.
@@ -97,10 +98,20 @@ public struct PostgresStoreConfiguration: Sendable {
     private func tlsConfiguration() throws(TokenStoreError) -> (settings: TLSConfiguration, enforced: Bool)? {
         var tls = TLSConfiguration.makeClientConfiguration()
         if let ca = location.sslRootCertificate {
-            guard FileManager.default.isReadableFile(atPath: ca) else {
-                throw .databaseUnavailable(path: location.description, reason: "the CA file \(ca) (sslrootcert) cannot be read")
+            // Read once, judged as a steering file (whoever can write it can have the store
+            // trust their own server), and trusted as read: not by path at connect time.
+            let data: Data
+            do { data = try SteeringFileCheck.read(path: ca, role: "sslrootcert CA file") } catch {
+                let reason = switch error.code {
+                case .missing, .unreadable: "the CA file \(ca) (sslrootcert) cannot be read"
+                default: error.description
+                }
+                throw .databaseUnavailable(path: location.description, reason: reason)
             }
-            tls.trustRoots = .file(ca)
+            guard let roots = try? NIOSSLCertificate.fromPEMBytes(Array(data)), !roots.isEmpty else {
+                throw .databaseUnavailable(path: location.description, reason: "the CA file \(ca) (sslrootcert) holds no PEM certificate")
+            }
+            tls.trustRoots = .certificates(roots)
         }
         switch location.sslMode {
         case .disable:

@@ -21,7 +21,11 @@ public import Foundation
 ///
 /// The password comes from the URL, else `PGPASSWORD`, else the password file (`passfile`,
 /// `PGPASSFILE` or `~/.pgpass`); ``PostgresStoreConfiguration/passwordFile`` (a file holding
-/// just the password) comes before all of them.
+/// just the password) comes before all of them. These files and the `sslrootcert` CA file are
+/// refused when another user could have written them (``SteeringFileCheck``): whoever can write
+/// the CA file can have the store trust their own server.
+///
+/// libpq's keyword/value form (`host=db user=agent password=…`) is not accepted: write a URL.
 public struct PostgresStoreLocation: Sendable, Equatable, CustomStringConvertible {
     /// How the connection is encrypted and what of the server is verified (libpq's names).
     public enum SSLMode: String, Sendable, Equatable, CaseIterable {
@@ -61,12 +65,25 @@ public struct PostgresStoreLocation: Sendable, Equatable, CustomStringConvertibl
     /// The default schema.
     public static let defaultSchema = "fleet_token_store"
 
-    /// True when `text` looks like a PostgreSQL URL (as opposed to a SQLite store path): it
-    /// starts with `postgres:` or `postgresql:`, so that a URL missing its `//` is refused as a
-    /// URL (without being printed) instead of being taken for a file name.
+    /// True when `text` is meant for PostgreSQL (as opposed to a SQLite store path): it starts
+    /// with `postgres:` or `postgresql:`, so that a URL missing its `//` is refused as a URL
+    /// (without being printed) instead of being taken for a file name; or it is a libpq
+    /// keyword/value string (``isKeywordConnectionString(_:)``), which ``init(url:)`` refuses
+    /// without showing it and ``redacted(_:)`` never shows: it may hold a password.
     public static func isPostgresURL(_ text: String) -> Bool {
         let lower = text.lowercased()
-        return lower.hasPrefix("postgres:") || lower.hasPrefix("postgresql:")
+        return lower.hasPrefix("postgres:") || lower.hasPrefix("postgresql:") || isKeywordConnectionString(text)
+    }
+
+    /// True when `text` has the shape of a libpq keyword/value connection string
+    /// (`host=db user=agent password=…`): after any blanks, a keyword (letters and `_`), any
+    /// blanks, then `=`. A SQLite path never starts so unless its file name does; such a file is
+    /// named as `./NAME` or by its absolute path.
+    public static func isKeywordConnectionString(_ text: String) -> Bool {
+        let scalars = text.unicodeScalars.drop { $0 == " " || $0 == "\t" || $0 == "\n" || $0 == "\r" }
+        let keyword = scalars.prefix { ("a"..."z").contains($0) || ("A"..."Z").contains($0) || $0 == "_" }
+        guard !keyword.isEmpty else { return false }
+        return scalars.dropFirst(keyword.count).drop { $0 == " " || $0 == "\t" }.first == "="
     }
 
     /// Whether ``redacted(_:)`` shows a parameter's value: the plain parameters' values, when
@@ -91,6 +108,7 @@ public struct PostgresStoreLocation: Sendable, Equatable, CustomStringConvertibl
     /// `postgres://agent:***@db:5432/fleet?sslmode=require&password=***`.
     public static func redacted(_ text: String) -> String {
         guard isPostgresURL(text) else { return text }
+        if isKeywordConnectionString(text) { return keywordStringNotShown }
         let lower = text.lowercased()
         guard lower.hasPrefix("postgres://") || lower.hasPrefix("postgresql://"), var components = URLComponents(string: text) else {
             return notShown
@@ -109,6 +127,8 @@ public struct PostgresStoreLocation: Sendable, Equatable, CustomStringConvertibl
 
     /// What ``redacted(_:)`` prints for a PostgreSQL URL it cannot parse.
     static let notShown = "postgres://<not shown: not a valid URL>"
+    /// What ``redacted(_:)`` prints for a libpq keyword/value string (which is refused).
+    static let keywordStringNotShown = "<not shown: a libpq keyword/value string; write a postgres:// URL>"
 
     /// A parameter name shown in messages: a short word. Anything else may be a value pasted in
     /// the wrong place.
@@ -121,6 +141,7 @@ public struct PostgresStoreLocation: Sendable, Equatable, CustomStringConvertibl
     /// - Throws: ``PostgresURLError`` naming what is wrong: a parameter by its name, never its
     ///   value, and never the password.
     public init(url: String) throws(PostgresURLError) {
+        guard !Self.isKeywordConnectionString(url) else { throw .keywordString }
         guard Self.isPostgresURL(url) else { throw .notAPostgresURL }
         // URLComponents wants a host; libpq allows `postgres:///db` and `postgres://user@/db`.
         guard let components = URLComponents(string: url) else { throw .malformed("not a valid URL") }
@@ -204,14 +225,18 @@ public struct PostgresStoreLocation: Sendable, Equatable, CustomStringConvertibl
     }
 
     /// The password to use: `passwordFile`'s contents, else the URL's, else `PGPASSWORD`, else
-    /// a matching line of the libpq password file; nil when none (trust or peer auth).
+    /// a matching line of the libpq password file; nil when none (trust or peer auth). Each
+    /// file is read as a steering file (``SteeringFileCheck/read(path:role:maximumSize:)``):
+    /// refused when another user could have written or replaced it. A libpq password file
+    /// that is not a regular file (`PGPASSFILE=/dev/null`) is no password file, as with libpq.
     /// - Throws: ``PostgresURLError/passwordFile(path:reason:)`` when a named file cannot be used.
     func password(passwordFile: String?, environment: [String: String]) throws(PostgresURLError) -> String? {
         if let passwordFile {
-            let text: String
-            do { text = try String(contentsOfFile: passwordFile, encoding: .utf8) } catch {
-                throw .passwordFile(path: passwordFile, reason: "cannot be read")
+            let data: Data
+            do { data = try SteeringFileCheck.read(path: passwordFile, role: "database password file") } catch {
+                throw .passwordFile(path: passwordFile, reason: Self.problem(error))
             }
+            guard let text = String(data: data, encoding: .utf8) else { throw .passwordFile(path: passwordFile, reason: "cannot be read") }
             let password = text.trimmingCharacters(in: .newlines)
             guard !password.isEmpty else { throw .passwordFile(path: passwordFile, reason: "is empty") }
             return password
@@ -219,16 +244,32 @@ public struct PostgresStoreLocation: Sendable, Equatable, CustomStringConvertibl
         if let urlPassword { return urlPassword }
         if let password = environment["PGPASSWORD"], !password.isEmpty { return password }
         let named = passwordFileFromURL ?? environment["PGPASSFILE"]
-        let file = named ?? environment["HOME"].map { "\($0)/.pgpass" }
-        guard let file, FileManager.default.fileExists(atPath: file) else {
-            if let named { throw .passwordFile(path: named, reason: "does not exist") }
-            return nil
+        guard let file = named ?? environment["HOME"].map({ "\($0)/.pgpass" }) else { return nil }
+        let data: Data
+        do { data = try SteeringFileCheck.read(path: file, role: "database password file") } catch {
+            switch error.code {
+            case .missing:
+                if let named { throw .passwordFile(path: named, reason: "does not exist") }
+                return nil
+            case .notARegularFile:
+                return nil
+            default:
+                throw .passwordFile(path: file, reason: Self.problem(error))
+            }
         }
-        guard let text = try? String(contentsOfFile: file, encoding: .utf8) else {
-            throw .passwordFile(path: file, reason: "cannot be read")
-        }
+        guard let text = String(data: data, encoding: .utf8) else { throw .passwordFile(path: file, reason: "cannot be read") }
         return PasswordFileLines(text).password(host: socketDirectory ?? host ?? "localhost", port: port,
                                                 database: database, user: user)
+    }
+
+    /// What is wrong with a password or CA file, after its path: `cannot be read`, or the
+    /// refusal and its fix.
+    static func problem(_ error: SteeringFileReadError) -> String {
+        switch error.code {
+        case .missing: "does not exist"
+        case .unreadable: "cannot be read"
+        default: error.reason
+        }
     }
 }
 
@@ -266,10 +307,12 @@ public struct PostgresURLError: Error, Sendable, Equatable, CustomStringConverti
         case malformed(String)
         case badParameter(name: String, expected: String)
         case passwordFile(path: String, reason: String)
+        case keywordString
     }
     let reason: Reason
 
     static let notAPostgresURL = Self(reason: .notAPostgresURL)
+    static let keywordString = Self(reason: .keywordString)
     static func malformed(_ what: String) -> Self { Self(reason: .malformed(what)) }
     static func badParameter(name: String, expected: String) -> Self {
         Self(reason: .badParameter(name: name, expected: expected))
@@ -287,6 +330,11 @@ public struct PostgresURLError: Error, Sendable, Equatable, CustomStringConverti
             "the PostgreSQL URL's parameter \(name) is not accepted (its value is not shown): expected \(expected)"
         case .passwordFile(let path, let reason):
             "the database password file \(path) \(reason)"
+        case .keywordString:
+            // Not a word of it: it may hold the password.
+            "a libpq keyword/value connection string is not accepted (not shown: it may hold a password): write a URL, "
+                + "postgres://USER@HOST:PORT/DATABASE?sslmode=verify-full, with the password in PGPASSWORD or a password file "
+                + "(a SQLite file whose name has '=' in it: write ./NAME)"
         }
     }
 }

@@ -63,26 +63,30 @@ public struct SubjectListFile: Sendable, Equatable {
     }
 
     /// Reads and parses the subject list file at `path`.
+    ///
+    /// The file decides which tokens are kept, so it is read as a steering file
+    /// (``SteeringFileCheck/read(path:role:maximumSize:)``): refused when another user could
+    /// have written it or replaced it through a directory on the way, and what is parsed is
+    /// the content of the file that was judged.
     /// - Throws: ``SubjectListFileError`` with code ``SubjectListFileError/Code/unreadable``
-    ///   when the file is missing, unreadable, larger than ``maximumFileSize`` or not UTF-8,
-    ///   and ``SubjectListFileError/Code/badLines`` as ``init(parsing:)`` does; the error
-    ///   names `path`.
+    ///   when the file is missing, unreadable, not a regular file, larger than
+    ///   ``maximumFileSize`` or not UTF-8; ``SubjectListFileError/Code/refused`` when another
+    ///   user could have written it (the problem says how and the command that fixes it); and
+    ///   ``SubjectListFileError/Code/badLines`` as ``init(parsing:)`` does. The error names `path`.
     public init(contentsOfFile path: String) throws(SubjectListFileError) {
         let data: Data
         do {
-            let handle = try FileHandle(forReadingFrom: URL(fileURLWithPath: path))
-            defer { try? handle.close() }
-            data = try handle.read(upToCount: Self.maximumFileSize + 1) ?? Data()
+            data = try SteeringFileCheck.read(path: path, role: "subjects file", maximumSize: Self.maximumFileSize)
         } catch {
-            let reason = FileManager.default.fileExists(atPath: path)
-                ? "cannot read it (\((error as NSError).localizedDescription)): check its permissions"
-                : "no such file: create it, or check the path"
-            throw SubjectListFileError(code: .unreadable, path: path, problems: [.init(line: 0, message: reason)])
-        }
-        guard data.count <= Self.maximumFileSize else {
-            throw SubjectListFileError(code: .unreadable, path: path, problems: [
-                .init(line: 0, message: "larger than \(Self.maximumFileSize >> 20) MiB: is it the right file?"),
-            ])
+            let (code, reason): (SubjectListFileError.Code, String)
+            switch error.code {
+            case .missing: (code, reason) = (.unreadable, "no such file: create it, or check the path")
+            case .unreadable: (code, reason) = (.unreadable, "cannot read it (\(error.systemMessage ?? "unknown error")): check its permissions")
+            case .notARegularFile: (code, reason) = (.unreadable, "not a regular file: give the path of the list itself")
+            case .tooLarge: (code, reason) = (.unreadable, "larger than \(Self.maximumFileSize >> 20) MiB: is it the right file?")
+            default: (code, reason) = (.refused, error.reason)
+            }
+            throw SubjectListFileError(code: code, path: path, problems: [.init(line: 0, message: reason)])
         }
         guard let text = String(data: data, encoding: .utf8) else {
             throw SubjectListFileError(code: .unreadable, path: path, problems: [.init(line: 0, message: "not UTF-8 text")])
@@ -185,10 +189,13 @@ public struct SubjectListFileError: Error, Sendable, Equatable, CustomStringConv
     /// What kind of problem this is.
     public struct Code: Hashable, Sendable, CustomStringConvertible {
         private let name: String
-        /// The file is missing, unreadable, too large or not UTF-8.
+        /// The file is missing, unreadable, not a regular file, too large or not UTF-8.
         public static let unreadable = Code(name: "unreadable")
         /// Some lines are not `KIND:ID` with a known kind and a valid id.
         public static let badLines = Code(name: "bad_lines")
+        /// Another user could have written the file, or replaced it through a directory on the
+        /// way (``SteeringFileCheck``): it is not read.
+        public static let refused = Code(name: "refused")
         /// The code's name, e.g. `bad_lines`.
         public var description: String { name }
     }

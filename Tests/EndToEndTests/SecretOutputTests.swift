@@ -49,6 +49,10 @@ struct SecretOutputTests {
             ("not a URL at all", "postgres://agent:\(pw)@127.0.0.1:\(port):5/db"),
             ("no // after the scheme", "postgres:agent:\(pw)@127.0.0.1:\(port)/db"),
             ("both", "postgres://agent:\(pw)@127.0.0.1:\(port)/db?password=\(pw)&schema=fleet"),
+            // libpq's keyword/value form is not a URL: never taken for a SQLite file name.
+            ("libpq keyword string", "host=127.0.0.1 port=\(port) user=agent password=\(pw) dbname=db"),
+            ("libpq keyword string, password first and quoted", "password='\(pw)' host=127.0.0.1 dbname=db"),
+            ("libpq keyword string, spaces around =", "  dbname = db password = \(pw)"),
         ]
     }
 
@@ -78,7 +82,7 @@ struct SecretOutputTests {
             #expect(leaks.isEmpty, "\(what) by \(source): \(leaks)")
             // The line is still there, its password shown as ***.
             let line = result.stdout.split(separator: "\n").first { $0.hasPrefix("db: ") }.map(String.init) ?? ""
-            #expect(line.contains("127.0.0.1") || line.contains("<not shown: not a valid URL>"), "\(what) by \(source): \(line)")
+            #expect(line.contains("127.0.0.1") || line.contains("<not shown: "), "\(what) by \(source): \(line)")
         }
     }
 
@@ -119,6 +123,31 @@ struct SecretOutputTests {
                 #expect(leaks.isEmpty, "tokenctl \(command.joined(separator: " ")), \(what) by \(source): \(leaks)")
             }
         }
+    }
+
+    @Test("a libpq keyword string is a usage error that shows none of it and asks for a postgres:// URL, from token-agent and tokenctl")
+    func keywordString() async throws {
+        let scratch = Scratch()
+        let port = Self.closedPort
+        let dsn = "host=127.0.0.1 port=\(port) user=agent password=\(Self.password) dbname=db"
+        let agent = ["--once", "--vehicle", "a", "--provider-url", "http://127.0.0.1:\(port)/{id}", "--connect-timeout", "1"]
+        let runs: [(String, String, [String], [String: String], String)] = [
+            ("token-agent", "--db", agent + ["--db", dsn], [:], "--db"),
+            ("token-agent", "TOKEN_STORE_DB", agent, ["TOKEN_STORE_DB": dsn], "TOKEN_STORE_DB"),
+            ("token-agent", "TOKEN_AGENT_DB", agent, ["TOKEN_AGENT_DB": dsn], "TOKEN_AGENT_DB"),
+            ("tokenctl", "--db", ["--db", dsn, "list"], [:], "--db"),
+            ("tokenctl", "TOKEN_STORE_DB", ["list"], ["TOKEN_STORE_DB": dsn], "TOKEN_STORE_DB"),
+        ]
+        for (tool, source, arguments, environment, named) in runs {
+            let result = try await runToEnd(tool, arguments, environment: environment, in: scratch)
+            #expect(result.status == 64, "\(tool) by \(source): \(result.stderr)")
+            #expect(result.stderr.contains(named) && result.stderr.contains("postgres://"), "\(tool) by \(source): \(result.stderr)")
+            #expect(!result.stderr.contains("host=") && !result.stderr.contains("dbname"), "shows none of it: \(result.stderr)")
+            #expect(Self.leaks([("stderr", result.stderr), ("stdout", result.stdout)]).isEmpty)
+        }
+        // Nothing was made of it: no SQLite store named after it in the working directory.
+        let here = FileManager.default.currentDirectoryPath
+        #expect(try FileManager.default.contentsOfDirectory(atPath: here).allSatisfy { !$0.contains(Self.password) })
     }
 
     @Test("a refused parameter is named, never its value; a password parameter is told where a password goes")

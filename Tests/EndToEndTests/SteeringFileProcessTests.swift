@@ -5,6 +5,7 @@
 // error (exit 64) naming the file and the fix.
 
 import Foundation
+import Synchronization
 import TestSupportKit
 import Testing
 #if canImport(Glibc)
@@ -19,10 +20,21 @@ struct SteeringFileProcessTests {
         var testDescription: String { rawValue }
     }
 
-    /// What is wrong with the file, or nothing (`mode` 0644, owned by this user).
+    /// What is wrong with the file, or nothing (`mode` 0644, owned by this user). The last three
+    /// leave the file sound and put it in a directory of its own: writable by all, or by all
+    /// but sticky (as /tmp: admitted), or another user's.
     enum Setting: String, CaseIterable, CustomTestStringConvertible, Sendable {
         case sound, writableByAll, writableByGroup, writableByOthers, ownedByAnotherUser
+        case inDirectoryWritableByAll, inStickyDirectory, inDirectoryOfAnotherUser
         var testDescription: String { rawValue }
+        var directoryMode: mode_t? {
+            switch self {
+            case .inDirectoryWritableByAll: 0o777
+            case .inStickyDirectory: 0o1777
+            case .inDirectoryOfAnotherUser: 0o755
+            default: nil
+            }
+        }
     }
 
     /// A self-signed certificate and its key, made by openssl.
@@ -69,13 +81,18 @@ struct SteeringFileProcessTests {
     @Test("at start: a file writable by group or others, or owned by another user, is a usage error naming the file and the fix; a sound one is used",
           arguments: Role.allCases, Setting.allCases)
     func atStart(_ role: Role, _ setting: Setting) async throws {
-        if setting == .ownedByAnotherUser && geteuid() != 0 { return }  // only root can give a file away
+        if [.ownedByAnotherUser, .inDirectoryOfAnotherUser].contains(setting) && geteuid() != 0 { return }  // only root can give a file away
         let scratch = Scratch()
         let pem = try Self.certificateAndKey(scratch)
-        let path = scratch.file("steering-\(role.rawValue)")
+        let directory = setting.directoryMode == nil ? scratch.path : scratch.file("holding-\(role.rawValue)")
+        if let mode = setting.directoryMode {
+            #expect(mkdir(directory, 0o755) == 0 && chmod(directory, mode) == 0)
+            if setting == .inDirectoryOfAnotherUser { #expect(chown(directory, 65534, 65534) == 0) }
+        }
+        let path = directory + "/steering-\(role.rawValue)"
         let arguments = try Self.arguments(role, path: path, scratch: scratch, pem: pem)
         switch setting {
-        case .sound: #expect(chmod(path, 0o644) == 0)
+        case .sound, .inDirectoryWritableByAll, .inStickyDirectory, .inDirectoryOfAnotherUser: #expect(chmod(path, 0o644) == 0)
         case .writableByAll: #expect(chmod(path, 0o666) == 0)
         case .writableByGroup: #expect(chmod(path, 0o620) == 0)
         case .writableByOthers: #expect(chmod(path, 0o602) == 0)
@@ -85,7 +102,7 @@ struct SteeringFileProcessTests {
         }
         let result = try await runToEnd("token-agent", arguments, in: scratch)
         switch setting {
-        case .sound:
+        case .sound, .inStickyDirectory:
             #expect(result.status == 1, "the provider is unreachable: \(result.stderr)")
             #expect(!result.stderr.contains("chmod") && !result.stderr.contains("chown"), "\(result.stderr)")
         case .writableByAll, .writableByGroup, .writableByOthers:
@@ -97,6 +114,13 @@ struct SteeringFileProcessTests {
             #expect(result.status == 64, "\(result.stderr)")
             #expect(result.stderr.contains(path) && result.stderr.contains("belongs to uid 65534"), "\(result.stderr)")
             #expect(result.stderr.contains("chown \(geteuid()) \(path)"), "\(result.stderr)")
+        case .inDirectoryWritableByAll:
+            #expect(result.status == 64, "\(result.stderr)")
+            #expect(result.stderr.contains(path) && result.stderr.contains("chmod go-w \(directory)"), "\(result.stderr)")
+        case .inDirectoryOfAnotherUser:
+            #expect(result.status == 64, "\(result.stderr)")
+            #expect(result.stderr.contains(path) && result.stderr.contains(directory) && result.stderr.contains("belongs to uid 65534"),
+                    "\(result.stderr)")
         }
         // The refusal says what the file is, never what it holds.
         #expect(!result.stderr.contains("agent-credential") && !result.stderr.contains("PRIVATE KEY"), "\(result.stderr)")
@@ -111,5 +135,70 @@ struct SteeringFileProcessTests {
         let result = try await runToEnd("token-agent", ["--config", path, "--print-config"], in: scratch)
         #expect(result.status == 64, "\(result.stderr)")
         #expect(result.stderr.contains("chmod go-w \(path)"), "\(result.stderr)")
+    }
+
+    @Test("the config file judged is the config file read: a path swapped between a sound file and a planted one never makes --print-config show the planted settings")
+    func configSwapped() async throws {
+        let scratch = Scratch()
+        let sound = scratch.file("sound.yaml"), planted = scratch.file("planted.yaml"), link = scratch.file("agent.yaml")
+        try "vehicle: [sound]\n".write(toFile: sound, atomically: true, encoding: .utf8)
+        try "vehicle: [sound]\nallow: [\"vehicle:*\"]\n".write(toFile: planted, atomically: true, encoding: .utf8)
+        #expect(chmod(sound, 0o644) == 0 && chmod(planted, 0o666) == 0)
+        let flipper = LinkSwapper(link: link, targets: [sound, planted])
+        defer { flipper.stop() }
+        var outcomes: [Int32: Int] = [:]
+        for _ in 0..<40 {
+            let result = try await runToEnd("token-agent", ["--config", link, "--print-config"], in: scratch)
+            outcomes[result.status, default: 0] += 1
+            #expect(!result.stdout.contains("vehicle:*"), "the planted file was read after the sound one was judged: \(result.stdout)")
+            if result.stdout.contains("vehicle:*") { break }
+        }
+        #expect(outcomes[0, default: 0] + outcomes[64, default: 0] == outcomes.values.reduce(0, +), "\(outcomes)")
+    }
+
+    @Test("a PostgreSQL sslrootcert file others could write is refused naming the file and the fix")
+    func databaseCAFile() async throws {
+        let scratch = Scratch()
+        let pem = try Self.certificateAndKey(scratch)
+        let ca = scratch.file("db-ca.pem")
+        try pem.certificate.write(toFile: ca, atomically: true, encoding: .utf8)
+        #expect(chmod(ca, 0o666) == 0)
+        let url = "postgres://agent@127.0.0.1:\(SecretOutputTests.closedPort)/db?sslmode=verify-full&sslrootcert=\(ca)"
+        let agent = try await runToEnd("token-agent", ["--once", "--vehicle", "a", "--provider-url", "http://127.0.0.1:\(SecretOutputTests.closedPort)/{id}",
+                                                       "--connect-timeout", "1", "--db", url], in: scratch)
+        #expect(agent.status != 0)
+        #expect(agent.stderr.contains("chmod go-w \(ca)"), "\(agent.stderr)")
+        let tokenctl = try await runToEnd("tokenctl", ["--db", url, "list"], in: scratch)
+        #expect(tokenctl.status != 0)
+        #expect(tokenctl.stderr.contains("chmod go-w \(ca)"), "\(tokenctl.stderr)")
+    }
+}
+
+/// Swaps a symbolic link between its targets as fast as it can, on a thread of its own, until
+/// stopped: what anyone who can write the link's directory could do between a check of the
+/// path and a read of it.
+final class LinkSwapper: Sendable {
+    private let stopped = Atomic<Bool>(false)
+    private let finished = DispatchSemaphore(value: 0)
+
+    init(link: String, targets: [String]) {
+        _ = symlink(targets[0], link)
+        let thread = Thread { [self] in
+            var next = 1
+            let staging = link + ".next"
+            while !stopped.load(ordering: .relaxed) {
+                _ = unlink(staging)
+                _ = symlink(targets[next % targets.count], staging)
+                _ = rename(staging, link)
+                next += 1
+            }
+            finished.signal()
+        }
+        thread.start()
+    }
+
+    func stop() {
+        guard !stopped.exchange(true, ordering: .relaxed) else { return }
+        finished.wait()
     }
 }

@@ -2,11 +2,12 @@
 // disk, without any reload; a version another user could have written is refused there too.
 // A real TLS server with a generated CA.
 
-import FleetTokenHTTP
+@testable import FleetTokenHTTP
 import FleetTokenStore
 import FleetTokenStoreTesting
 import Foundation
 import Logging
+import Synchronization
 import Testing
 import TestSupportKit
 #if canImport(Glibc)
@@ -90,5 +91,84 @@ struct SteeringFileFetcherTests {
             #expect(log.allText.contains("chmod go-w \(ca)"), "\(log.allText)")
             await fetcher.shutdown()
         }
+    }
+
+    @Test("the file judged is the file read: a header file path swapped between a sound file and a planted one others could write never yields the planted value")
+    func headerFileSwapped() throws {
+        let scratch = Scratch()
+        let sound = scratch.file("sound-credential"), planted = scratch.file("planted-credential"), link = scratch.file("credential")
+        try "Bearer sound-credential\n".write(toFile: sound, atomically: true, encoding: .utf8)
+        try "Bearer planted-credential\n".write(toFile: planted, atomically: true, encoding: .utf8)
+        #expect(chmod(sound, 0o600) == 0 && chmod(planted, 0o666) == 0)
+        let flipper = LinkFlipper(link: link, targets: [sound, planted])
+        var (sent, refused, planting) = (0, 0, 0)
+        let deadline = Date().addingTimeInterval(3)
+        while Date() < deadline && planting == 0 {
+            // A new reader each time: no cached value.
+            do {
+                let value = try HeaderFile(name: "Authorization", path: link).value()
+                if value.contains("planted") { planting += 1 } else { sent += 1 }
+            } catch {
+                refused += 1
+            }
+        }
+        flipper.stop()
+        #expect(planting == 0, "the planted credential was read after the sound file was judged (\(sent) sound, \(refused) refused)")
+    }
+
+    @Test("the file judged is the file read: a CA file path swapped between a sound bundle and a planted one others could write never loads the planted one")
+    func caFileSwapped() throws {
+        let pki = try TestPKI()
+        defer { pki.removeFiles() }
+        let scratch = Scratch()
+        let sound = scratch.file("sound-ca.pem"), planted = scratch.file("planted-ca.pem"), link = scratch.file("ca.pem")
+        try String(contentsOfFile: pki.caPath, encoding: .utf8).write(toFile: sound, atomically: true, encoding: .utf8)
+        // Not a certificate: reading it shows as "holds no PEM certificate".
+        try "planted\n".write(toFile: planted, atomically: true, encoding: .utf8)
+        #expect(chmod(sound, 0o644) == 0 && chmod(planted, 0o666) == 0)
+        var files = ProviderTLSFiles()
+        files.caFiles = [link]
+        let flipper = LinkFlipper(link: link, targets: [sound, planted])
+        var (loaded, refused, planting) = (0, 0, 0)
+        let deadline = Date().addingTimeInterval(3)
+        while Date() < deadline && planting == 0 {
+            do {
+                _ = try ProviderTLS.load(files)
+                loaded += 1
+            } catch {
+                if error.description.contains("holds no PEM certificate") { planting += 1 } else { refused += 1 }
+            }
+        }
+        flipper.stop()
+        #expect(planting == 0, "the planted CA file was read after the sound one was judged (\(loaded) loaded, \(refused) refused)")
+    }
+}
+
+/// Swaps a symbolic link between its targets as fast as it can, on a thread of its own, until
+/// stopped: what anyone who can write the link's directory could do between an agent's check
+/// of a path and its read of it.
+final class LinkFlipper: Sendable {
+    private let stopped = Atomic<Bool>(false)
+    private let finished = DispatchSemaphore(value: 0)
+
+    init(link: String, targets: [String]) {
+        _ = symlink(targets[0], link)
+        let thread = Thread { [self] in
+            var next = 1
+            let staging = link + ".next"
+            while !stopped.load(ordering: .relaxed) {
+                _ = unlink(staging)
+                _ = symlink(targets[next % targets.count], staging)
+                _ = rename(staging, link)
+                next += 1
+            }
+            finished.signal()
+        }
+        thread.start()
+    }
+
+    func stop() {
+        stopped.store(true, ordering: .relaxed)
+        finished.wait()
     }
 }

@@ -16,10 +16,19 @@ extension PostgresServer {
         let layout = ClusterLayout(directory: directory)
         // First, so that a crash from here on leaves a directory the sweep can attribute.
         try OwnerProcess.current.write(toFile: layout.ownerFile, atomically: true, encoding: .utf8)
-        chmod(directory, 0o700)
-        try tools.giveToServerUser(directory)
-        try FileManager.default.createDirectory(atPath: layout.socket, withIntermediateDirectories: false, attributes: [.posixPermissions: 0o700])
-        try tools.giveToServerUser(layout.socket)
+        // The directory stays the harness's own, searchable but not listable by others (mode
+        // 0711): the CA file it hands out (`sslrootcert=`) sits there, and the store refuses a
+        // CA file in a directory another user (the server's) could write to. The server gets
+        // its data directory, its socket directory and its log file.
+        chmod(directory, 0o711)
+        for owned in [layout.data, layout.socket] {
+            try FileManager.default.createDirectory(atPath: owned, withIntermediateDirectories: false, attributes: [.posixPermissions: 0o700])
+            try tools.giveToServerUser(owned)
+        }
+        guard FileManager.default.createFile(atPath: layout.log, contents: nil, attributes: [.posixPermissions: 0o600]) else {
+            throw ProcessFailure(message: "cannot create \(layout.log)")
+        }
+        try tools.giveToServerUser(layout.log)
         return directory
     }
 

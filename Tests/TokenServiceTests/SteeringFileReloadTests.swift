@@ -3,6 +3,7 @@
 // `allow: ["vehicle:*"]`, and seconds later another vehicle's token went from 403 to 200 with no
 // warning. Real agent, real dev-token-server, the local API on a Unix socket.
 
+import FleetTokenService
 import Foundation
 import TestSupportKit
 import Testing
@@ -124,5 +125,30 @@ struct SteeringFileReloadTests {
         }
         #expect(!(agent.process.stdout + agent.process.stderr).contains("agent-credential"))
         #expect(await agent.stop() == 0, "\(agent.process.stderr)")
+    }
+}
+
+@Suite("SubjectListFile reads only a file no other user could have written")
+struct SubjectListFileSteeringTests {
+    @Test("what SubjectListFile(contentsOfFile:) reads is judged as it is read: writable by group or others, or in such a directory, it is refused naming the file and the fix")
+    func judgedWhereRead() throws {
+        let scratch = Scratch()
+        let path = scratch.file("subjects.txt")
+        try "vehicle:a\n".write(toFile: path, atomically: true, encoding: .utf8)
+        #expect(chmod(path, 0o644) == 0)
+        #expect(try SubjectListFile(contentsOfFile: path).subjects.map(\.description) == ["vehicle/a"])
+        #expect(chmod(path, 0o666) == 0)
+        let loose = #expect(throws: SubjectListFileError.self) { try SubjectListFile(contentsOfFile: path) }
+        #expect(loose?.path == path)
+        #expect(loose?.description.contains("is writable by group or others (mode 0666)") == true, "\(String(describing: loose))")
+        #expect(loose?.description.contains("chmod go-w \(path)") == true, "\(String(describing: loose))")
+
+        let shared = scratch.file("shared")
+        #expect(mkdir(shared, 0o777) == 0 && chmod(shared, 0o777) == 0)
+        let inShared = shared + "/subjects.txt"
+        try "vehicle:a\n".write(toFile: inShared, atomically: true, encoding: .utf8)
+        #expect(chmod(inShared, 0o644) == 0)
+        let directory = #expect(throws: SubjectListFileError.self) { try SubjectListFile(contentsOfFile: inShared) }
+        #expect(directory?.description.contains("chmod go-w \(shared)") == true, "\(String(describing: directory))")
     }
 }

@@ -5,7 +5,6 @@
 import Configuration
 import FleetTokenStore
 import Foundation
-import SystemPackage
 import Yams
 
 /// A config file that passed the checks: every key is one of the agent's options, each value
@@ -14,36 +13,41 @@ struct AgentConfigFile: Sendable {
     let path: String
     /// The line of each key, for messages about its value.
     let lines: [String: Int]
-    /// The file as swift-configuration reads it.
-    let provider: FileProvider<YAMLSnapshot>
+    /// The file as swift-configuration reads it: the bytes that were checked.
+    let provider: any ConfigProvider
 
     /// Reads and checks `path`. JSON is read as YAML (a JSON document is a YAML one), so
     /// `token-agent.json` gets the same checks and line numbers.
     static func load(_ path: String) async throws(ConfigFileError) -> AgentConfigFile {
-        // access(2) first: its errno says why a file cannot be read in an operator's words.
-        guard access(path, R_OK) == 0 else {
-            throw ConfigFileError(path: path, line: nil, message: "cannot be read: \(String(cString: strerror(errno)))")
+        // Opened once: a file another user could have written (or replaced, through a
+        // directory on the way) is refused, at start and on every reload (as sshd refuses such
+        // an authorized_keys), and what is checked and applied below is the very bytes judged.
+        let data: Data
+        do { data = try SteeringFileCheck.read(path: path, role: "config file") } catch {
+            switch error.code {
+            case .missing, .unreadable:
+                // The system's words say why a file cannot be read in an operator's words.
+                throw ConfigFileError(path: path, line: nil, message: "cannot be read: \(error.systemMessage ?? "unknown error")")
+            default:
+                throw ConfigFileError(path: path, line: nil, message: error.reason)
+            }
         }
-        // A file another user could have written is refused before it is read, at start and
-        // on every reload (as sshd refuses such an authorized_keys).
-        do { try SteeringFileCheck.check(path: path, role: "config file") } catch {
-            throw ConfigFileError(path: path, line: nil, message: error.reason)
-        }
-        let text: String
-        do {
-            text = try String(contentsOfFile: path, encoding: .utf8)
-        } catch {
+        guard let text = String(data: data, encoding: .utf8) else {
             throw ConfigFileError(path: path, line: nil, message: "cannot be read as UTF-8 text")
         }
         let lines = try check(text, path: path)
+        let name = "FileProvider<YAMLSnapshot>"
+        // An empty file (or only comments) sets nothing; swift-configuration would refuse it.
+        guard !lines.isEmpty else {
+            return AgentConfigFile(path: path, lines: lines, provider: InMemoryProvider(name: name, values: [:]))
+        }
         let secrets = Set(AgentOption.all.filter(\.secret).map(\.key))
         do {
-            let provider = try await FileProvider<YAMLSnapshot>(
-                parsingOptions: .init(secretsSpecifier: .specific(secrets)), filePath: FilePath(path))
-            return AgentConfigFile(path: path, lines: lines, provider: provider)
+            let snapshot = try YAMLSnapshot(data: data.bytes, providerName: name,
+                                            parsingOptions: .init(secretsSpecifier: .specific(secrets)))
+            return AgentConfigFile(path: path, lines: lines, provider: CheckedFileProvider(checked: snapshot))
         } catch {
-            // The file changed between the two reads, or swift-configuration refuses what the
-            // check accepted: say so rather than guess.
+            // swift-configuration refuses what the check accepted: say so rather than guess.
             throw ConfigFileError(path: path, line: nil, message: "cannot be read as configuration: \(error)")
         }
     }
@@ -162,6 +166,38 @@ struct AgentConfigFile: Sendable {
         case .reader(let problem, _, _, _): problem
         default: "the parser gave up"
         }
+    }
+}
+
+/// The values of the config file as it was read and checked, for swift-configuration: a
+/// FileProvider would read the path once more, and could be given another file.
+struct CheckedFileProvider: ConfigProvider, CustomStringConvertible {
+    let checked: YAMLSnapshot
+
+    var providerName: String { checked.providerName }
+    var description: String { checked.description }
+
+    func value(forKey key: AbsoluteConfigKey, type: ConfigType) throws -> LookupResult {
+        try checked.value(forKey: key, type: type)
+    }
+
+    func fetchValue(forKey key: AbsoluteConfigKey, type: ConfigType) async throws -> LookupResult {
+        try value(forKey: key, type: type)
+    }
+
+    func watchValue<Return: ~Copyable>(
+        forKey key: AbsoluteConfigKey, type: ConfigType,
+        updatesHandler: nonisolated(nonsending) (_ updates: ConfigUpdatesAsyncSequence<Result<LookupResult, any Error>, Never>) async throws -> Return
+    ) async throws -> Return {
+        try await watchValueFromValue(forKey: key, type: type, updatesHandler: updatesHandler)
+    }
+
+    func snapshot() -> any ConfigSnapshot { checked }
+
+    func watchSnapshot<Return: ~Copyable>(
+        updatesHandler: nonisolated(nonsending) (_ updates: ConfigUpdatesAsyncSequence<any ConfigSnapshot, Never>) async throws -> Return
+    ) async throws -> Return {
+        try await watchSnapshotFromSnapshot(updatesHandler: updatesHandler)
     }
 }
 

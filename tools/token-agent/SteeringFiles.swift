@@ -1,8 +1,10 @@
 // The files besides the config file that steer the agent: the subjects file, header files, CA
 // files, the client certificate and key. Each is refused when another user could have written
-// it (FleetTokenStore.SteeringFileCheck), at start (a usage error) and on every reload (the
-// reload is refused, the settings in force stay). The config file itself is checked where it
-// is loaded (AgentConfigFile.load); the encryption key files have stricter rules of their own.
+// it or replaced it (FleetTokenStore.SteeringFileCheck), at start (a usage error) and on every
+// reload (the reload is refused, the settings in force stay). This check names the option; the
+// readers judge again what they read, from the same open file (SteeringFileCheck.read). The
+// config file itself is judged where it is read (AgentConfigFile.load); the encryption key
+// files have stricter rules of their own.
 
 import FleetTokenStore
 
@@ -18,7 +20,7 @@ struct SteeringFile: Equatable, Sendable {
 /// A steering file refused, with the option that named it as the operator gave it.
 struct SteeringFileRefusal: Error, CustomStringConvertible {
     let file: SteeringFile
-    let error: SteeringFileError
+    let error: SteeringFileReadError
     /// `--subjects-file`, `TOKEN_AGENT_CA_FILE`, `/etc/token-agent.yaml:4 (header-file)`.
     let option: String
 
@@ -42,8 +44,8 @@ extension AgentSettings {
         return files
     }
 
-    /// Refuses the first steering file that another user could have written. A missing file
-    /// passes here: reading it says so.
+    /// Refuses the first steering file that another user could have written or replaced, or
+    /// that cannot be examined. A missing file passes here: reading it says so.
     func checkSteeringFiles() throws(SteeringFileRefusal) {
         for file in steeringFiles {
             do { try SteeringFileCheck.check(path: file.path, role: file.role) } catch {

@@ -1,7 +1,9 @@
 // Files that steer an agent (its configuration, the subjects it serves, the credentials and
 // trust it uses towards the provider) judged as sshd judges `authorized_keys`: refused when
-// someone other than the agent's user or root could have written them. The rule is a pure
-// value (`SteeringFileCheck`); `SteeringFileCheck.check(path:role:)` is its I/O wrapper.
+// someone other than the agent's user or root could have written them, or could have replaced
+// them through a directory on the way. The rule is a pure value (`SteeringFileCheck`); its I/O
+// (`check(path:role:)`, and `read(path:role:)`, which judges and reads one open descriptor) is
+// in SteeringFileRead.swift.
 
 import Foundation
 #if canImport(Glibc)
@@ -47,6 +49,15 @@ public struct SteeringFileCheck: Sendable, Equatable {
     /// True when only the agent's user (or root) can have written the file.
     public var isSafe: Bool { !writableByGroupOrOthers && !ownedByAnotherUser }
 
+    /// True when the sticky bit is set: in such a directory only an entry's owner (and the
+    /// directory's owner, and root) may rename or remove it, as in `/tmp`.
+    public var isSticky: Bool { mode & 0o1000 != 0 }
+
+    /// True when, judged as a directory on the way to a file, only the agent's user (or root)
+    /// can replace what it holds: it belongs to one of them, and group and others may not write
+    /// to it unless it is sticky (`/tmp`, root's and mode 1777, passes).
+    public var isSafeDirectory: Bool { !ownedByAnotherUser && (!writableByGroupOrOthers || isSticky) }
+
     /// What is wrong and how to fix it, for a message that names the file before it: `is
     /// writable by group or others (mode 0666): … run `chmod go-w PATH``. Nil when sound.
     public func reason(path: String) -> String? {
@@ -62,6 +73,25 @@ public struct SteeringFileCheck: Sendable, Equatable {
             return "\(owner): that user could change what the agent does; run `chown \(userID) \(shown)` as root, or use a file this user owns"
         default:
             return "\(open): another user could change what the agent does; run `chmod go-w \(shown)`"
+        }
+    }
+
+    /// What is wrong with this directory on the way to a file, and how to fix it, for a message
+    /// that names the file before it: `is under /srv/shared, a directory writable by group or
+    /// others (mode 0777) and not sticky: … run `chmod go-w /srv/shared`…`. Nil when sound.
+    public func directoryReason(directory: String) -> String? {
+        guard !isSafeDirectory else { return nil }
+        let shown = Self.shellQuoted(directory)
+        let others = userID == 0 ? "not to root, the user this runs as" : "neither to this user (uid \(userID)) nor to root"
+        let owner = "belongs to uid \(ownerID)\(Self.userName(ownerID).map { " (\($0))" } ?? ""), \(others)"
+        let open = "writable by group or others (mode \(String(format: "%04o", mode))) and not sticky"
+        switch (ownedByAnotherUser, writableByGroupOrOthers && !isSticky) {
+        case (true, true):
+            return "is under \(directory), a directory that \(owner), and is \(open): other users could replace the file; run `chown \(userID) \(shown) && chmod go-w \(shown)` as root, or keep the file in a directory only this user or root can write"
+        case (true, false):
+            return "is under \(directory), a directory that \(owner): that user could replace the file; run `chown \(userID) \(shown)` as root, or keep the file in a directory this user or root owns"
+        default:
+            return "is under \(directory), a directory \(open): another user could replace the file; run `chmod go-w \(shown)`, or keep the file in a directory only this user or root can write"
         }
     }
 
@@ -86,23 +116,9 @@ public struct SteeringFileCheck: Sendable, Equatable {
     }
 }
 
-extension SteeringFileCheck {
-    /// Judges the file at `path` as it will be read (a symbolic link is followed).
-    ///
-    /// A file that cannot be examined (missing, a directory on the way not searchable) passes:
-    /// reading it then says what is wrong in its own words.
-    /// - Parameter role: How a message names the file, such as `config file` or `client key`.
-    /// - Throws: ``SteeringFileError`` naming the file, what is wrong and the command that fixes it.
-    public static func check(path: String, role: String) throws(SteeringFileError) {
-        var info = stat()
-        guard stat(path, &info) == 0 else { return }
-        let check = SteeringFileCheck(mode: UInt32(info.st_mode), ownerID: UInt32(info.st_uid), userID: UInt32(geteuid()))
-        guard check.isSafe else { throw SteeringFileError(path: path, role: role, check: check) }
-    }
-}
-
-/// A file refused because another user could have written it: which file, what is wrong, and
-/// the command that fixes it. Never the file's content.
+/// A file refused because another user could have written it, or could have replaced it
+/// through a directory on the way: which file, what is wrong (with the file or with which
+/// directory), and the command that fixes it. Never the file's content.
 public struct SteeringFileError: Error, Sendable, Equatable, CustomStringConvertible {
     /// What is wrong. More codes may come: match them with `==`, keep a `default`.
     public struct Code: Hashable, Sendable, CustomStringConvertible {
@@ -116,25 +132,38 @@ public struct SteeringFileError: Error, Sendable, Equatable, CustomStringConvert
     }
 
     /// What is wrong: ``Code/ownedByAnotherUser`` when the owner is wrong (the mode may be too),
-    /// else ``Code/writableByGroupOrOthers``.
+    /// else ``Code/writableByGroupOrOthers``; of the file, or of ``directory`` when it is set.
     public var code: Code { check.ownedByAnotherUser ? .ownedByAnotherUser : .writableByGroupOrOthers }
     /// The file.
     public let path: String
     /// How messages name the file: `config file`, `subjects file`, `CA file`, ….
     public let role: String
-    /// The file's mode and owner, and the agent's user.
+    /// The mode and owner of the file (or of ``directory``), and the agent's user.
     public let check: SteeringFileCheck
+    /// The directory on the way to the file that another user could write to (so replace the
+    /// file), judged by ``check``; nil when the file itself is at fault.
+    public let directory: String?
 
     /// A refusal of the file at `path`, judged by `check`.
     public init(path: String, role: String, check: SteeringFileCheck) {
+        self.init(path: path, role: role, check: check, directory: nil)
+    }
+
+    /// A refusal of the file at `path` because of `directory` on the way to it, judged by
+    /// `check` (nil: the file itself, judged by `check`).
+    public init(path: String, role: String, check: SteeringFileCheck, directory: String?) {
         self.path = path
         self.role = role
         self.check = check
+        self.directory = directory
     }
 
     /// What is wrong and the fix, without the role and path: `is writable by group or others
-    /// (mode 0666): …; run `chmod go-w PATH``.
-    public var reason: String { check.reason(path: path) ?? "is sound" }
+    /// (mode 0666): …; run `chmod go-w PATH``, or `is under DIR, a directory …; run `chmod go-w DIR`…`.
+    public var reason: String {
+        guard let directory else { return check.reason(path: path) ?? "is sound" }
+        return check.directoryReason(directory: directory) ?? "is sound"
+    }
 
     /// `the config file /etc/token-agent.yaml is writable by group or others (mode 0666): …`.
     public var description: String { "the \(role) \(path) \(reason)" }

@@ -1,7 +1,7 @@
 // Issue 26, item 8: the rule for files that steer an agent, as plain values (mode, owner, the
 // agent's uid), and its I/O wrapper on real files.
 
-import FleetTokenStore
+@testable import FleetTokenStore
 import Foundation
 import TestSupportKit
 import Testing
@@ -53,6 +53,21 @@ struct SteeringFileCheckTests {
         #expect(!SteeringFileCheck(mode: 0o600, ownerID: 1000, userID: 0).isSafe, "an agent running as root trusts only root's files")
     }
 
+    @Test("a directory on the way: the agent's user's or root's, and writable by group or others only when sticky", arguments: [
+        (UInt32(0o755), UInt32(0), true), (0o700, 1000, true), (0o1777, 0, true), (0o1777, 1000, true), (0o1770, 0, true),
+        (0o777, 0, false), (0o775, 1000, false), (0o2775, 0, false), (0o757, 0, false), (0o755, 1001, false), (0o1777, 1001, false),
+    ])
+    func directory(_ mode: UInt32, _ owner: UInt32, _ sound: Bool) {
+        let check = SteeringFileCheck(mode: 0o040000 | mode, ownerID: owner, userID: 1000)
+        #expect(check.isSafeDirectory == sound)
+        #expect((check.directoryReason(directory: "/srv/d") == nil) == sound)
+        if !sound, owner == 1001 {
+            #expect(check.directoryReason(directory: "/srv/d")?.contains("run `chown 1000 /srv/d") == true)
+        } else if !sound {
+            #expect(check.directoryReason(directory: "/srv/d")?.contains("and not sticky: another user could replace the file; run `chmod go-w /srv/d`") == true)
+        }
+    }
+
     @Test("a path with spaces or quotes is quoted for the shell in the fix")
     func quoting() {
         let check = SteeringFileCheck(mode: 0o666, ownerID: 7, userID: 7)
@@ -68,15 +83,108 @@ struct SteeringFileCheckTests {
         #expect(chmod(path, 0o640) == 0)
         try SteeringFileCheck.check(path: path, role: "config file")
         #expect(chmod(path, 0o660) == 0)
-        let error = #expect(throws: SteeringFileError.self) { try SteeringFileCheck.check(path: path, role: "config file") }
-        #expect(error?.code == .writableByGroupOrOthers)
+        let error = #expect(throws: SteeringFileReadError.self) { try SteeringFileCheck.check(path: path, role: "config file") }
+        #expect(error?.code == .refused && error?.refusal?.code == .writableByGroupOrOthers && error?.refusal?.directory == nil)
         #expect(error?.description == "the config file \(path) is writable by group or others (mode 0660): another user could change what the agent does; run `chmod go-w \(path)`")
+        #expect(error?.description == error?.refusal?.description, "the refusal's own words")
         #expect(error?.description.contains("vehicle") == false, "never the content")
         // Through a symbolic link: the file it points to is judged.
         let link = scratch.file("link.yaml")
         #expect(symlink(path, link) == 0)
-        #expect(throws: SteeringFileError.self) { try SteeringFileCheck.check(path: link, role: "config file") }
+        #expect(throws: SteeringFileReadError.self) { try SteeringFileCheck.check(path: link, role: "config file") }
         try SteeringFileCheck.check(path: scratch.file("absent.yaml"), role: "config file")
+    }
+
+    @Test("the I/O wrapper: a path that cannot be examined for a reason other than its absence is refused, not passed")
+    func unexaminable() throws {
+        let scratch = Scratch()
+        // A symbolic link to itself: stat fails with ELOOP.
+        let loop = scratch.file("loop.yaml")
+        #expect(symlink(loop, loop) == 0)
+        let looped = #expect(throws: SteeringFileReadError.self) { try SteeringFileCheck.check(path: loop, role: "config file") }
+        #expect(looped?.code == .unreadable && looped?.systemError == ELOOP)
+        #expect(looped?.description.hasPrefix("the config file \(loop) cannot be read (") == true, "\(String(describing: looped))")
+        // A path through a regular file: stat fails with ENOTDIR.
+        let file = scratch.file("plain")
+        try "x".write(toFile: file, atomically: true, encoding: .utf8)
+        let through = #expect(throws: SteeringFileReadError.self) { try SteeringFileCheck.check(path: file + "/agent.yaml", role: "config file") }
+        #expect(through?.code == .unreadable && through?.systemError == ENOTDIR)
+        // Not a regular file: a directory.
+        let directory = #expect(throws: SteeringFileReadError.self) { try SteeringFileCheck.check(path: scratch.path, role: "CA file") }
+        #expect(directory?.code == .notARegularFile)
+    }
+
+    @Test("directories from the file up to /: one writable by group or others is refused, naming it and the fix, unless sticky like /tmp")
+    func directories() throws {
+        let scratch = Scratch()
+        let shared = scratch.file("shared")
+        #expect(mkdir(shared, 0o755) == 0)
+        let path = shared + "/agent.yaml"
+        try "vehicle: [a]\n".write(toFile: path, atomically: true, encoding: .utf8)
+        #expect(chmod(path, 0o644) == 0)
+        try SteeringFileCheck.check(path: path, role: "config file")  // the scratch directory is under /tmp: root's, sticky
+        for mode: mode_t in [0o777, 0o775, 0o757] {
+            #expect(chmod(shared, mode) == 0)
+            let error = #expect(throws: SteeringFileReadError.self, "mode \(String(mode, radix: 8))") {
+                try SteeringFileCheck.check(path: path, role: "config file")
+            }
+            #expect(error?.code == .refused && error?.refusal?.code == .writableByGroupOrOthers && error?.refusal?.directory == shared)
+            #expect(error?.description == "the config file \(path) is under \(shared), a directory writable by group or others (mode 0\(String(mode, radix: 8))) "
+                    + "and not sticky: another user could replace the file; run `chmod go-w \(shared)`, or keep the file in a directory only this user or root can write",
+                    "\(String(describing: error))")
+            #expect(throws: SteeringFileReadError.self) { try SteeringFileCheck.read(path: path, role: "config file") }
+        }
+        // Sticky (as /tmp is): others may create files there but not replace this user's.
+        #expect(chmod(shared, 0o1777) == 0)
+        try SteeringFileCheck.check(path: path, role: "config file")
+        #expect(try SteeringFileCheck.read(path: path, role: "config file") == Data("vehicle: [a]\n".utf8))
+        // Deeper: every directory on the way counts.
+        #expect(chmod(shared, 0o777) == 0)
+        let inner = shared + "/inner"
+        #expect(mkdir(inner, 0o755) == 0)
+        try "vehicle: [a]\n".write(toFile: inner + "/agent.yaml", atomically: true, encoding: .utf8)
+        let deep = #expect(throws: SteeringFileReadError.self) { try SteeringFileCheck.check(path: inner + "/agent.yaml", role: "config file") }
+        #expect(deep?.refusal?.directory == shared)
+        // A link from a sound directory to a file in a loose one: the file's directories count too.
+        let link = scratch.file("link.yaml")
+        #expect(symlink(inner + "/agent.yaml", link) == 0)
+        let linked = #expect(throws: SteeringFileReadError.self) { try SteeringFileCheck.read(path: link, role: "config file") }
+        #expect(linked?.refusal?.directory == shared && linked?.path == link)
+    }
+
+    @Test("directories: a relative path is judged from the working directory, up to /")
+    func relative() throws {
+        #expect(SteeringFileCheck.ancestors(of: "/a/b/c") == ["/a/b", "/a", "/"])
+        #expect(SteeringFileCheck.ancestors(of: "//a//b/") == ["/a", "/"])
+        #expect(SteeringFileCheck.ancestors(of: "/") == [])
+        // The package's working directory is root's or this user's, and not writable by others.
+        let here = FileManager.default.currentDirectoryPath
+        let scratch = Scratch()
+        let path = scratch.file("relative.yaml")
+        try "x: 1\n".write(toFile: path, atomically: true, encoding: .utf8)
+        let relative = String(repeating: "../", count: here.split(separator: "/").count) + String(path.dropFirst())
+        #expect(try SteeringFileCheck.read(path: relative, role: "config file") == Data("x: 1\n".utf8))
+        #expect(chmod(scratch.path, 0o777) == 0)
+        let error = #expect(throws: SteeringFileReadError.self) { try SteeringFileCheck.read(path: relative, role: "config file") }
+        #expect(error?.refusal?.directory?.hasSuffix(scratch.path) == true, "\(String(describing: error))")
+    }
+
+    @Test("directories: one owned by another user is refused even when sticky (run as root: chown to nobody)", .enabled(if: geteuid() == 0))
+    func directoryOwner() throws {
+        let scratch = Scratch()
+        let theirs = scratch.file("theirs")
+        #expect(mkdir(theirs, 0o755) == 0)
+        let path = theirs + "/subjects.txt"
+        try "vehicle:a\n".write(toFile: path, atomically: true, encoding: .utf8)
+        #expect(chmod(path, 0o644) == 0)
+        #expect(chown(theirs, 65534, 65534) == 0)
+        for mode: mode_t in [0o755, 0o1777] {
+            #expect(chmod(theirs, mode) == 0)
+            let error = #expect(throws: SteeringFileReadError.self) { try SteeringFileCheck.check(path: path, role: "subjects file") }
+            #expect(error?.refusal?.code == .ownedByAnotherUser && error?.refusal?.directory == theirs)
+            #expect(error?.description.contains("is under \(theirs), a directory that belongs to uid 65534") == true, "\(String(describing: error))")
+            #expect(error?.description.contains("run `chown 0 \(theirs)` as root") == true, "\(String(describing: error))")
+        }
     }
 
     @Test("the I/O wrapper: a file owned by another user is refused (run as root: chown to nobody)", .enabled(if: geteuid() == 0))
@@ -85,9 +193,36 @@ struct SteeringFileCheckTests {
         let path = scratch.file("subjects.txt")
         try "vehicle:a\n".write(toFile: path, atomically: true, encoding: .utf8)
         #expect(chown(path, 65534, 65534) == 0)
-        let error = #expect(throws: SteeringFileError.self) { try SteeringFileCheck.check(path: path, role: "subjects file") }
-        #expect(error?.code == .ownedByAnotherUser)
-        #expect(error?.check.ownerID == 65534 && error?.check.userID == 0)
+        let error = #expect(throws: SteeringFileReadError.self) { try SteeringFileCheck.check(path: path, role: "subjects file") }
+        #expect(error?.refusal?.code == .ownedByAnotherUser)
+        #expect(error?.refusal?.check.ownerID == 65534 && error?.refusal?.check.userID == 0)
         #expect(error?.description.contains("run `chown 0 \(path)` as root") == true, "\(String(describing: error))")
+        #expect(throws: SteeringFileReadError.self) { try SteeringFileCheck.read(path: path, role: "subjects file") }
+    }
+
+    @Test("read: the bytes of the file judged; missing, not a regular file (a FIFO does not hang the open), too large, unreadable")
+    func read() throws {
+        let scratch = Scratch()
+        let path = scratch.file("subjects.txt")
+        try "vehicle:a\n".write(toFile: path, atomically: true, encoding: .utf8)
+        #expect(try SteeringFileCheck.read(path: path, role: "subjects file") == Data("vehicle:a\n".utf8))
+        #expect(try SteeringFileCheck.read(path: path, role: "subjects file", maximumSize: 10).count == 10)
+        let large = #expect(throws: SteeringFileReadError.self) { try SteeringFileCheck.read(path: path, role: "subjects file", maximumSize: 9) }
+        #expect(large?.code == .tooLarge)
+        let missing = #expect(throws: SteeringFileReadError.self) { try SteeringFileCheck.read(path: scratch.file("absent"), role: "subjects file") }
+        #expect(missing?.code == .missing && missing?.systemError == ENOENT)
+        let fifo = scratch.file("fifo")
+        #expect(mkfifo(fifo, 0o600) == 0)
+        let notRegular = #expect(throws: SteeringFileReadError.self) { try SteeringFileCheck.read(path: fifo, role: "subjects file") }
+        #expect(notRegular?.code == .notARegularFile)
+        #expect(notRegular?.description == "the subjects file \(fifo) is not a regular file: give the path of a file")
+        #expect(chmod(path, 0o622) == 0)
+        let loose = #expect(throws: SteeringFileReadError.self) { try SteeringFileCheck.read(path: path, role: "subjects file") }
+        #expect(loose?.code == .refused && loose?.description.contains("vehicle") == false)
+        if geteuid() != 0 {
+            #expect(chmod(path, 0o200) == 0)
+            let unreadable = #expect(throws: SteeringFileReadError.self) { try SteeringFileCheck.read(path: path, role: "subjects file") }
+            #expect(unreadable?.code == .unreadable && unreadable?.systemError == EACCES)
+        }
     }
 }
