@@ -46,7 +46,10 @@ final class InvalidationLimiter: Sendable {
                 if recent.last[oldest.key] == oldest.at { recent.last.removeValue(forKey: oldest.key) }
                 recent.head += 1
             }
-            if recent.head > 1024 && recent.head * 2 > recent.order.count {
+            if recent.head == recent.order.count && recent.order.count > 1024 {
+                // Emptied after a burst: give its storage back (neither grows smaller by removal).
+                recent = Recent()
+            } else if recent.head > 1024 && recent.head * 2 > recent.order.count {
                 recent.order.removeFirst(recent.head)
                 recent.head = 0
             }
@@ -57,6 +60,24 @@ final class InvalidationLimiter: Sendable {
             recent.last[key] = now
             recent.order.append((key, now))
             return .allowed
+        }
+    }
+
+    /// Drops up to `budget` invalidations older than the interval, and gives the table's
+    /// storage back once it is empty after a burst: called by the API's other routes, so that
+    /// a burst of invalidations is forgotten even when no invalidation follows it.
+    func sweep(now: ContinuousClock.Instant, budget: Int = 64) {
+        state.withLock { recent in
+            guard recent.head < recent.order.count else { return }
+            var dropped = 0
+            while dropped < budget, recent.head < recent.order.count {
+                let oldest = recent.order[recent.head]
+                guard Self.seconds(now - oldest.at) >= interval else { break }
+                if recent.last[oldest.key] == oldest.at { recent.last.removeValue(forKey: oldest.key) }
+                recent.head += 1
+                dropped += 1
+            }
+            if recent.head == recent.order.count && recent.order.count > 1024 { recent = Recent() }
         }
     }
 

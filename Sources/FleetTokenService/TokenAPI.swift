@@ -149,6 +149,7 @@ public struct TokenAPI: Sendable {
         case .success(let found): key = found
         }
         if let refusal = capRefusal(key) { return refusal }
+        limiter.sweep(now: .now)
         do throws(TokenUnavailable) {
             let (token, source) = try await engine.tokenWithSource(for: key)
             let fingerprint = token.fingerprint.description
@@ -206,6 +207,7 @@ public struct TokenAPI: Sendable {
         if !clients.isEmpty && context.peer == nil {
             return Self.json(.forbidden, ["error": "the caller could not be identified: with client rules (--allow-client), subjects are listed on Unix sockets only"])
         }
+        limiter.sweep(now: .now, budget: 4096)
         let query = request.uri.queryParameters
         var limit = configuration.subjectsPageSize
         if let text = query["limit"] {

@@ -67,10 +67,11 @@ struct LongLivedRun {
     let services: LongLivedServices
     /// What SIGHUP and a changed config file do.
     let reloader: AgentReloader
-    /// Frees the store's caches after the start-up load.
+    /// Frees the store's caches after the start-up load, and after many idle subjects were dropped.
     var releaseStoreMemory: @Sendable () -> Void = {}
 
     func run() async throws {
+        IdleMemoryRelease.fixMallocMapThreshold()
         let events = engine.events()
         let printer = Task { for await event in events { output.print(event) } }
         let reload = await ConfigReloadService.trappingHangups(reloader)
@@ -94,6 +95,8 @@ struct LongLivedRun {
         var list: [ServiceGroupConfiguration.ServiceConfiguration] = [.init(service: engine)]
         if let api = services.api { list.append(.init(service: api.service)) }
         list.append(.init(service: reload))
+        // Memory back after many idle subjects were dropped (IdleMemoryRelease.swift).
+        list.append(.init(service: IdleMemoryRelease(engine: engine, releaseStoreMemory: releaseStoreMemory)))
         if let sink = services.sink { list.append(.init(service: sink)) }
         if let watch = services.permanentErrors { list.append(.init(service: watch, failureTerminationBehavior: .gracefullyShutdownGroup)) }
         if let reports = services.reports { list.append(.init(service: reports)) }
@@ -188,5 +191,5 @@ struct AgentOutput: Sendable {
 #if canImport(Glibc)
 /// glibc's `malloc_trim` (malloc.h, which the Glibc module does not import).
 @_silgen_name("malloc_trim")
-private func releaseFreedMemory(_ pad: Int) -> Int32
+func releaseFreedMemory(_ pad: Int) -> Int32
 #endif

@@ -35,6 +35,7 @@ struct DeadlineQueue {
     /// Drops `key`'s deadline.
     mutating func cancel(_ key: TokenKey) {
         current[key] = nil
+        releaseStorageIfSparse()
     }
 
     /// The earliest live deadline.
@@ -58,6 +59,7 @@ struct DeadlineQueue {
             current[top.key] = nil
             due.append(top.key)
         }
+        if !due.isEmpty { releaseStorageIfSparse() }
         return due
     }
 
@@ -65,6 +67,16 @@ struct DeadlineQueue {
     /// the number of keys.
     private mutating func compactIfBloated() {
         guard heap.count > 64, heap.count > current.count * 2 else { return }
+        heap = Heap(current.map { Item(due: $0.value, key: $0.key) })
+    }
+
+    /// Rebuilds the map and the heap at their current size once most keys have gone (idle
+    /// trips dropped): neither an array nor a dictionary gives back storage as it empties. The
+    /// heap's storage grew with the map's (it holds at most twice the live keys past 64).
+    private mutating func releaseStorageIfSparse() {
+        let before = current.capacity
+        current.releaseStorageIfSparse()
+        guard current.capacity < before else { return }
         heap = Heap(current.map { Item(due: $0.value, key: $0.key) })
     }
 }

@@ -210,8 +210,14 @@ final class TokenMemory: Sendable {
         state.withLock { $0[entry: key]?.refreshRequested = false }
     }
 
+    /// Forgets `key` (an idle untracked subject). When the table has shrunk to a quarter of
+    /// its storage, the storage is rebuilt at its current size: a dictionary otherwise keeps the
+    /// largest storage it ever had (2 MiB after 30,000 trips, for good).
     func remove(_ key: TokenKey) {
-        state.withLock { _ = $0.slots.removeValue(forKey: key) }
+        state.withLock {
+            _ = $0.slots.removeValue(forKey: key)
+            $0.slots.releaseStorageIfSparse()
+        }
     }
 
     var keys: [TokenKey] { state.withLock { Array($0.slots.keys) } }
@@ -227,5 +233,19 @@ final class TokenMemory: Sendable {
 extension TokenMemory {
     func markUsed(_ key: TokenKey, at date: Date) {
         state.withLock { $0[entry: key]?.lastUsed = date }
+    }
+}
+
+extension Dictionary {
+    /// Rebuilds the storage at the size `count` needs when `count` has fallen to a quarter of
+    /// the capacity (and the capacity is past a thousand): removals never shrink a
+    /// dictionary's storage. Amortized constant time per removal: a rebuild copies at most a
+    /// quarter of the entries the storage was sized for, and the next one comes only after the
+    /// rebuilt storage empties to a quarter in turn.
+    mutating func releaseStorageIfSparse() {
+        guard capacity > 1024, count * 4 <= capacity else { return }
+        var smaller = Self(minimumCapacity: count)
+        for (key, value) in self { smaller[key] = value }
+        self = smaller
     }
 }

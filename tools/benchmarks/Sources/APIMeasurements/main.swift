@@ -5,6 +5,9 @@
 //
 //   token-api-measurements --agent PATH --bare-server PATH [--rounds 15] [--requests-per-round 3000]
 //                          [--startup-repetitions 5] [--throughput-seconds 5] [--keep-scratch]
+//                          [--only api|bounded-state] [--bounded-requests 30000] [--bounded-invalidates N]
+//                          [--bounded-lifetime 120] [--bounded-idle-window 10] [--bounded-agent-arg ARG]...
+//                          [--bounded-diagnose]
 //
 // - Hit: p50 of `GET /v1/token/vehicle/ID` for a fresh token against the same request to
 //   `token-api-bare-route` (a Hummingbird route with the API's server settings answering the
@@ -18,6 +21,9 @@
 // - Start-up: exec to the first token served over the socket, with a store already holding fresh
 //   tokens for 1,000 and for 10,000 subjects (`--subjects-file`), alternating, median of each.
 // - Memory: VmRSS of the agent tracking 10,000 subjects after serving each of them once.
+// - Bounded state (BoundedState.swift): VmRSS after 30,000 invalidates of unknown ids and
+//   30,000 GETs of distinct pattern-allowed ids, once they have gone idle, against VmRSS before;
+//   the p99 of a configured vehicle's GET during that load.
 //
 // The token provider is the in-process development issuer, on loopback.
 
@@ -280,6 +286,8 @@ final class Connection {
                 break
             }
         }
+        // 204 and 304 have no body, and need not say so (POST /v1/invalidate answers 204).
+        if contentLength < 0 && (status == 204 || status == 304) { contentLength = 0 }
         guard contentLength >= 0 else { throw MeasurementError("a response without Content-Length (status \(status))") }
         let total = bodyStart + contentLength
         return filled >= total ? (status, bodyStart, total) : nil
@@ -467,13 +475,29 @@ func option(_ flag: String, in arguments: [String] = CommandLine.arguments) -> S
     arguments.firstIndex(of: flag).flatMap { $0 + 1 < arguments.count ? arguments[$0 + 1] : nil }
 }
 guard let agentPath = option("--agent"), let barePath = option("--bare-server") else {
-    note("usage: token-api-measurements --agent PATH --bare-server PATH [--rounds N] [--requests-per-round N] [--startup-repetitions N] [--throughput-seconds S] [--keep-scratch]")
+    note("usage: token-api-measurements --agent PATH --bare-server PATH [--only api|bounded-state] [--rounds N] [--requests-per-round N] [--startup-repetitions N] [--throughput-seconds S] [--bounded-requests N] [--bounded-invalidates N] [--bounded-lifetime S] [--bounded-idle-window S] [--bounded-agent-arg ARG]... [--bounded-diagnose] [--keep-scratch]")
     exit(64)
 }
 let rounds = option("--rounds").flatMap(Int.init) ?? 15
 let requestsPerRound = option("--requests-per-round").flatMap(Int.init) ?? 3000
 let startupRepetitions = option("--startup-repetitions").flatMap(Int.init) ?? 5
 let throughputSeconds = option("--throughput-seconds").flatMap(Double.init) ?? 5
+// --only api: the figures above; --only bounded-state: the bounded-state run alone (BoundedState.swift).
+let only = option("--only")
+guard only == nil || only == "api" || only == "bounded-state" else {
+    note("--only takes api or bounded-state")
+    exit(64)
+}
+var boundedSettings = BoundedStateSettings()
+if let count = option("--bounded-requests").flatMap(Int.init) { (boundedSettings.gets, boundedSettings.invalidates) = (count, count) }
+// A diagnosis: the invalidates alone changed (0: GETs only).
+boundedSettings.invalidates = option("--bounded-invalidates").flatMap(Int.init) ?? boundedSettings.invalidates
+boundedSettings.lifetime = option("--bounded-lifetime").flatMap(Double.init) ?? boundedSettings.lifetime
+boundedSettings.idleWindow = option("--bounded-idle-window").flatMap(Double.init) ?? boundedSettings.idleWindow
+// Extra token-agent arguments for the bounded-state agent, for experiments (repeatable).
+boundedSettings.extraAgentArguments = CommandLine.arguments.indices.filter { CommandLine.arguments[$0] == "--bounded-agent-arg" }
+    .compactMap { $0 + 1 < CommandLine.arguments.count ? CommandLine.arguments[$0 + 1] : nil }
+boundedSettings.diagnoseWithGDB = CommandLine.arguments.contains("--bounded-diagnose")
 signal(SIGPIPE, SIG_IGN)
 
 var results: [String: Any] = [:]
@@ -481,160 +505,166 @@ let scratch = scratchDirectory("api")
 let issuer = try await DevTokenIssuer.start(logger: quietLogger)
 
 do {
-    let help = try output(of: agentPath, ["--help"], scratch: scratch)
-    let hasSubjectsFile = help.contains("--subjects-file")
-    results["agent_subjects_given_by"] = hasSubjectsFile ? "--subjects-file" : "--vehicle flags (token-agent has no --subjects-file)"
-    if !hasSubjectsFile { note("token-agent has no --subjects-file; giving subjects as --vehicle flags") }
-    let common = ["--provider-url", issuer.urlTemplate, "--no-proxy", "--allow", "vehicle:*", "--log-level", "warning"]
+    if only == nil || only == "api" {
+        let help = try output(of: agentPath, ["--help"], scratch: scratch)
+        let hasSubjectsFile = help.contains("--subjects-file")
+        results["agent_subjects_given_by"] = hasSubjectsFile ? "--subjects-file" : "--vehicle flags (token-agent has no --subjects-file)"
+        if !hasSubjectsFile { note("token-agent has no --subjects-file; giving subjects as --vehicle flags") }
+        let common = ["--provider-url", issuer.urlTemplate, "--no-proxy", "--allow", "vehicle:*", "--log-level", "warning"]
 
-    // Hit latency, throughput and coalescing, on an agent tracking 64 vehicles.
-    do {
-        let directory = scratch + "/hit"
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-        let socket = directory + "/agent.sock"
-        let ids = (0..<64).map { "api-\($0)" }
-        let agent = try Child(agentPath, ["--db", directory + "/tokens.sqlite", "--listen", "unix:" + socket]
-                                  + common + ids.flatMap { ["--vehicle", $0] }, log: directory + "/agent.log")
-        defer { agent.stop() }
-        let request = tokenRequest("vehicle", ids[0])
-        let agentConnection = try waitUntilServing(socket, request, child: agent)
-        for id in ids { _ = try agentConnection.exchange(tokenRequest("vehicle", id)) } // every key fetched before timing
+        // Hit latency, throughput and coalescing, on an agent tracking 64 vehicles.
+        do {
+            let directory = scratch + "/hit"
+            try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+            let socket = directory + "/agent.sock"
+            let ids = (0..<64).map { "api-\($0)" }
+            let agent = try Child(agentPath, ["--db", directory + "/tokens.sqlite", "--listen", "unix:" + socket]
+                                      + common + ids.flatMap { ["--vehicle", $0] }, log: directory + "/agent.log")
+            defer { agent.stop() }
+            let request = tokenRequest("vehicle", ids[0])
+            let agentConnection = try waitUntilServing(socket, request, child: agent)
+            for id in ids { _ = try agentConnection.exchange(tokenRequest("vehicle", id)) } // every key fetched before timing
 
-        // The bare route answers the agent's own answer: the same body and headers, so the same bytes.
-        let answer = try agentConnection.fetch(request)
-        guard answer.status == 200, String(decoding: answer.body, as: UTF8.self).contains("\"token\"") else {
-            throw MeasurementError("unexpected answer from the agent: \(answer.head)")
+            // The bare route answers the agent's own answer: the same body and headers, so the same bytes.
+            let answer = try agentConnection.fetch(request)
+            guard answer.status == 200, String(decoding: answer.body, as: UTF8.self).contains("\"token\"") else {
+                throw MeasurementError("unexpected answer from the agent: \(answer.head)")
+            }
+            let bodyFile = directory + "/body.json"
+            try Data(answer.body).write(to: URL(fileURLWithPath: bodyFile))
+            let copiedHeaders = answer.head.components(separatedBy: "\r\n").dropFirst().filter {
+                guard let colon = $0.firstIndex(of: ":") else { return false }
+                return !["content-length", "content-type", "date", "connection"].contains($0[..<colon].lowercased())
+            }
+            let bareSocket = directory + "/bare.sock"
+            let bare = try Child(barePath, ["--socket", bareSocket, "--body-file", bodyFile] + copiedHeaders.flatMap { ["--header", $0] },
+                                 log: directory + "/bare.log")
+            defer { bare.stop() }
+            let bareConnection = try waitUntilServing(bareSocket, request, child: bare)
+            let bareAnswer = try bareConnection.fetch(request)
+            results["api_response_bytes"] = answer.head.utf8.count + answer.body.count
+            results["bare_route_response_bytes"] = bareAnswer.head.utf8.count + bareAnswer.body.count
+            results["api_response_body_bytes"] = answer.body.count
+
+            var samples: [UInt64] = []
+            samples.reserveCapacity(requestsPerRound)
+            _ = try p50(agentConnection, request, count: requestsPerRound * 2, samples: &samples) // warm-up
+            _ = try p50(bareConnection, request, count: requestsPerRound * 2, samples: &samples)
+            // A diagnostic beside the figure: the same hit asking for the bare token (Accept:
+            // text/plain), which the agent answers without building JSON.
+            let plainRequest = Array("GET /v1/token/vehicle/\(ids[0]) HTTP/1.1\r\nHost: localhost\r\nFleet-Token-Request: true\r\nAccept: text/plain\r\n\r\n".utf8)
+            _ = try p50(agentConnection, plainRequest, count: requestsPerRound, samples: &samples)
+            var apiP50s: [Double] = []
+            var bareP50s: [Double] = []
+            var plainP50s: [Double] = []
+            var ratios: [Double] = []
+            var plainRatios: [Double] = []
+            var interleaved: [[UInt64]] = []
+            for _ in 0..<rounds {
+                let p = try interleavedP50s([(agentConnection, request), (bareConnection, request), (agentConnection, plainRequest)],
+                                            count: requestsPerRound, samples: &interleaved)
+                let (api, base, plain) = (p[0], p[1], p[2])
+                apiP50s.append(api)
+                bareP50s.append(base)
+                plainP50s.append(plain)
+                ratios.append(api / base)
+                plainRatios.append(plain / base)
+            }
+            results["api_hit_vs_bare_route"] = rounded(median(ratios))
+            results["api_hit_vs_bare_route_each_round"] = ratios.map { rounded($0) }
+            results["api_hit_p50_microseconds"] = rounded(median(apiP50s) / 1000)
+            results["bare_route_p50_microseconds"] = rounded(median(bareP50s) / 1000)
+            results["api_hit_text_plain_vs_bare_route"] = rounded(median(plainRatios))
+            results["api_hit_text_plain_p50_microseconds"] = rounded(median(plainP50s) / 1000)
+
+            // With the server's CPU time over the run (warm-up included): how many cores it kept busy.
+            let (apiCPU, apiWall) = (agent.cpuSeconds(), monotonicNanoseconds())
+            let apiRate = try sustainedRate(socket, ids.map { tokenRequest("vehicle", $0) }, seconds: throughputSeconds)
+            results["agent_cores_busy_during_throughput"] = rounded((agent.cpuSeconds() - apiCPU) / (Double(monotonicNanoseconds() - apiWall) / 1e9), 2)
+            let (bareCPU, bareWall) = (bare.cpuSeconds(), monotonicNanoseconds())
+            let bareRate = try sustainedRate(bareSocket, ids.map { tokenRequest("vehicle", $0) }, seconds: throughputSeconds)
+            results["bare_route_cores_busy_during_throughput"] = rounded((bare.cpuSeconds() - bareCPU) / (Double(monotonicNanoseconds() - bareWall) / 1e9), 2)
+            guard apiRate.non200 == 0, bareRate.non200 == 0 else {
+                throw MeasurementError("answers other than 200 in the throughput runs (api \(apiRate.non200), bare \(bareRate.non200))")
+            }
+            results["api_hits_per_second"] = apiRate.perSecond.rounded()
+            results["bare_route_hits_per_second"] = bareRate.perSecond.rounded()
+            results["agent_rss_mib_64_tracked"] = rounded(Double(agent.residentKiB().current) / 1024, 1)
+
+            // 1,000 connections ask for one key nobody asked for before, all at once.
+            let issuedBefore = issuer.issuedCount
+            let answered = try burst(socket, tokenRequest("vehicle", "burst-1"), count: 1000)
+            results["fetches_for_1000_concurrent_api_clients"] = issuer.issuedCount - issuedBefore
+            results["api_clients_answered_200_of_1000"] = answered
         }
-        let bodyFile = directory + "/body.json"
-        try Data(answer.body).write(to: URL(fileURLWithPath: bodyFile))
-        let copiedHeaders = answer.head.components(separatedBy: "\r\n").dropFirst().filter {
-            guard let colon = $0.firstIndex(of: ":") else { return false }
-            return !["content-length", "content-type", "date", "connection"].contains($0[..<colon].lowercased())
-        }
-        let bareSocket = directory + "/bare.sock"
-        let bare = try Child(barePath, ["--socket", bareSocket, "--body-file", bodyFile] + copiedHeaders.flatMap { ["--header", $0] },
-                             log: directory + "/bare.log")
-        defer { bare.stop() }
-        let bareConnection = try waitUntilServing(bareSocket, request, child: bare)
-        let bareAnswer = try bareConnection.fetch(request)
-        results["api_response_bytes"] = answer.head.utf8.count + answer.body.count
-        results["bare_route_response_bytes"] = bareAnswer.head.utf8.count + bareAnswer.body.count
-        results["api_response_body_bytes"] = answer.body.count
 
-        var samples: [UInt64] = []
-        samples.reserveCapacity(requestsPerRound)
-        _ = try p50(agentConnection, request, count: requestsPerRound * 2, samples: &samples) // warm-up
-        _ = try p50(bareConnection, request, count: requestsPerRound * 2, samples: &samples)
-        // A diagnostic beside the figure: the same hit asking for the bare token (Accept:
-        // text/plain), which the agent answers without building JSON.
-        let plainRequest = Array("GET /v1/token/vehicle/\(ids[0]) HTTP/1.1\r\nHost: localhost\r\nFleet-Token-Request: true\r\nAccept: text/plain\r\n\r\n".utf8)
-        _ = try p50(agentConnection, plainRequest, count: requestsPerRound, samples: &samples)
-        var apiP50s: [Double] = []
-        var bareP50s: [Double] = []
-        var plainP50s: [Double] = []
-        var ratios: [Double] = []
-        var plainRatios: [Double] = []
-        var interleaved: [[UInt64]] = []
-        for _ in 0..<rounds {
-            let p = try interleavedP50s([(agentConnection, request), (bareConnection, request), (agentConnection, plainRequest)],
-                                        count: requestsPerRound, samples: &interleaved)
-            let (api, base, plain) = (p[0], p[1], p[2])
-            apiP50s.append(api)
-            bareP50s.append(base)
-            plainP50s.append(plain)
-            ratios.append(api / base)
-            plainRatios.append(plain / base)
-        }
-        results["api_hit_vs_bare_route"] = rounded(median(ratios))
-        results["api_hit_vs_bare_route_each_round"] = ratios.map { rounded($0) }
-        results["api_hit_p50_microseconds"] = rounded(median(apiP50s) / 1000)
-        results["bare_route_p50_microseconds"] = rounded(median(bareP50s) / 1000)
-        results["api_hit_text_plain_vs_bare_route"] = rounded(median(plainRatios))
-        results["api_hit_text_plain_p50_microseconds"] = rounded(median(plainP50s) / 1000)
-
-        // With the server's CPU time over the run (warm-up included): how many cores it kept busy.
-        let (apiCPU, apiWall) = (agent.cpuSeconds(), monotonicNanoseconds())
-        let apiRate = try sustainedRate(socket, ids.map { tokenRequest("vehicle", $0) }, seconds: throughputSeconds)
-        results["agent_cores_busy_during_throughput"] = rounded((agent.cpuSeconds() - apiCPU) / (Double(monotonicNanoseconds() - apiWall) / 1e9), 2)
-        let (bareCPU, bareWall) = (bare.cpuSeconds(), monotonicNanoseconds())
-        let bareRate = try sustainedRate(bareSocket, ids.map { tokenRequest("vehicle", $0) }, seconds: throughputSeconds)
-        results["bare_route_cores_busy_during_throughput"] = rounded((bare.cpuSeconds() - bareCPU) / (Double(monotonicNanoseconds() - bareWall) / 1e9), 2)
-        guard apiRate.non200 == 0, bareRate.non200 == 0 else {
-            throw MeasurementError("answers other than 200 in the throughput runs (api \(apiRate.non200), bare \(bareRate.non200))")
-        }
-        results["api_hits_per_second"] = apiRate.perSecond.rounded()
-        results["bare_route_hits_per_second"] = bareRate.perSecond.rounded()
-        results["agent_rss_mib_64_tracked"] = rounded(Double(agent.residentKiB().current) / 1024, 1)
-
-        // 1,000 connections ask for one key nobody asked for before, all at once.
-        let issuedBefore = issuer.issuedCount
-        let answered = try burst(socket, tokenRequest("vehicle", "burst-1"), count: 1000)
-        results["fetches_for_1000_concurrent_api_clients"] = issuer.issuedCount - issuedBefore
-        results["api_clients_answered_200_of_1000"] = answered
-    }
-
-    // Start-up on stores already holding fresh tokens for 1,000 and 10,000 subjects.
-    let sizes = [1000, 10_000]
-    var stores: [Int: (db: String, subjects: String, keys: [TokenKey])] = [:]
-    for size in sizes {
-        let directory = scratch + "/startup-\(size)"
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-        let keys = vehicleKeys(size, prefix: "s")
-        let (db, subjects) = try await seededStore(keys, in: directory)
-        stores[size] = (db, subjects, keys)
-    }
-    func agentArguments(_ size: Int, socket: String) -> [String] {
-        let store = stores[size]!
-        let subjects = hasSubjectsFile ? ["--subjects-file", store.subjects] : store.keys.flatMap { ["--vehicle", $0.subjectID] }
-        return ["--db", store.db, "--listen", "unix:" + socket] + common + subjects
-    }
-    let issuedBeforeStartups = issuer.issuedCount
-    var startupSeconds: [Int: [Double]] = [:]
-    for _ in 0..<startupRepetitions {
+        // Start-up on stores already holding fresh tokens for 1,000 and 10,000 subjects.
+        let sizes = [1000, 10_000]
+        var stores: [Int: (db: String, subjects: String, keys: [TokenKey])] = [:]
         for size in sizes {
             let directory = scratch + "/startup-\(size)"
+            try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+            let keys = vehicleKeys(size, prefix: "s")
+            let (db, subjects) = try await seededStore(keys, in: directory)
+            stores[size] = (db, subjects, keys)
+        }
+        func agentArguments(_ size: Int, socket: String) -> [String] {
+            let store = stores[size]!
+            let subjects = hasSubjectsFile ? ["--subjects-file", store.subjects] : store.keys.flatMap { ["--vehicle", $0.subjectID] }
+            return ["--db", store.db, "--listen", "unix:" + socket] + common + subjects
+        }
+        let issuedBeforeStartups = issuer.issuedCount
+        var startupSeconds: [Int: [Double]] = [:]
+        for _ in 0..<startupRepetitions {
+            for size in sizes {
+                let directory = scratch + "/startup-\(size)"
+                let socket = directory + "/agent.sock"
+                unlink(socket)
+                let last = stores[size]!.keys.last!
+                let request = tokenRequest("vehicle", last.subjectID)
+                let start = monotonicNanoseconds()
+                let agent = try Child(agentPath, agentArguments(size, socket: socket), log: directory + "/agent.log")
+                defer { agent.stop() }
+                let connection = try waitUntilServing(socket, request, child: agent)
+                let elapsed = Double(monotonicNanoseconds() - start) / 1e9
+                _ = connection
+                startupSeconds[size, default: []].append(elapsed)
+            }
+        }
+        let startup1k = median(startupSeconds[1000]!)
+        let startup10k = median(startupSeconds[10_000]!)
+        results["agent_startup_1k_seconds"] = rounded(startup1k)
+        results["agent_startup_10k_seconds"] = rounded(startup10k)
+        results["agent_startup_10k_vs_1k_subjects"] = rounded(startup10k / startup1k)
+        results["agent_startup_seconds_each"] = ["1k": startupSeconds[1000]!.map { rounded($0) }, "10k": startupSeconds[10_000]!.map { rounded($0) }]
+        results["agent_startup_fetches"] = issuer.issuedCount - issuedBeforeStartups
+
+        // Memory of an agent tracking 10,000 subjects that has served each of them once.
+        do {
+            let directory = scratch + "/startup-10000"
             let socket = directory + "/agent.sock"
             unlink(socket)
-            let last = stores[size]!.keys.last!
-            let request = tokenRequest("vehicle", last.subjectID)
-            let start = monotonicNanoseconds()
-            let agent = try Child(agentPath, agentArguments(size, socket: socket), log: directory + "/agent.log")
+            let keys = stores[10_000]!.keys
+            let agent = try Child(agentPath, agentArguments(10_000, socket: socket), log: directory + "/agent-rss.log")
             defer { agent.stop() }
-            let connection = try waitUntilServing(socket, request, child: agent)
-            let elapsed = Double(monotonicNanoseconds() - start) / 1e9
-            _ = connection
-            startupSeconds[size, default: []].append(elapsed)
+            let connection = try waitUntilServing(socket, tokenRequest("vehicle", keys[0].subjectID), child: agent)
+            for key in keys {
+                let status = try connection.exchange(tokenRequest("vehicle", key.subjectID))
+                guard status == 200 else { throw MeasurementError("status \(status) for \(key) in the memory run") }
+            }
+            try await Task.sleep(for: .seconds(2))
+            let resident = agent.residentKiB()
+            results["agent_rss_mib_10k_tracked"] = rounded(Double(resident.current) / 1024, 1)
+            results["agent_peak_rss_mib_10k_tracked"] = rounded(Double(resident.peak) / 1024, 1)
+            results["agent_rss_anonymous_mib_10k_tracked"] = rounded(Double(resident.anonymous) / 1024, 1)
+            results["agent_rss_files_mib_10k_tracked"] = rounded(Double(resident.files) / 1024, 1)
         }
+        results["agent_fetches_total"] = issuer.issuedCount
     }
-    let startup1k = median(startupSeconds[1000]!)
-    let startup10k = median(startupSeconds[10_000]!)
-    results["agent_startup_1k_seconds"] = rounded(startup1k)
-    results["agent_startup_10k_seconds"] = rounded(startup10k)
-    results["agent_startup_10k_vs_1k_subjects"] = rounded(startup10k / startup1k)
-    results["agent_startup_seconds_each"] = ["1k": startupSeconds[1000]!.map { rounded($0) }, "10k": startupSeconds[10_000]!.map { rounded($0) }]
-    results["agent_startup_fetches"] = issuer.issuedCount - issuedBeforeStartups
-
-    // Memory of an agent tracking 10,000 subjects that has served each of them once.
-    do {
-        let directory = scratch + "/startup-10000"
-        let socket = directory + "/agent.sock"
-        unlink(socket)
-        let keys = stores[10_000]!.keys
-        let agent = try Child(agentPath, agentArguments(10_000, socket: socket), log: directory + "/agent-rss.log")
-        defer { agent.stop() }
-        let connection = try waitUntilServing(socket, tokenRequest("vehicle", keys[0].subjectID), child: agent)
-        for key in keys {
-            let status = try connection.exchange(tokenRequest("vehicle", key.subjectID))
-            guard status == 200 else { throw MeasurementError("status \(status) for \(key) in the memory run") }
-        }
-        try await Task.sleep(for: .seconds(2))
-        let resident = agent.residentKiB()
-        results["agent_rss_mib_10k_tracked"] = rounded(Double(resident.current) / 1024, 1)
-        results["agent_peak_rss_mib_10k_tracked"] = rounded(Double(resident.peak) / 1024, 1)
-        results["agent_rss_anonymous_mib_10k_tracked"] = rounded(Double(resident.anonymous) / 1024, 1)
-        results["agent_rss_files_mib_10k_tracked"] = rounded(Double(resident.files) / 1024, 1)
+    if only == nil || only == "bounded-state" {
+        let figures = try await measureBoundedState(agentPath: agentPath, scratch: scratch, settings: boundedSettings)
+        results.merge(figures) { $1 }
     }
-    results["agent_fetches_total"] = issuer.issuedCount
 } catch {
     for pid in Child.running { kill(pid, SIGKILL) }
     note("\(error)")
