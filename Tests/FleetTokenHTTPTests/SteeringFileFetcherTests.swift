@@ -100,7 +100,7 @@ struct SteeringFileFetcherTests {
         try "Bearer sound-credential\n".write(toFile: sound, atomically: true, encoding: .utf8)
         try "Bearer planted-credential\n".write(toFile: planted, atomically: true, encoding: .utf8)
         #expect(chmod(sound, 0o600) == 0 && chmod(planted, 0o666) == 0)
-        let flipper = LinkFlipper(link: link, targets: [sound, planted])
+        let flipper = LinkSwapper(link: link, targets: [sound, planted])
         var (sent, refused, planting) = (0, 0, 0)
         let deadline = Date().addingTimeInterval(3)
         while Date() < deadline && planting == 0 {
@@ -128,7 +128,7 @@ struct SteeringFileFetcherTests {
         #expect(chmod(sound, 0o644) == 0 && chmod(planted, 0o666) == 0)
         var files = ProviderTLSFiles()
         files.caFiles = [link]
-        let flipper = LinkFlipper(link: link, targets: [sound, planted])
+        let flipper = LinkSwapper(link: link, targets: [sound, planted])
         var (loaded, refused, planting) = (0, 0, 0)
         let deadline = Date().addingTimeInterval(3)
         while Date() < deadline && planting == 0 {
@@ -141,34 +141,5 @@ struct SteeringFileFetcherTests {
         }
         flipper.stop()
         #expect(planting == 0, "the planted CA file was read after the sound one was judged (\(loaded) loaded, \(refused) refused)")
-    }
-}
-
-/// Swaps a symbolic link between its targets as fast as it can, on a thread of its own, until
-/// stopped: what anyone who can write the link's directory could do between an agent's check
-/// of a path and its read of it.
-final class LinkFlipper: Sendable {
-    private let stopped = Atomic<Bool>(false)
-    private let finished = DispatchSemaphore(value: 0)
-
-    init(link: String, targets: [String]) {
-        _ = symlink(targets[0], link)
-        let thread = Thread { [self] in
-            var next = 1
-            let staging = link + ".next"
-            while !stopped.load(ordering: .relaxed) {
-                _ = unlink(staging)
-                _ = symlink(targets[next % targets.count], staging)
-                _ = rename(staging, link)
-                next += 1
-            }
-            finished.signal()
-        }
-        thread.start()
-    }
-
-    func stop() {
-        stopped.store(true, ordering: .relaxed)
-        finished.wait()
     }
 }
