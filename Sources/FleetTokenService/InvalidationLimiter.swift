@@ -26,6 +26,26 @@ final class InvalidationLimiter: Sendable {
         var last: [TokenKey: ContinuousClock.Instant] = [:]
         var order: [(key: TokenKey, at: ContinuousClock.Instant)] = []
         var head = 0
+
+        /// Drops up to `budget` of the oldest invalidations made `interval` or more before
+        /// `now`; gives the storage back once a burst has emptied (neither a dictionary nor an
+        /// array grows smaller by removal), or compacts the order when most of it is dropped.
+        mutating func forget(olderThan interval: TimeInterval, at now: ContinuousClock.Instant, atMost budget: Int) {
+            var dropped = 0
+            while dropped < budget, head < order.count {
+                let oldest = order[head]
+                guard InvalidationLimiter.seconds(now - oldest.at) >= interval else { break }
+                if last[oldest.key] == oldest.at { last.removeValue(forKey: oldest.key) }
+                head += 1
+                dropped += 1
+            }
+            if head == order.count && order.count > 1024 {
+                self = Recent()
+            } else if head > 1024 && head * 2 > order.count {
+                order.removeFirst(head)
+                head = 0
+            }
+        }
     }
 
     /// A limiter allowing one invalidation per key per `interval` seconds.
@@ -40,19 +60,7 @@ final class InvalidationLimiter: Sendable {
         state.withLock { recent in
             // Each call drops at most two expired entries: amortized, every entry is dropped
             // once, and the table holds at most the keys of the last interval (plus a few).
-            for _ in 0..<2 where recent.head < recent.order.count {
-                let oldest = recent.order[recent.head]
-                guard Self.seconds(now - oldest.at) >= interval else { break }
-                if recent.last[oldest.key] == oldest.at { recent.last.removeValue(forKey: oldest.key) }
-                recent.head += 1
-            }
-            if recent.head == recent.order.count && recent.order.count > 1024 {
-                // Emptied after a burst: give its storage back (neither grows smaller by removal).
-                recent = Recent()
-            } else if recent.head > 1024 && recent.head * 2 > recent.order.count {
-                recent.order.removeFirst(recent.head)
-                recent.head = 0
-            }
+            recent.forget(olderThan: interval, at: now, atMost: 2)
             if let previous = recent.last[key] {
                 let elapsed = Self.seconds(now - previous)
                 if elapsed < interval { return .limited(retryAfter: interval - elapsed) }
@@ -67,24 +75,13 @@ final class InvalidationLimiter: Sendable {
     /// storage back once it is empty after a burst: called by the API's other routes, so that
     /// a burst of invalidations is forgotten even when no invalidation follows it.
     func sweep(now: ContinuousClock.Instant, budget: Int = 64) {
-        state.withLock { recent in
-            guard recent.head < recent.order.count else { return }
-            var dropped = 0
-            while dropped < budget, recent.head < recent.order.count {
-                let oldest = recent.order[recent.head]
-                guard Self.seconds(now - oldest.at) >= interval else { break }
-                if recent.last[oldest.key] == oldest.at { recent.last.removeValue(forKey: oldest.key) }
-                recent.head += 1
-                dropped += 1
-            }
-            if recent.head == recent.order.count && recent.order.count > 1024 { recent = Recent() }
-        }
+        state.withLock { $0.forget(olderThan: interval, at: now, atMost: budget) }
     }
 
     /// How many keys the limiter remembers (for tests of its bound).
     var rememberedCount: Int { state.withLock { $0.last.count } }
 
-    private static func seconds(_ duration: Duration) -> TimeInterval {
+    fileprivate static func seconds(_ duration: Duration) -> TimeInterval {
         let (seconds, attoseconds) = duration.components
         return TimeInterval(seconds) + TimeInterval(attoseconds) / 1e18
     }
