@@ -58,13 +58,19 @@ public struct SteeringFileCheck: Sendable, Equatable {
     /// to it unless it is sticky (`/tmp`, root's and mode 1777, passes).
     public var isSafeDirectory: Bool { !ownedByAnotherUser && (!writableByGroupOrOthers || isSticky) }
 
+    /// `belongs to uid 65534 (nobody), neither to this user (uid 1001) nor to root`: the
+    /// owner part of the file's and the directory's reasons.
+    private var ownership: String {
+        let others = userID == 0 ? "not to root, the user this runs as" : "neither to this user (uid \(userID)) nor to root"
+        return "belongs to uid \(ownerID)\(Self.userName(ownerID).map { " (\($0))" } ?? ""), \(others)"
+    }
+
     /// What is wrong and how to fix it, for a message that names the file before it: `is
     /// writable by group or others (mode 0666): … run `chmod go-w PATH``. Nil when sound.
     public func reason(path: String) -> String? {
         guard !isSafe else { return nil }
         let shown = Self.shellQuoted(path)
-        let others = userID == 0 ? "not to root, the user this runs as" : "neither to this user (uid \(userID)) nor to root"
-        let owner = "belongs to uid \(ownerID)\(Self.userName(ownerID).map { " (\($0))" } ?? ""), \(others)"
+        let owner = ownership
         let open = "is writable by group or others (mode \(String(format: "%04o", mode)))"
         switch (ownedByAnotherUser, writableByGroupOrOthers) {
         case (true, true):
@@ -82,8 +88,7 @@ public struct SteeringFileCheck: Sendable, Equatable {
     public func directoryReason(directory: String) -> String? {
         guard !isSafeDirectory else { return nil }
         let shown = Self.shellQuoted(directory)
-        let others = userID == 0 ? "not to root, the user this runs as" : "neither to this user (uid \(userID)) nor to root"
-        let owner = "belongs to uid \(ownerID)\(Self.userName(ownerID).map { " (\($0))" } ?? ""), \(others)"
+        let owner = ownership
         let open = "writable by group or others (mode \(String(format: "%04o", mode))) and not sticky"
         switch (ownedByAnotherUser, writableByGroupOrOthers && !isSticky) {
         case (true, true):
