@@ -665,8 +665,8 @@ struct EncryptionProcessTests {
         var twice: [String] = []
         for subject in subjects.keys {
             let issuedAt = (times[subject] ?? []).sorted()
-            for (earlier, later) in zip(issuedAt, issuedAt.dropFirst()) where later - earlier < 0.6 * Double(Self.shortLifetime) {
-                twice.append("\(subject): \(String(format: "%.2f", later - earlier)) s apart")
+            for (_, gap) in IssuerProcess.refetchesTooSoon(issuedAt, lifetime: Double(Self.shortLifetime)) {
+                twice.append("\(subject): \(String(format: "%.2f", gap)) s apart")
             }
         }
         #expect(twice.isEmpty, "subjects fetched twice within one lifetime: \(twice)")

@@ -72,8 +72,8 @@ struct PostgresReplicaTests {
         for id in ids {
             let issued = (times["vehicle/\(id)"] ?? []).sorted()
             if issued.count < 3 { tooFew.append("\(id): \(issued.count)") }
-            for (earlier, later) in zip(issued, issued.dropFirst()) where later - earlier < 0.6 * lifetime {
-                twice.append("\(id): \(String(format: "%.2f", later - earlier)) s apart at +\(String(format: "%.1f", earlier - firstIssue)) s")
+            for (earlier, gap) in IssuerProcess.refetchesTooSoon(issued, lifetime: lifetime) {
+                twice.append("\(id): \(String(format: "%.2f", gap)) s apart at +\(String(format: "%.1f", earlier - firstIssue)) s")
             }
         }
         #expect(tooFew.isEmpty, "keys issued fewer than 3 times in 3.3 lifetimes: \(tooFew.prefix(10))")

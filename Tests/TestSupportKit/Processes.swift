@@ -151,6 +151,23 @@ public final class IssuerProcess: Sendable {
         return try JSONSerialization.jsonObject(with: data) as? [String: [Double]] ?? [:]
     }
 
+    /// The shortest gap between two fetches of one subject that single flight allows: the
+    /// earliest soft point (0.8 of the lifetime less the full 0.05 jitter) counted from the
+    /// token's `iat`, which this issuer writes in whole seconds (up to 1 s before the fetch).
+    /// Two fetches of one subject closer than this are two fetches for one lifetime.
+    public static func shortestRefetchGap(lifetime: Double) -> Double {
+        0.75 * lifetime - 1
+    }
+
+    /// The gaps in `times` (one subject's issue times, any order) shorter than
+    /// ``shortestRefetchGap(lifetime:)``, as `(earlier, gap)` pairs.
+    public static func refetchesTooSoon(_ times: [Double], lifetime: Double) -> [(earlier: Double, gap: Double)] {
+        let sorted = times.sorted()
+        return zip(sorted, sorted.dropFirst()).compactMap { earlier, later in
+            later - earlier < shortestRefetchGap(lifetime: lifetime) ? (earlier, later - earlier) : nil
+        }
+    }
+
     /// Every token issued, by `kind/id`, from GET /stats/tokens (started with `recordTokens`).
     /// - Throws: ``ProcessFailure`` when the issuer does not record tokens.
     public func issuedTokens() async throws -> [String: [String]] {
