@@ -78,6 +78,16 @@ final class InvalidationLimiter: Sendable {
         state.withLock { $0.forget(olderThan: interval, at: now, atMost: budget) }
     }
 
+    /// Sweeps once a second until cancelled, so a burst of invalidations is forgotten once its
+    /// interval has passed even when no request follows it (the routes' own sweeps only run
+    /// when requests come). A sweep with nothing to drop is a lock and one comparison.
+    func sweepUntilCancelled() async {
+        while true {
+            do { try await Task.sleep(for: .seconds(1)) } catch { return }
+            sweep(now: .now, budget: 4096)
+        }
+    }
+
     /// How many keys the limiter remembers (for tests of its bound).
     var rememberedCount: Int { state.withLock { $0.last.count } }
 

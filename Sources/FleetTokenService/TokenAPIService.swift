@@ -150,6 +150,10 @@ public struct TokenAPIService: Service {
             }
             // Ends at graceful shutdown: the service group stops the engine only after this service.
             group.addTask { await cancelWhenGracefulShutdown { for await event in events { health.record(event) } } }
+            // The invalidation limiter forgets a burst while nothing else is asked (state that
+            // requests made must not outlive them).
+            let limiter = api.limiter
+            group.addTask { await cancelWhenGracefulShutdown { await limiter.sweepUntilCancelled() } }
             // Each application shuts down gracefully with the service group (finishing the
             // requests it has).
             for address in addresses {
