@@ -64,8 +64,10 @@ let package = Package(
                 .embedInCode("V0001__create_tokens.sql"),
                 .embedInCode("V0002__leases_and_change_log.sql"),
                 .embedInCode("V0003__value_key_id.sql"),
+                .embedInCode("V0004__failure_configuration_digest.sql"),
                 .embedInCode("postgres/V0001__postgres_tokens_leases_notify.sql"),
                 .embedInCode("postgres/V0002__postgres_value_key_id.sql"),
+                .embedInCode("postgres/V0003__postgres_failure_configuration_digest.sql"),
             ],
             swiftSettings: strictSettings
         ),

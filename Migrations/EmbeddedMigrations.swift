@@ -32,6 +32,7 @@ public enum EmbeddedMigrations {
         make("V0001__create_tokens", PackageResources.V0001__create_tokens_sql),
         make("V0002__leases_and_change_log", PackageResources.V0002__leases_and_change_log_sql),
         make("V0003__value_key_id", PackageResources.V0003__value_key_id_sql),
+        make("V0004__failure_configuration_digest", PackageResources.V0004__failure_configuration_digest_sql),
     ]
 
     /// The PostgreSQL schema's migrations (`postgres/` in this folder), sorted by version: the
@@ -39,6 +40,7 @@ public enum EmbeddedMigrations {
     public static let postgres: [EmbeddedMigration] = [
         make("V0001__postgres_tokens_leases_notify", PackageResources.V0001__postgres_tokens_leases_notify_sql),
         make("V0002__postgres_value_key_id", PackageResources.V0002__postgres_value_key_id_sql),
+        make("V0003__postgres_failure_configuration_digest", PackageResources.V0003__postgres_failure_configuration_digest_sql),
     ]
 
     /// The schema version a store has once this build has migrated it.

@@ -41,6 +41,7 @@ public final class HTTPTokenFetcher: TokenFetcher, Sendable {
     /// The proxy chosen for the template's host (fixed: only `{kind}` and `{id}` vary).
     let proxy: ProxySettings.Proxy?
     private let skewWarned = OnceFlag()
+    private let digest: ProviderConfigurationDigest
 
     /// Creates a fetcher with its own HTTP client (shut it down with ``shutdown()``).
     /// - Throws: ``HTTPFetcherConfigurationError`` for an unusable URL template or header.
@@ -51,6 +52,7 @@ public final class HTTPTokenFetcher: TokenFetcher, Sendable {
         self.headerFiles = configuration.headerFiles.map { HeaderFile(name: $0.name, path: $0.path) }
         self.tls = configuration.tls.isDefault ? nil : try ProviderTLS(files: configuration.tls, logger: logger)
         self.proxy = URL(string: Self.probeURL(configuration.urlTemplate)).flatMap(configuration.proxy.proxy(for:))
+        self.digest = ProviderConfigurationDigest(configuration: configuration, proxy: proxy)
         var clientConfiguration = HTTPClient.Configuration()
         if let proxy {
             // AsyncHTTPClient opens a CONNECT tunnel through it for https and http alike, so TLS
@@ -82,6 +84,11 @@ public final class HTTPTokenFetcher: TokenFetcher, Sendable {
         // The client keeps itself alive until its shutdown completes.
         if isShutDown.claim() { _ = client.shutdown() }
     }
+
+    /// A digest of the configuration and of the current contents of the files it names (CA
+    /// bundles, client certificate and key, header files): a stored failure is bound to it, so
+    /// a changed configuration is tried at once. Never the values in clear.
+    public var configurationDigest: String? { digest.current() }
 
     /// Fetches a token for `key`.
     /// - Throws: `TokenProviderError`.

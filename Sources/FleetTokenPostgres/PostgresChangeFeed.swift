@@ -1,7 +1,8 @@
 // FleetTokenPostgres: the change feed across hosts. The table's trigger announces each token
 // change with NOTIFY at commit; one connection LISTENs while the repository's work runs. After
 // a lost connection it reconnects with backoff and reports `.unknown`, so subscribers re-read
-// what they hold from the table: a notification lost meanwhile costs no correctness.
+// what they hold from the table: a notification lost meanwhile costs no correctness. So does a
+// burst larger than a subscriber keeps unread (StoreChangeBroadcaster: one `.unknown` instead).
 import FleetTokenStore
 import Logging
 import PostgresNIO
@@ -23,7 +24,7 @@ final class PostgresChangeFeed: Sendable {
     private let store: String
     private let configuration: PostgresStoreConfiguration
     private let logger: Logger
-    private let broadcaster = EventBroadcaster<TokenStoreChange>()
+    private let broadcaster = StoreChangeBroadcaster()
     private let state = Mutex(State())
 
     init(client: PostgresClient, schema: String, origin: String, store: String,
@@ -36,9 +37,12 @@ final class PostgresChangeFeed: Sendable {
         self.logger = logger
     }
 
-    /// What commits from now on, once listening (not before: a lease wait of an engine without
-    /// `run()` listens for its own length, and reporting `.unknown` at each such start would
-    /// end every wait at once and start it again, LISTEN after LISTEN).
+    /// What commits from now on, once listening. A listener started with `announcesStart`
+    /// (the repository's background work, which an engine's `run()` runs) reports `.unknown`
+    /// when its LISTEN takes effect: what committed between a subscription and that moment
+    /// cannot be itemized. A lease wait's listener does not: it listens for the wait's own
+    /// length, and `.unknown` at each start would end every wait at once and start it again,
+    /// LISTEN after LISTEN.
     func subscribe() -> AsyncStream<TokenStoreChange> {
         broadcaster.subscribe()
     }
@@ -52,8 +56,10 @@ final class PostgresChangeFeed: Sendable {
     }
 
     /// Listens until the calling task is cancelled or the feed closes, reconnecting with
-    /// backoff. A second caller waits for the first to end, then takes over.
-    func run() async {
+    /// backoff. A second caller waits for the first to end, then takes over. With
+    /// `announcesStart`, subscribers get `.unknown` once LISTEN is first in force (see
+    /// ``subscribe()``).
+    func run(announcesStart: Bool = false) async {
         while true {
             let role = state.withLock { state -> (closed: Bool, runs: Bool) in
                 if state.closed { return (true, false) }
@@ -68,6 +74,7 @@ final class PostgresChangeFeed: Sendable {
         defer { state.withLock { $0.running = false; $0.listening = false } }
         var delay = configuration.feedReconnectInitial
         var lostConnection = false
+        var startToAnnounce = announcesStart
         while !Task.isCancelled && !state.withLock({ $0.closed }) {
             do {
                 try await client.withConnection { connection in
@@ -76,12 +83,15 @@ final class PostgresChangeFeed: Sendable {
                         _ = try await connection.query("SELECT 1", logger: logger).collect()
                         state.withLock { $0.listening = true }
                         if lostConnection {
-                            // What committed while deaf cannot be itemized: subscribers re-read.
                             logger.notice("token database change feed is back; subscribers re-read what they hold", metadata: [
                                 "store": .string(store),
                             ])
+                        }
+                        if lostConnection || startToAnnounce {
+                            // What committed while deaf cannot be itemized: subscribers re-read.
                             broadcaster.emit(.unknown)
                         }
+                        startToAnnounce = false
                         delay = configuration.feedReconnectInitial
                         lostConnection = false
                         for try await notification in notifications {

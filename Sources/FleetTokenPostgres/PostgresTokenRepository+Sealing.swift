@@ -71,6 +71,26 @@ extension PostgresTokenRepository: TokenSealingStore {
         })
     }
 
+    /// Removes `key`'s token while its value is still `value`, in one statement: the row goes
+    /// without failure state, its token is cleared with it (as `removeToken(for:)` does).
+    /// - Throws: `TokenStoreError`; on failure nothing was changed.
+    public func removeToken(for key: TokenKey, ifValue value: String) async throws(TokenStoreError) -> Bool {
+        var bindings = PostgresBindings()
+        bindings.append(key.kind.rawValue)
+        bindings.append(key.subjectID)
+        bindings.append(value)
+        // The two statements touch disjoint rows (failure_count zero or not).
+        let removed = try await rows("""
+            WITH gone AS (
+                DELETE FROM tokens WHERE kind = $1 AND subject_id = $2 AND token = $3 AND failure_count = 0 RETURNING 1),
+            cleared AS (
+                UPDATE tokens SET token = NULL, expires_at = NULL, issued_at = NULL, fetched_at = NULL
+                WHERE kind = $1 AND subject_id = $2 AND token = $3 AND failure_count > 0 RETURNING 1)
+            SELECT 1 FROM gone UNION ALL SELECT 1 FROM cleared
+            """, bindings) { _ in 1 as Int? }
+        return !removed.isEmpty
+    }
+
     /// Nothing: PostgreSQL keeps a replaced row version until vacuuming reuses its space, which
     /// only the server's administrator controls (`VACUUM FULL tokens` rewrites the table).
     public func discardReplacedValues() async throws(TokenStoreError) {}

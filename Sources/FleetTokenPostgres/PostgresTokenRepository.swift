@@ -215,20 +215,38 @@ public final class PostgresTokenRepository: TokenRepository, RefreshLeaseStore, 
         }
     }
 
+    /// When the earliest entry that died at `notBefore` or later died (see
+    /// `TokenRepository/earliestDeath(notBefore:)`): one aggregate over the table.
+    /// - Throws: `TokenStoreError` when the database cannot be read.
+    public func earliestDeath(notBefore: Date?) async throws(TokenStoreError) -> Date? {
+        let died = TokenConditions.diedAt(greatest: "greatest")
+        var bindings = PostgresBindings()
+        var sql = "SELECT min(\(died)) FROM tokens"
+        if let notBefore {
+            bindings.append(notBefore.timeIntervalSince1970)
+            sql += " WHERE \(died) >= $1"
+        }
+        return try await rows(sql, bindings) { row in try row.decode(Double?.self) }.first.map(Date.init(timeIntervalSince1970:))
+    }
+
     /// Changes to tokens committed by other repositories (this host's or another's, tokenctl,
     /// psql), delivered at their commit while ``runBackgroundWork()`` or ``followChanges()``
     /// runs and listens; every stream gets `.unknown` after a lost connection is re-established
-    /// (what committed meanwhile cannot be itemized).
+    /// and when ``runBackgroundWork()`` begins to listen (what committed meanwhile cannot be
+    /// itemized), and in place of more changes than it keeps unread (a burst: a purge of many).
     public func changes() -> AsyncStream<TokenStoreChange> {
         feed.subscribe()
     }
 
     /// The change feed's LISTEN loop, until the calling task is cancelled or the store closes.
+    /// Once LISTEN is in force, streams get `.unknown`: a change committed after a stream was
+    /// made and before then is reported that way.
     public func runBackgroundWork() async {
-        await feed.run()
+        await feed.run(announcesStart: true)
     }
 
-    /// The change feed's LISTEN loop, as ``runBackgroundWork()`` (the feed is all of it).
+    /// The change feed's LISTEN loop, as ``runBackgroundWork()`` without the `.unknown` at its
+    /// start: a lease wait listens for its own length, and would end at once.
     public func followChanges() async {
         await feed.run()
     }
@@ -310,14 +328,15 @@ public final class PostgresTokenRepository: TokenRepository, RefreshLeaseStore, 
         bindings.append(failure.lastErrorKind)
         bindings.append(failure.lastErrorMessage)
         bindings.append(failure.lastFailureAt.timeIntervalSince1970)
+        bindings.append(failure.configurationDigest)
         _ = try await rows("""
             INSERT INTO tokens (kind, subject_id, failure_count, next_attempt_at, last_error_kind,
-                                last_error_message, last_failure_at)
-            VALUES ($1, $2, $3, $4, $5, $6, $7)
+                                last_error_message, last_failure_at, failure_config_digest)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
             ON CONFLICT (kind, subject_id) DO UPDATE SET
               failure_count = excluded.failure_count, next_attempt_at = excluded.next_attempt_at,
               last_error_kind = excluded.last_error_kind, last_error_message = excluded.last_error_message,
-              last_failure_at = excluded.last_failure_at
+              last_failure_at = excluded.last_failure_at, failure_config_digest = excluded.failure_config_digest
             """, bindings) { _ in nil as Int? }
     }
 
@@ -509,7 +528,7 @@ public final class PostgresTokenRepository: TokenRepository, RefreshLeaseStore, 
         _ = try await rows("""
             WITH gone AS (DELETE FROM tokens WHERE kind = $1 AND subject_id = $2 AND token IS NULL RETURNING 1)
             UPDATE tokens SET failure_count = 0, next_attempt_at = NULL, last_error_kind = NULL,
-                              last_error_message = NULL, last_failure_at = NULL
+                              last_error_message = NULL, last_failure_at = NULL, failure_config_digest = NULL
             WHERE kind = $1 AND subject_id = $2 AND token IS NOT NULL
             """, bindings) { _ in nil as Int? }
     }

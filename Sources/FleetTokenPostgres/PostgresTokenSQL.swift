@@ -9,13 +9,13 @@ enum PostgresTokenSQL {
     /// The columns ``entry(from:)`` reads, in its order.
     static let entryColumns = """
         kind, subject_id, token, expires_at, issued_at, fetched_at, last_used_at, failure_count,
-        next_attempt_at, last_error_kind, last_error_message, last_failure_at
+        next_attempt_at, last_error_kind, last_error_message, last_failure_at, failure_config_digest
         """
 
-    typealias EntryRow = (String, String, String?, Double?, Double?, Double?, Double?, Int32, Double?, String?, String?, Double?)
+    typealias EntryRow = (String, String, String?, Double?, Double?, Double?, Double?, Int32, Double?, String?, String?, Double?, String?)
 
     static func entry(from row: PostgresRow) throws -> TokenEntry? {
-        let (kindName, subjectID, value, expires, issued, fetched, lastUsed, failures, nextAttempt, errorKind, errorMessage, lastFailure)
+        let (kindName, subjectID, value, expires, issued, fetched, lastUsed, failures, nextAttempt, errorKind, errorMessage, lastFailure, digest)
             = try row.decode(EntryRow.self)
         guard let kind = TokenKind(rawValue: kindName) else { return nil }
         let key = TokenKey(uncheckedKind: kind, subjectID: subjectID)
@@ -32,7 +32,8 @@ enum PostgresTokenSQL {
                 consecutiveFailures: Int(failures),
                 nextAttemptAt: nextAttempt.map(Date.init(timeIntervalSince1970:)) ?? .distantPast,
                 lastErrorKind: errorKind ?? "unknown", lastErrorMessage: errorMessage,
-                lastFailureAt: lastFailure.map(Date.init(timeIntervalSince1970:)) ?? .distantPast)
+                lastFailureAt: lastFailure.map(Date.init(timeIntervalSince1970:)) ?? .distantPast,
+                configurationDigest: digest)
         }
         return TokenEntry(key: key, token: token, failure: failure)
     }
@@ -106,7 +107,7 @@ enum PostgresTokenSQL {
     /// The upsert's conflict clause: an older token never replaces a newer one.
     static func onConflict(clearingFailure: Bool) -> String {
         let resetFailure = clearingFailure
-            ? ", failure_count = 0, next_attempt_at = NULL, last_error_kind = NULL, last_error_message = NULL, last_failure_at = NULL"
+            ? ", failure_count = 0, next_attempt_at = NULL, last_error_kind = NULL, last_error_message = NULL, last_failure_at = NULL, failure_config_digest = NULL"
             : ""
         return """
             ON CONFLICT (kind, subject_id) DO UPDATE SET

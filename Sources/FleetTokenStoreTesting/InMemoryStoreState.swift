@@ -102,7 +102,19 @@ struct InMemoryStoreState: Sendable {
         for key in keys where leases[key]?.holder == holder { leases[key] = nil }
     }
 
+    /// The earliest death at or after `notBefore` (every entry's when nil), nil when none.
+    func earliestDeath(notBefore: Date?) -> Date? {
+        entries.values.map(Self.diedAt).filter { died in notBefore.map { died >= $0 } ?? true }.min()
+    }
+
     // MARK: - Rules
+
+    /// When an entry died: its token's expiry, or its last failure or planned retry when later.
+    static func diedAt(_ entry: TokenEntry) -> Date {
+        let expiry = entry.token?.expiresAt ?? Date(timeIntervalSince1970: 0)
+        guard let failure = entry.failure else { return expiry }
+        return max(expiry, failure.lastFailureAt, failure.nextAttemptAt)
+    }
 
     /// Dead since before `cutoff`: no token or one expired before it, and no failure or planned
     /// retry after it.

@@ -51,6 +51,16 @@ extension InMemoryTokenRepository: TokenSealingStore {
         }
     }
 
+    /// Removes `key`'s token while its value is still `value`, keeping its failure state.
+    /// - Throws: `TokenStoreError.closed(path:)` after ``close()``; nothing was changed then.
+    public func removeToken(for key: TokenKey, ifValue value: String) async throws(TokenStoreError) -> Bool {
+        try write { state in
+            guard state.entries[key]?.token?.value == value else { return false }
+            state.removeToken(for: key)
+            return true
+        }
+    }
+
     /// Nothing: memory keeps no copies of replaced values.
     public func discardReplacedValues() async throws(TokenStoreError) {}
 

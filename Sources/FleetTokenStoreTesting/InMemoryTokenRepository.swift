@@ -89,6 +89,12 @@ public final class InMemoryTokenRepository: TokenRepository, RefreshLeaseStore, 
         try read { $0.retiredKeys(before: cutoff, after: after, limit: limit) }
     }
 
+    /// The earliest death at or after `notBefore` (see `TokenRepository.earliestDeath(notBefore:)`).
+    /// - Throws: `TokenStoreError.closed(path:)` after ``close()``.
+    public func earliestDeath(notBefore: Date?) async throws(TokenStoreError) -> Date? {
+        try read { $0.earliestDeath(notBefore: notBefore) }
+    }
+
     /// Changes other views of this store wrote, as they commit; never this view's own. The
     /// stream ends when this view closes.
     public func changes() -> AsyncStream<TokenStoreChange> {

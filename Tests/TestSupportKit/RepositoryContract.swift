@@ -1,13 +1,14 @@
 // Shared by the test targets: the repository contract. The behaviour every store must have
-// (TokenRepository, RefreshLeaseStore, TokenStoreAdmin), written once as checks that run
+// (TokenRepository, RefreshLeaseStore, TokenStoreAdmin, TokenSealingStore), written once as checks that run
 // against any implementation: SQLite and the in-memory one today, PostgreSQL next.
 
 import FleetTokenStore
 import Foundation
 import Testing
 
-/// A store as the contract sees it: everything the engine and the admin tool use.
-public typealias ContractRepository = TokenRepository & RefreshLeaseStore & TokenStoreAdmin
+/// A store as the contract sees it: everything the engine, the encryption layer and the admin
+/// tool use.
+public typealias ContractRepository = TokenRepository & RefreshLeaseStore & TokenStoreAdmin & TokenSealingStore
 
 /// The behaviour every token store must have, as checks runnable against any implementation.
 ///
@@ -84,6 +85,7 @@ public struct RepositoryContract: Sendable {
         case groupUpsertAllOrNothing = "a batch upsert is all of it or none of it"
         case failureState = "recordFailure creates an entry; upsert's clearFailure and clearFailure keep or clear it"
         case removeTokenKeepsFailureState = "removeToken keeps the failure state; without one the entry goes"
+        case removeTokenIfValue = "removeToken(ifValue:) removes only the value read; one written since by another view stays"
         case listFiltersAndPaging = "list filters by kind, subject, expired and valid, and pages by key in order"
         case purgeScopesAndCounts = "purge applies the filters, keeps failure state unless named, and counts"
         case retiredKeys = "retired keys are paged in key order; deletion re-checks them"
@@ -95,6 +97,8 @@ public struct RepositoryContract: Sendable {
         case leaseTakeOver = "a take-over succeeds only from the named holder (or on a free lease)"
         case changeFeed = "the change feed reports another view's upserts and removals, never its own writes"
         case healthCheck = "check reports a fresh store healthy, with its schema version"
+        case failureConfigurationDigest = "a failure keeps the digest of the configuration that failed; a success clears it"
+        case earliestDeath = "earliestDeath says when the earliest entry died at or after a time, as the retention cutoff judges it"
 
         /// What the check shows, for test output.
         public var testDescription: String { rawValue }
@@ -121,6 +125,7 @@ public struct RepositoryContract: Sendable {
         case .groupUpsertAllOrNothing: try await groupUpsertAllOrNothing(store)
         case .failureState: try await failureState(store)
         case .removeTokenKeepsFailureState: try await removeTokenKeepsFailureState(store)
+        case .removeTokenIfValue: try await removeTokenIfValue(store, fixture.otherProcess ?? store)
         case .listFiltersAndPaging: try await listFiltersAndPaging(store)
         case .purgeScopesAndCounts: try await purgeScopesAndCounts(store)
         case .retiredKeys: try await retiredKeys(store)
@@ -134,6 +139,8 @@ public struct RepositoryContract: Sendable {
             guard let other = fixture.otherProcess else { return }
             try await changeFeed(store, other)
         case .healthCheck: await healthCheck(store)
+        case .failureConfigurationDigest: try await failureConfigurationDigest(store)
+        case .earliestDeath: try await earliestDeath(store)
         }
     }
 

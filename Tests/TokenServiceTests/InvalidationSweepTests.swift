@@ -20,7 +20,8 @@ struct InvalidationSweepTests {
     @Test("2,000 invalidations, then silence: once their interval has passed the limiter remembers none of them")
     func burstForgottenWhileIdle() async throws {
         let scratch = Scratch()
-        let logger = Logger(label: "invalidation-sweep-test")
+        var logger = Logger(label: "invalidation-sweep-test")
+        logger.logLevel = .warning  // 2,000 invalidations, each logged at info
         let fetcher = ScriptedFetcher { key, _ in FetchedToken(value: TestJWT.make(for: key, issuedAt: Date(), lifetime: 3600)) }
         let store = try SQLiteTokenRepository(path: scratch.file("tokens.sqlite"), logger: logger)
         defer { store.close() }

@@ -14,10 +14,14 @@ struct OnceRun {
     let engine: TokenSyncEngine
     let keys: [TokenKey]
     let output: AgentOutput
+    /// The store as `tokenctl --db` takes it, quoted for a shell (for the "retry now" command).
+    let storeArgument: String
 
     /// Returns true when some subject has no usable token.
     func run() async -> Bool {
         let engine = self.engine
+        // The engine's own clock: a failure recorded before this was an earlier attempt's.
+        let started = TokenSyncEngine.coarseWallClock()
         let results = await withTaskGroup(of: (Int, Result<(StoredToken, TokenSource), TokenUnavailable>).self) { group in
             for (index, key) in keys.enumerated() {
                 group.addTask {
@@ -32,17 +36,20 @@ struct OnceRun {
             return await group.reduce(into: [Int: Result<(StoredToken, TokenSource), TokenUnavailable>]()) { $0[$1.0] = $1.1 }
         }
         var served: [(StoredToken, TokenSource)] = []
-        var failed = false
+        var failures: [OnceFailureReport] = []
+        let now = Date()
         for index in keys.indices {
             switch results[index]! {
             case .success(let result): served.append(result)
             case .failure(let error):
-                failed = true
-                FileHandle.standardError.write(Data("token-agent: \(OperatorHints.describe(error))\n".utf8))
+                let report = OnceFailureReport(error, failure: engine.status(of: error.key).failure, started: started,
+                                               storeArgument: storeArgument)
+                failures.append(report)
+                FileHandle.standardError.write(Data("token-agent: \(report.text(now: now))\n".utf8))
             }
         }
-        output.printOnce(served)
-        return failed
+        output.printOnce(served, failures: failures)
+        return !failures.isEmpty
     }
 }
 
@@ -138,7 +145,9 @@ struct AgentOutput: Sendable {
         }
     }
 
-    func printOnce(_ served: [(StoredToken, TokenSource)]) {
+    /// `--once`'s result: a line per served subject (failures went to stderr as they came), or
+    /// one JSON array of served subjects, then failed ones (with `error`).
+    func printOnce(_ served: [(StoredToken, TokenSource)], failures: [OnceFailureReport] = []) {
         if json {
             let objects = served.map { token, source in
                 [
@@ -146,7 +155,7 @@ struct AgentOutput: Sendable {
                     "expires_at": token.expiresAt.formatted(.iso8601), "source": source.rawValue,
                     "fingerprint": token.fingerprint.description,
                 ]
-            }
+            } + failures.map(\.object)
             let data = (try? JSONSerialization.data(withJSONObject: objects, options: [.sortedKeys])) ?? Data("[]".utf8)
             emit(String(decoding: data, as: UTF8.self))
             return

@@ -151,7 +151,9 @@ struct AgentRun {
             }
 
             if settings.once {
-                let failed = await OnceRun(engine: engine, keys: keys, output: output).run()
+                // A database URL may hold a password: it is not printed back.
+                let storeArgument = PostgresStoreLocation.isPostgresURL(path) ? "'<the database URL>'" : OnceFailureReport.shellQuoted(path)
+                let failed = await OnceRun(engine: engine, keys: keys, output: output, storeArgument: storeArgument).run()
                 await engine.shutdown()
                 await close()
                 if failed { throw ExitCode(1) }

@@ -30,9 +30,15 @@ enum OperatorHints {
     }
 
     private static func hint(for error: TokenProviderError) -> String? {
-        switch error.code {
-        case .tlsCertificate: "--ca-file or --extra-ca-file for the CA; --client-cert and --client-key for the client certificate"
-        case .missingData: "check --token-key / --expiration-key"
+        hint(forKind: error.kind)
+    }
+
+    /// The hint for a provider error known by its kind only (a failure read from the store).
+    static func hint(forKind kind: String) -> String? {
+        switch kind {
+        case TokenProviderError.Code.tlsCertificate.description:
+            "--ca-file or --extra-ca-file for the CA; --client-cert and --client-key for the client certificate"
+        case TokenProviderError.Code.missingData.description: "check --token-key / --expiration-key"
         default: nil
         }
     }

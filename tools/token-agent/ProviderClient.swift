@@ -35,6 +35,12 @@ final class ProviderClient: TokenFetcher {
         return try await fetcher.fetchToken(for: key)
     }
 
+    /// The digest of the fetcher in force: a reload that changes it makes failures stored
+    /// under the old one retried at once.
+    var configurationDigest: String? {
+        state.withLock { $0.generations[$0.current]!.fetcher }.configurationDigest
+    }
+
     private func finished(_ id: Int) {
         let drained = state.withLock { state -> CheckedContinuation<Void, Never>? in
             state.generations[id]!.inFlight -= 1

@@ -62,6 +62,9 @@ struct Show: AsyncParsableCommand {
             object["last_used_at"] = iso(entry.token?.lastUsedAt)
             object["last_error_message"] = entry.failure?.lastErrorMessage ?? NSNull()
             object["last_failure_at"] = iso(entry.failure?.lastFailureAt)
+            // Which provider configuration failed, as its digest's first 12 hex digits (never the
+            // configuration): a run with another one tries at once.
+            object["failure_config"] = entry.failure?.configurationDigest.map { String($0.prefix(12)) } ?? NSNull()
             if let token = entry.token {
                 let plain = try opened(token)
                 object["claims"] = plain.map { ClaimsView($0).json }

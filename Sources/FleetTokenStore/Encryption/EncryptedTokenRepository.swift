@@ -11,7 +11,8 @@ public import Logging
 /// keyring lacks, or not sealed at all) is never handed out: it reads as missing, is logged as
 /// an error naming the key and key id, and the engine fetches a new token. One that fails with
 /// a key the keyring holds (altered or moved) is also removed, so the refetched token replaces
-/// it; the others were likely written by another process sharing the store, and stay.
+/// it: that value only, while the store still holds it (a token another process stored since
+/// the read stays); the others were likely written by another process sharing the store, and stay.
 /// Open a store with ``TokenValueResealer/prepare(keyring:)`` first: it refuses a store that
 /// needs keys the keyring lacks, and seals an older store's plaintext values.
 ///
@@ -87,6 +88,12 @@ public struct EncryptedTokenRepository: TokenRepository, RefreshLeaseStore {
         try await base.retiredKeys(before: cutoff, after: after, limit: limit)
     }
 
+    /// The wrapped store's earliest death at or after `notBefore`.
+    /// - Throws: ``TokenStoreError`` when the store cannot be read.
+    public func earliestDeath(notBefore: Date?) async throws(TokenStoreError) -> Date? {
+        try await base.earliestDeath(notBefore: notBefore)
+    }
+
     /// Deletes retired entries from the wrapped store.
     /// - Throws: ``TokenStoreError``; on failure nothing was deleted.
     public func deleteRetired(_ keys: [TokenKey], before cutoff: Date) async throws(TokenStoreError) -> Int {
@@ -159,7 +166,7 @@ public struct EncryptedTokenRepository: TokenRepository, RefreshLeaseStore {
             logger.error("stored token does not open (altered, or copied from another row): treated as missing, removed and fetched anew", metadata: [
                 "key": "\(entry.key)", "key_id": .string(keyID),
             ])
-            await remove(entry.key)
+            await remove(entry.key, ifValue: token.value)
         case .plaintext:
             // Likely written by a process sharing the store without the key: not ours to remove.
             logger.error("stored token is not sealed although this process seals them (written by a process without the key?): treated as missing, fetched anew", metadata: [
@@ -172,8 +179,10 @@ public struct EncryptedTokenRepository: TokenRepository, RefreshLeaseStore {
         return result
     }
 
-    private func remove(_ key: TokenKey) async {
-        do { try await base.removeToken(for: key) } catch {
+    /// Removes `key`'s token only while it is still `value`, the one that did not open: a valid
+    /// token another process stored since the read must not be purged for everyone.
+    private func remove(_ key: TokenKey, ifValue value: String) async {
+        do { _ = try await base.removeToken(for: key, ifValue: value) } catch {
             logger.warning("could not remove a stored token that does not open; the next write replaces it", metadata: [
                 "key": "\(key)", "error": "\(error)",
             ])

@@ -1,8 +1,10 @@
 // Encryption layer: what a store tells about which keys sealed its token values (without
-// reading them), and the value-only rewrite that sealing a plaintext store and re-keying use.
+// reading them), the value-only rewrite that sealing a plaintext store and re-keying use, and
+// the compare-and-delete of a value that does not open.
 
 /// What a store tells about the keys its token values are sealed with, read from its
-/// `value_key_id` column without opening a value, and the rewrite of values alone.
+/// `value_key_id` column without opening a value, the rewrite of values alone, and the removal
+/// of a value only while it is still the one read.
 ///
 /// ``SQLiteTokenRepository`` and the PostgreSQL repository implement it; ``TokenValueResealer``
 /// and ``EncryptedTokenRepository`` use it. Key ids are ``TokenEncryptionKey/id``s, or
@@ -30,6 +32,12 @@ public protocol TokenSealingStore: Sendable {
     /// of a row changes. Returns the keys whose values were replaced.
     /// - Throws: ``TokenStoreError``; on failure nothing was changed.
     func replaceValues(_ replacements: [TokenValueReplacement]) async throws(TokenStoreError) -> Set<TokenKey>
+
+    /// Removes `key`'s token only while its stored value is still `value` (one read before and
+    /// found not to open), keeping the failure state as ``TokenRepository/removeToken(for:)``
+    /// does: a token another process wrote since the read stays. Returns whether it removed.
+    /// - Throws: ``TokenStoreError``; on failure nothing was changed.
+    func removeToken(for key: TokenKey, ifValue value: String) async throws(TokenStoreError) -> Bool
 
     /// Clears what the storage may still hold of values replaced before (SQLite rewrites its
     /// file and empties its write-ahead log), as far as other connections allow.

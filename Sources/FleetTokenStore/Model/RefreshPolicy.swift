@@ -68,6 +68,12 @@ public struct RefreshPolicy: Sendable, Equatable {
         min(floorSeconds, floorFraction * token.lifetime)
     }
 
+    /// How far apart the wall clocks of hosts sharing a store may be: what the lease protocol
+    /// tolerates (a lease renewed every third of ``leaseDuration`` stays live for a host whose
+    /// clock is up to two thirds of it ahead of the holder's; 20 s by default). A failure
+    /// recorded up to this far after our "now" is another host's, and its backoff holds.
+    var hostClockTolerance: TimeInterval { leaseDuration * 2 / 3 }
+
     /// The nominal delay before retry number `failures` (1 = first failure), before jitter.
     func nominalBackoff(afterFailures failures: Int, retryable: Bool) -> TimeInterval {
         let base = retryable ? backoffBase : max(backoffBase, nonRetryableBackoffBase)

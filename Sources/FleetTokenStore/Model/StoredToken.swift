@@ -15,7 +15,10 @@ public struct StoredToken: Sendable, Equatable, CustomStringConvertible {
     public var expiresAt: Date
     /// The JWT `iat`, when the token has one.
     public var issuedAt: Date?
-    /// When this process received it from the provider.
+    /// When it was received from the provider, by the receiving host's wall clock. (The engine
+    /// stamps a token without `iat` with the provider-corrected time instead: its lifetime is
+    /// measured from this.) With `iat`, the two show after a restart how far ahead the
+    /// provider's clock at least was.
     public var fetchedAt: Date
     /// When a caller last asked for it, if recorded.
     public var lastUsedAt: Date?
@@ -68,29 +71,55 @@ public struct RefreshFailureState: Sendable, Equatable {
     public var lastErrorMessage: String?
     /// When the last failure happened.
     public var lastFailureAt: Date
+    /// The digest of the provider configuration the failing attempt used
+    /// (``TokenFetcher/configurationDigest``), nil when the fetcher gives none. A failure of
+    /// another configuration holds no backoff: a fixed configuration is tried at once.
+    public var configurationDigest: String?
 
     /// Creates a failure state.
     public init(consecutiveFailures: Int, nextAttemptAt: Date, lastErrorKind: String,
-                lastErrorMessage: String? = nil, lastFailureAt: Date) {
+                lastErrorMessage: String? = nil, lastFailureAt: Date, configurationDigest: String? = nil) {
         self.consecutiveFailures = consecutiveFailures
         self.nextAttemptAt = nextAttemptAt
         self.lastErrorKind = lastErrorKind
         self.lastErrorMessage = lastErrorMessage
         self.lastFailureAt = lastFailureAt
+        self.configurationDigest = configurationDigest
     }
 }
 
 extension RefreshFailureState {
-    /// A failure recorded more than this after "now" means the wall clock was stepped back.
-    static let clockStepTolerance: TimeInterval = 1
+    /// Whether this failure was recorded under a provider configuration other than `current`.
+    /// Unknown on either side (a fetcher without a digest, a failure an older build stored) is
+    /// not "other": the backoff holds, as it did before digests were kept.
+    func isOfAnotherConfiguration(than current: String?) -> Bool {
+        guard let mine = configurationDigest, let current else { return false }
+        return mine != current
+    }
 
-    /// Whether fetching must still wait at `now` (local wall-clock time). A failure recorded
-    /// after `now` means the wall clock has been stepped back since: its backoff was computed on
-    /// the old clock, and honouring it would stretch it by the size of the step (an hour's step:
-    /// an hour without a token). Such a backoff is over; the next attempt, if it fails, records
-    /// a failure on the current clock and backs off from there.
-    func isBackingOff(at now: Date) -> Bool {
-        nextAttemptAt > now && lastFailureAt <= now.addingTimeInterval(Self.clockStepTolerance)
+    /// This failure as judged at `now` (local wall-clock time) under the provider configuration
+    /// `current`: one of another configuration keeps its count and message, but its backoff is
+    /// over (what failed is not what will be tried next).
+    func judged(under current: String?, at now: Date) -> RefreshFailureState {
+        guard isOfAnotherConfiguration(than: current), nextAttemptAt > now else { return self }
+        var ended = self
+        ended.nextAttemptAt = now
+        return ended
+    }
+}
+
+extension RefreshFailureState {
+    /// Whether fetching must still wait at `now` (local wall-clock time).
+    ///
+    /// A failure recorded up to `hostClockTolerance` after `now` was recorded by a host whose
+    /// clock is that much ahead of ours (``RefreshPolicy/hostClockTolerance``: what the lease
+    /// protocol tolerates), and its backoff holds. One recorded later means our wall clock was
+    /// stepped back since: its backoff was computed on the old clock, and honouring it would
+    /// stretch it by the size of the step (an hour's step: an hour without a token). Such a
+    /// backoff is over; the next attempt, if it fails, records a failure on the current clock
+    /// and backs off from there.
+    func isBackingOff(at now: Date, hostClockTolerance: TimeInterval) -> Bool {
+        nextAttemptAt > now && lastFailureAt <= now.addingTimeInterval(hostClockTolerance)
     }
 }
 

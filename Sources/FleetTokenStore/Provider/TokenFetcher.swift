@@ -13,6 +13,19 @@ public protocol TokenFetcher: Sendable {
     /// - Throws: ``TokenProviderError`` describing why the provider gave no token; its
     ///   ``TokenProviderError/isRetryable`` and ``TokenProviderError/retryAfter`` drive backoff.
     func fetchToken(for key: TokenKey) async throws(TokenProviderError) -> FetchedToken
+
+    /// A digest of everything that shapes the fetcher's requests (URL, method, body, headers and
+    /// their files' contents, trust and client certificates, proxy), never the values in clear;
+    /// nil when the fetcher has none. The engine stores it with each failure: a failure recorded
+    /// under another digest holds no backoff, so a fixed configuration is tried at once. Read
+    /// before each fetch and when stored failures are loaded: keep it cheap.
+    var configurationDigest: String? { get }
+}
+
+extension TokenFetcher {
+    /// None: failures hold their backoff whatever the configuration (test doubles, embedders'
+    /// fetchers that do not describe theirs).
+    public var configurationDigest: String? { nil }
 }
 
 /// What a provider answered: the token and what it said about its expiry.

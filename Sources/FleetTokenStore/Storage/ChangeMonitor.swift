@@ -40,8 +40,9 @@ final class ChangeMonitor: Sendable {
     static let maximumItemizedChanges = 5000
 
     private let state = Mutex(State())
-    /// The subscribers; unbounded, as a reader that misses a change would serve a stale token.
-    private let subscribers = EventBroadcaster<TokenStoreChange>(buffering: .unbounded)
+    /// The subscribers. A reader that missed a change would serve a stale token: one far behind
+    /// gets `.unknown` in place of what it has not read.
+    private let subscribers = StoreChangeBroadcaster()
     /// A subscriber arrived or the monitor closed: the loop looks again.
     private let wakes = WakeSignal()
     private let path: String
@@ -232,6 +233,10 @@ final class ChangeMonitor: Sendable {
             }
         }
         guard var watcher = opened else { return .nobodyListens }
+        if start == nil {
+            // Watching starts later than the streams did: what committed between is not itemized.
+            subscribers.emit(.unknown)
+        }
         while keepPolling() {
             do {
                 try await clock.sleep(for: interval)

@@ -74,6 +74,23 @@ extension SQLiteTokenRepository: TokenSealingStore {
         }
     }
 
+    /// Removes `key`'s token while its value is still `value`, in one transaction: cleared in
+    /// place, and the row deleted when no failure state is left (as `removeToken(for:)` does).
+    /// - Throws: ``TokenStoreError``; on failure nothing was changed.
+    public func removeToken(for key: TokenKey, ifValue value: String) async throws(TokenStoreError) -> Bool {
+        try await runner.write { db in
+            let arguments: StatementArguments = [key.kind.rawValue, key.subjectID, value]
+            try db.cachedStatement(sql: """
+                UPDATE tokens SET token = NULL, expires_at = NULL, issued_at = NULL, fetched_at = NULL
+                WHERE kind = ? AND subject_id = ? AND token = ?
+                """).execute(arguments: arguments)
+            guard db.changesCount > 0 else { return false }
+            try db.cachedStatement(sql: "DELETE FROM tokens WHERE kind = ? AND subject_id = ? AND token IS NULL AND failure_count = 0")
+                .execute(arguments: [key.kind.rawValue, key.subjectID])
+            return true
+        }
+    }
+
     /// Rewrites the store file without the free space that held replaced values (VACUUM),
     /// then empties the write-ahead log, which still holds them, as far as other processes'
     /// open reads allow (what remains is overwritten as the log is reused).

@@ -166,6 +166,13 @@ public final class SQLiteTokenRepository: TokenRepository, RefreshLeaseStore, To
         try await tokenTable.retiredKeys(before: cutoff, after: after, limit: limit)
     }
 
+    /// When the earliest entry that died at `notBefore` or later died (see
+    /// ``TokenRepository/earliestDeath(notBefore:)``).
+    /// - Throws: ``TokenStoreError`` when the store cannot be read.
+    public func earliestDeath(notBefore: Date?) async throws(TokenStoreError) -> Date? {
+        try await tokenTable.earliestDeath(notBefore: notBefore)
+    }
+
     /// Changes to tokens committed by other connections or processes (not by this repository),
     /// within about ``StoreConfiguration/changePollInterval`` of their commit.
     public func changes() -> AsyncStream<TokenStoreChange> {

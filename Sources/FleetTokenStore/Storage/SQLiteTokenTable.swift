@@ -55,6 +55,17 @@ struct SQLiteTokenTable: Sendable {
         }
     }
 
+    /// The earliest death at or after `notBefore` (see ``TokenRepository/earliestDeath(notBefore:)``):
+    /// one aggregate over the table, run once per retention check.
+    func earliestDeath(notBefore: Date?) async throws(TokenStoreError) -> Date? {
+        let died = TokenConditions.diedAt(greatest: "max")
+        let sql = "SELECT min(\(died)) FROM tokens" + (notBefore == nil ? "" : " WHERE \(died) >= ?")
+        let arguments: StatementArguments = notBefore.map { [$0.timeIntervalSince1970] } ?? []
+        return try await runner.read { db in
+            try Double.fetchOne(db, sql: sql, arguments: arguments).map(Date.init(timeIntervalSince1970:))
+        }
+    }
+
     // MARK: - Writes
 
     func upsert(_ token: StoredToken, clearFailure: Bool) async throws(TokenStoreError) {

@@ -46,4 +46,13 @@ package struct TokenConditions: Sendable, Equatable {
                           [.real(seconds), .real(seconds)])
         return conditions
     }
+
+    /// When an entry died, in Unix seconds: its token's expiry (0 without one), or its last
+    /// failure or planned retry when later. ``retired(before:)`` selects the entries whose time
+    /// this is before the cutoff. `greatest` names the store's function for the largest of its
+    /// arguments (SQLite `max`, PostgreSQL `greatest`).
+    package static func diedAt(greatest: String) -> String {
+        "\(greatest)(coalesce(expires_at, 0), CASE WHEN failure_count > 0 "
+            + "THEN \(greatest)(coalesce(last_failure_at, 0), coalesce(next_attempt_at, 0)) ELSE 0 END)"
+    }
 }

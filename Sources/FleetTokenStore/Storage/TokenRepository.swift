@@ -53,10 +53,19 @@ public protocol TokenRepository: Sendable {
     /// - Throws: ``TokenStoreError``; on failure nothing was deleted.
     func deleteRetired(_ keys: [TokenKey], before cutoff: Date) async throws(TokenStoreError) -> Int
 
+    /// The earliest time an entry died or dies (its token's expiry, or its last failure or
+    /// planned retry when later: what ``retiredKeys(before:after:limit:)`` compares with its
+    /// cutoff) among the entries that died at `notBefore` or later (every entry when nil); nil
+    /// when there is none. With the retention period added: when the sweep can next delete one.
+    /// - Throws: ``TokenStoreError`` when the store cannot be read.
+    func earliestDeath(notBefore: Date?) async throws(TokenStoreError) -> Date?
+
     /// Changes to tokens made by other processes (or other views) sharing the store,
     /// delivered within about a second of their commit while ``runBackgroundWork()`` runs;
-    /// not the changes made through this repository itself. The stream ends when the
-    /// repository closes.
+    /// not the changes made through this repository itself. Every change committed after this
+    /// returns is reported, itemized or within a ``TokenStoreChange/unknown`` (the feed began
+    /// watching later, lost its connection, or the reader fell far behind in a burst). The
+    /// stream ends when the repository closes.
     func changes() -> AsyncStream<TokenStoreChange>
 
     /// The repository's long-running work (say, polling for other processes' changes), until
@@ -79,6 +88,9 @@ extension TokenRepository {
 
     /// Deletes nothing: a repository without this has no retention sweep.
     public func deleteRetired(_ keys: [TokenKey], before cutoff: Date) async throws(TokenStoreError) -> Int { 0 }
+
+    /// None: a repository without this is swept at the longest interval only.
+    public func earliestDeath(notBefore: Date?) async throws(TokenStoreError) -> Date? { nil }
 
     /// Stores `token`, clearing the key's failure state (a successful refresh); see
     /// `upsert(_:clearFailure:)` of one token.

@@ -70,7 +70,8 @@ enum TokenRow {
                 nextAttemptAt: date(row["next_attempt_at"]) ?? .distantPast,
                 lastErrorKind: row["last_error_kind"] ?? "unknown",
                 lastErrorMessage: row["last_error_message"],
-                lastFailureAt: date(row["last_failure_at"]) ?? .distantPast)
+                lastFailureAt: date(row["last_failure_at"]) ?? .distantPast,
+                configurationDigest: row["failure_config_digest"])
         }
         return TokenEntry(key: key, token: token, failure: failure)
     }
@@ -83,7 +84,7 @@ enum TokenRow {
     /// newer one (a slow writer loses to another process's fresher refresh).
     private static func upsertSQL(clearingFailure: Bool) -> String {
         let resetFailure = clearingFailure
-            ? ", failure_count = 0, next_attempt_at = NULL, last_error_kind = NULL, last_error_message = NULL, last_failure_at = NULL"
+            ? ", failure_count = 0, next_attempt_at = NULL, last_error_kind = NULL, last_error_message = NULL, last_failure_at = NULL, failure_config_digest = NULL"
             : ""
         return """
             INSERT INTO tokens (kind, subject_id, token, expires_at, issued_at, fetched_at, last_used_at)
@@ -115,16 +116,16 @@ enum TokenRow {
     static func recordFailure(_ failure: RefreshFailureState, for key: TokenKey, _ db: Database) throws {
         try db.cachedStatement(sql: """
             INSERT INTO tokens (kind, subject_id, failure_count, next_attempt_at, last_error_kind,
-                                last_error_message, last_failure_at)
-            VALUES (?, ?, ?, ?, ?, ?, ?)
+                                last_error_message, last_failure_at, failure_config_digest)
+            VALUES (?, ?, ?, ?, ?, ?, ?, ?)
             ON CONFLICT (kind, subject_id) DO UPDATE SET
               failure_count = excluded.failure_count, next_attempt_at = excluded.next_attempt_at,
               last_error_kind = excluded.last_error_kind, last_error_message = excluded.last_error_message,
-              last_failure_at = excluded.last_failure_at
+              last_failure_at = excluded.last_failure_at, failure_config_digest = excluded.failure_config_digest
             """).execute(arguments: [
                 key.kind.rawValue, key.subjectID, max(1, failure.consecutiveFailures),
                 failure.nextAttemptAt.timeIntervalSince1970, failure.lastErrorKind,
-                failure.lastErrorMessage, failure.lastFailureAt.timeIntervalSince1970,
+                failure.lastErrorMessage, failure.lastFailureAt.timeIntervalSince1970, failure.configurationDigest,
             ])
     }
 
@@ -142,7 +143,7 @@ enum TokenRow {
         let arguments: StatementArguments = [key.kind.rawValue, key.subjectID]
         try db.cachedStatement(sql: """
             UPDATE tokens SET failure_count = 0, next_attempt_at = NULL, last_error_kind = NULL,
-                              last_error_message = NULL, last_failure_at = NULL
+                              last_error_message = NULL, last_failure_at = NULL, failure_config_digest = NULL
             WHERE kind = ? AND subject_id = ?
             """).execute(arguments: arguments)
         try db.cachedStatement(sql: "DELETE FROM tokens WHERE kind = ? AND subject_id = ? AND token IS NULL")

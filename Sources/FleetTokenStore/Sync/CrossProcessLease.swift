@@ -9,6 +9,7 @@ import Synchronization
 /// A flight holds its key's lease from before the fetch until its token is stored; the flight
 /// then hands it to the group commit (``handOver(_:)``), which releases it after the write
 /// (``releaseHandedOver(_:)``) unless a new flight of the key has taken it again meanwhile.
+/// A lease whose release the store refused stays recorded as held, for ``releaseAll()``.
 final class CrossProcessLease: Sendable {
     /// The lease store's answer, with the dead-holder decision made.
     enum Answer: Sendable, Equatable {
@@ -215,7 +216,7 @@ final class CrossProcessLease: Sendable {
             return released
         }
         guard !released.isEmpty else { return }
-        try? await store.releaseRefreshLeases(for: released, holder: holder)
+        await releaseOrKeep(released)
     }
 
     /// Releases `key`'s lease when held.
@@ -225,16 +226,37 @@ final class CrossProcessLease: Sendable {
             return held.keys.remove(key) != nil
         }
         guard had else { return }
-        try? await store.releaseRefreshLeases(for: [key], holder: holder)
+        await releaseOrKeep([key])
     }
 
-    /// Shutdown: releases every lease still held.
+    /// Shutdown: releases every lease still held (those whose release failed before included).
     func releaseAll() async {
-        let keys = held.withLock { held in
-            defer { held = Held() }
-            return Array(held.keys)
-        }
+        let keys = held.withLock { Array($0.keys) }
         guard !keys.isEmpty else { return }
-        try? await store.releaseRefreshLeases(for: keys, holder: holder)
+        do {
+            try await store.releaseRefreshLeases(for: keys, holder: holder)
+            held.withLock { held in
+                held.keys.subtract(keys)
+                held.handedOver.subtract(keys)
+            }
+        } catch {
+            logger.debug("could not release refresh leases", metadata: ["error": .string(error.description)])
+        }
+    }
+
+    /// The keys whose lease this process holds, sorted (for the shutdown's report).
+    var heldKeys: [TokenKey] {
+        held.withLock { $0.keys.sorted() }
+    }
+
+    /// Releases `keys`' leases. When the store refuses (a database that is down, a cancelled
+    /// task) they stay recorded as held: the shutdown's ``releaseAll()`` tries again, rather
+    /// than other processes waiting for them to expire.
+    private func releaseOrKeep(_ keys: [TokenKey]) async {
+        do {
+            try await store.releaseRefreshLeases(for: keys, holder: holder)
+        } catch {
+            held.withLock { $0.keys.formUnion(keys) }
+        }
     }
 }

@@ -67,15 +67,20 @@ struct EngineParts: Sendable {
     /// Schedules `key` at its soft point, at its next attempt while backing off, or now when it
     /// holds no usable token. When it comes due, an idle untracked key is evicted instead.
     func scheduleNextRefresh(_ key: TokenKey) {
-        scheduler.schedule(key, at: RefreshRules.nextRefresh(of: memory.entry(key), at: moment))
+        scheduler.schedule(key, at: RefreshRules.nextRefresh(of: memory.entry(key), at: moment,
+                                                            hostClockTolerance: policy.hostClockTolerance))
     }
 
     /// Installs a token another process stored when it is newer than ours, and reports and
-    /// reschedules the key; a flight of the key queued for a fetch slot is let go.
+    /// reschedules the key; a flight of the key queued for a fetch slot is let go. Never while
+    /// the key's invalidation waits for the store: the stored token is then the invalidated one.
     @discardableResult
     func adoptIfNewer(_ token: StoredToken, failure: RefreshFailureState?) -> Bool {
-        guard RefreshRules.shouldAdopt(token, over: memory.entry(token.key)?.token) else { return false }
-        memory.install(token, source: .otherProcess, failure: failure)
+        guard RefreshRules.shouldAdopt(token, over: memory.entry(token.key)?.token),
+              !committer.isRemovalPending(token.key) else { return false }
+        // Until the provider answers us, the token's own times tell its clock (see load).
+        skew.learnFromStored([token])
+        memory.install(token, source: .otherProcess, failure: judged(failure))
         slots.endWait(for: token.key)
         logger.info("adopted a token another process stored", metadata: [
             "key": .string(token.key.description), "fingerprint": .string(token.fingerprint.description),
@@ -83,6 +88,22 @@ struct EngineParts: Sendable {
         events.emit(.refreshed(key: token.key, fingerprint: token.fingerprint, expiresAt: token.expiresAt, source: .otherProcess))
         scheduleNextRefresh(token.key)
         return true
+    }
+
+    /// `entry` as read from the store, as the engine may use it: a value still sealed reads as
+    /// missing (``SealedValueGuard``), and a failure recorded under another provider
+    /// configuration than the fetcher's holds no backoff (see ``judged(_:)``).
+    func admitted(_ entry: TokenEntry?) -> TokenEntry? {
+        guard var entry = SealedValueGuard.checked(entry, logger: logger) else { return nil }
+        entry.failure = judged(entry.failure)
+        return entry
+    }
+
+    /// A stored `failure` judged under the fetcher's configuration now: one recorded under
+    /// another (a flag or a file fixed since) is tried at once; the same one keeps its backoff.
+    func judged(_ failure: RefreshFailureState?) -> RefreshFailureState? {
+        guard let failure, failure.configurationDigest != nil else { return failure }
+        return failure.judged(under: fetcher.configurationDigest, at: now())
     }
 
     /// Reads the stored entries of `keys` into memory; keys the store lacks are remembered as
@@ -96,10 +117,14 @@ struct EngineParts: Sendable {
             logger.warning("could not read stored tokens; they will be fetched", metadata: ["error": .string(error.description)])
             return
         }
+        // Until the provider answers this process, the offset to its clock is what the stored
+        // tokens' own times prove: a restart must not judge them by our clock alone.
+        skew.learnFromStored(found.values.lazy.compactMap(\.token))
         let corrected = moment.corrected
         for key in keys where memory.entry(key) == nil {
-            let entry = SealedValueGuard.checked(found[key], logger: logger)
-            if let token = entry?.token, RefreshRules.isUsable(token, at: corrected, policy: policy) {
+            let entry = admitted(found[key])
+            if let token = entry?.token, RefreshRules.isUsable(token, at: corrected, policy: policy),
+               !committer.isRemovalPending(key) {
                 memory.install(token, source: .store, failure: entry?.failure)
                 metrics.storeReuses.increment()
             } else {

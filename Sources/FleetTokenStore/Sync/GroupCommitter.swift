@@ -1,5 +1,6 @@
-// Sync layer: persistence of refreshed tokens. Whatever accumulates while one transaction
-// commits goes into the next, so a refresh burst costs a few commits, not one per key.
+// Sync layer: persistence of refreshed tokens and of invalidations. Whatever accumulates while
+// one transaction commits goes into the next, so a refresh burst costs a few commits, not one
+// per key.
 import Foundation
 import Logging
 import Synchronization
@@ -7,6 +8,10 @@ import Synchronization
 /// Writes refreshed tokens to the repository in batches, keeps them for another attempt when
 /// the store fails (memory goes on serving them), then reports each committed token and hands
 /// its key to `committed` (which releases the key's lease).
+///
+/// Invalidations go the same way (``enqueueRemoval(_:)``): one write per key is pending at a
+/// time, the newest, so a token fetched before an invalidation can never reach the store after
+/// it, and an invalidation never waits for a store that cannot be written.
 ///
 /// While ``run()`` runs (a child task of the engine's `run()`), it does the writing. An engine
 /// used without `run()` (a one-shot program) has no such loop: each burst is then written by a
@@ -18,12 +23,26 @@ final class GroupCommitter: Sendable {
     /// Delay between attempts to write results after the store failed.
     static let storeRetryDelay: TimeInterval = 2
 
+    /// What is to be written for a key: its newest token, or the removal of its stored token.
+    private enum Write: Sendable {
+        case token(StoredToken)
+        case removal
+    }
+
+    /// One batch: its tokens are written in one transaction, then its removals.
+    private struct Batch: Sendable {
+        var tokens: [StoredToken] = []
+        var removals: [TokenKey] = []
+    }
+
     private struct State: Sendable {
-        var pending: [TokenKey: StoredToken] = [:]
+        var pending: [TokenKey: Write] = [:]
         /// The keys of the batch being written: still pending for the change feed's
         /// reconcile, which would otherwise read the store before the write commits and judge
         /// the token removed by another process.
         var inFlight: Set<TokenKey> = []
+        /// The keys of the batch being written whose stored token is being removed.
+        var inFlightRemovals: Set<TokenKey> = []
         /// A batch loop is writing; it goes on until nothing is pending.
         var writing = false
         var writeWaiters: [CheckedContinuation<Void, Never>] = []
@@ -52,10 +71,21 @@ final class GroupCommitter: Sendable {
         self.committed = committed
     }
 
-    /// Queues `token` for the next batch (replacing an older pending token of its key).
+    /// Queues `token` for the next batch (replacing an older pending write of its key).
     func enqueue(_ token: StoredToken) {
+        enqueue(token.key, .token(token))
+    }
+
+    /// Queues the removal of `key`'s stored token (an invalidation) for the next batch,
+    /// replacing a token of the key still waiting for its commit. Returns at once: the removal
+    /// reaches the store when it can be written, after any write of the key already under way.
+    func enqueueRemoval(_ key: TokenKey) {
+        enqueue(key, .removal)
+    }
+
+    private func enqueue(_ key: TokenKey, _ write: Write) {
         let looping = state.withLock { state in
-            state.pending[token.key] = token
+            state.pending[key] = write
             if !state.looping && !state.writing {
                 state.writing = true
                 state.oneOff = Task { await self.writeBatches() }
@@ -75,9 +105,19 @@ final class GroupCommitter: Sendable {
         state.withLock { $0.pending[key] != nil || $0.inFlight.contains(key) }
     }
 
-    /// Drops `key`'s pending token (it was rejected); true when there was one.
-    func discard(_ key: TokenKey) -> Bool {
-        state.withLock { $0.pending.removeValue(forKey: key) != nil }
+    /// Whether the removal of `key`'s stored token waits for its commit: until it is done, a
+    /// token of the key read from the store is the invalidated one (or older), never to be
+    /// served again.
+    func isRemovalPending(_ key: TokenKey) -> Bool {
+        state.withLock { state in
+            if case .removal = state.pending[key] { return true }
+            return state.inFlightRemovals.contains(key)
+        }
+    }
+
+    /// The keys whose write has not reached the store (for the shutdown's report).
+    var unwrittenKeys: [TokenKey] {
+        state.withLock { Array(Set($0.pending.keys).union($0.inFlight)).sorted() }
     }
 
     /// Returns once every token pending now is written, or given up on during shutdown.
@@ -108,7 +148,10 @@ final class GroupCommitter: Sendable {
         state.withLock { $0.looping = true }
         defer { state.withLock { $0.looping = false } }
         while !Task.isCancelled {
-            if state.withLock({ $0.pending.isEmpty }) { await work.wait() }
+            // Nothing to write, or another task writes (a drain, or a writer started before
+            // this loop, retrying a failing store): wait. That writer signals when it stops;
+            // looping on it instead would spin a core for as long as the store fails.
+            if state.withLock({ $0.pending.isEmpty || $0.writing }) { await work.wait() }
             _ = work.take()
             if Task.isCancelled { break }
             if startWriting() { await writeBatches() }
@@ -127,25 +170,17 @@ final class GroupCommitter: Sendable {
     /// The batch loop; the caller has claimed it (`writing`). Ends when nothing is pending, or
     /// when a write fails during shutdown.
     private func writeBatches() async {
-        while let batch = nextBatch() {
-            do {
-                try await repository.upsert(batch, clearFailure: true)
-                state.withLock { $0.inFlight.removeAll(keepingCapacity: true) }
-                health.writeSucceeded()
-                await committed(batch.map(\.key))
-                for token in batch {
-                    logger.debug("token committed to the store", metadata: [
-                        "key": .string(token.key.description), "fingerprint": .string(token.fingerprint.description),
-                    ])
-                    events.emit(.refreshed(key: token.key, fingerprint: token.fingerprint, expiresAt: token.expiresAt,
-                                           source: .provider))
-                }
+        while var batch = nextBatch() {
+            do throws(TokenStoreError) {
+                try await write(&batch)
             } catch {
                 health.writeFailed(error)
-                // Keep the newest token per key for the next attempt; memory keeps serving.
+                // Keep the newest write per key for the next attempt; memory keeps serving.
                 let stopping = state.withLock { state in
-                    for token in batch where state.pending[token.key] == nil { state.pending[token.key] = token }
+                    for token in batch.tokens where state.pending[token.key] == nil { state.pending[token.key] = .token(token) }
+                    for key in batch.removals where state.pending[key] == nil { state.pending[key] = .removal }
                     state.inFlight.removeAll(keepingCapacity: true)
+                    state.inFlightRemovals.removeAll()
                     return state.stopping
                 }
                 if stopping || Task.isCancelled || state.withLock({ $0.stopping }) { return finishWriting() }
@@ -155,24 +190,75 @@ final class GroupCommitter: Sendable {
         }
     }
 
+    /// Writes `batch`: its tokens in one transaction, then its removals one by one. What was
+    /// written leaves `batch`, so that after a failure only the rest is tried again.
+    private func write(_ batch: inout Batch) async throws(TokenStoreError) {
+        if !batch.tokens.isEmpty {
+            try await repository.upsert(batch.tokens, clearFailure: true)
+            let tokens = batch.tokens
+            batch.tokens = []
+            let removing = !batch.removals.isEmpty
+            state.withLock { state in
+                if removing { state.inFlight.subtract(tokens.lazy.map(\.key)) } else { state.inFlight.removeAll(keepingCapacity: true) }
+            }
+            health.writeSucceeded()
+            await committed(tokens.map(\.key))
+            for token in tokens {
+                logger.debug("token committed to the store", metadata: [
+                    "key": .string(token.key.description), "fingerprint": .string(token.fingerprint.description),
+                ])
+                events.emit(.refreshed(key: token.key, fingerprint: token.fingerprint, expiresAt: token.expiresAt,
+                                       source: .provider))
+            }
+        }
+        while let key = batch.removals.last {
+            try await repository.removeToken(for: key)
+            batch.removals.removeLast()
+            state.withLock { state in
+                state.inFlight.remove(key)
+                state.inFlightRemovals.remove(key)
+            }
+            health.writeSucceeded()
+            // A token of the key handed to this commit before the invalidation replaced it
+            // kept the key's lease until now.
+            await committed([key])
+            logger.debug("invalidated token removed from the store", metadata: ["key": .string(key.description)])
+        }
+    }
+
     /// Takes everything pending as the next batch; when nothing is, ends the batch loop in the
-    /// same step, so a token queued a moment later starts a new one.
-    private func nextBatch() -> [StoredToken]? {
-        let (batch, waiters) = state.withLock { state -> ([StoredToken]?, [CheckedContinuation<Void, Never>]) in
+    /// same step, so a write queued a moment later starts a new one.
+    private func nextBatch() -> Batch? {
+        let (batch, waiters) = state.withLock { state -> (Batch?, [CheckedContinuation<Void, Never>]) in
             guard state.pending.isEmpty else {
                 defer { state.pending.removeAll(keepingCapacity: true) }
+                var batch = Batch()
+                batch.tokens.reserveCapacity(state.pending.count)
+                for (key, write) in state.pending {
+                    switch write {
+                    case .token(let token): batch.tokens.append(token)
+                    case .removal: batch.removals.append(key)
+                    }
+                }
                 state.inFlight = Set(state.pending.keys)
-                return (Array(state.pending.values), [])
+                state.inFlightRemovals = Set(batch.removals)
+                return (batch, [])
             }
             return (nil, Self.endLoop(&state))
         }
-        for waiter in waiters { waiter.resume() }
+        if batch == nil { loopEnded(waiters) }
         return batch
     }
 
     private func finishWriting() {
-        let waiters = state.withLock { Self.endLoop(&$0) }
+        loopEnded(state.withLock { Self.endLoop(&$0) })
+    }
+
+    /// Lets the drains waiting for the batch loop go on, and ``run()`` look again: it waits
+    /// while another task writes.
+    private func loopEnded(_ waiters: [CheckedContinuation<Void, Never>]) {
         for waiter in waiters { waiter.resume() }
+        work.signal()
     }
 
     private static func endLoop(_ state: inout State) -> [CheckedContinuation<Void, Never>] {

@@ -12,6 +12,10 @@ import Foundation
 ///   slow) shrinks it, and any other step clears it, so expiry is judged on the local clock until
 ///   the next answer proves a skew again. It never goes below what the provider's last answer
 ///   proved: a negative offset makes tokens look younger, so only proof may do that.
+///
+/// Until the provider has answered in this process (after a restart), tokens read from the
+/// store prove a lower bound of their own (``learnFromStored(issuedAt:fetchedAt:)``): a
+/// restarted agent must not serve a token the provider considers expired.
 struct ProviderClockOffset: Sendable, Equatable {
     /// Offsets up to this size are not applied (they are noise, or within Fleet Engine's tolerance).
     let threshold: TimeInterval
@@ -19,6 +23,8 @@ struct ProviderClockOffset: Sendable, Equatable {
     private(set) var applied: TimeInterval = 0
     /// The skew the provider's last answer showed, measured against our clock at that time.
     private(set) var proven: TimeInterval = 0
+    /// An answer of the provider's was learnt from: it is newer proof than any stored token.
+    private(set) var answered = false
 
     init(threshold: TimeInterval) {
         self.threshold = threshold
@@ -28,6 +34,7 @@ struct ProviderClockOffset: Sendable, Equatable {
     /// future beyond the threshold (an old `iat` proves nothing: providers cache tokens); else
     /// the answer shows no skew and the offset is cleared.
     mutating func learn(providerDate: Date?, issuedAt: Date?, localNow: Date) {
+        answered = true
         var estimate: TimeInterval = 0
         if let providerDate {
             estimate = providerDate.timeIntervalSince(localNow)
@@ -36,6 +43,21 @@ struct ProviderClockOffset: Sendable, Equatable {
         }
         proven = estimate
         applied = abs(estimate) > threshold ? estimate : 0
+    }
+
+    /// Learns from a token read from the store, until an answer is learnt from. The provider
+    /// minted it at `issuedAt` (its clock) no later than `fetchedAt`, the wall-clock time the
+    /// fetching host received it: the provider's clock was at least `issuedAt - fetchedAt`
+    /// ahead. Beyond the threshold that raises the offset, which it never lowers (the largest
+    /// proof stands; each token proves only a lower bound). An `iat` older than its fetch proves
+    /// nothing (providers cache tokens), so a provider behind us is left to its next answer: until
+    /// then tokens look older than they are, which only costs a fetch.
+    mutating func learnFromStored(issuedAt: Date, fetchedAt: Date) {
+        guard !answered else { return }
+        let estimate = issuedAt.timeIntervalSince(fetchedAt)
+        guard estimate > threshold, estimate > applied else { return }
+        applied = estimate
+        proven = estimate
     }
 
     /// Our wall clock moved `step` seconds more than elapsed time (positive: stepped forward).

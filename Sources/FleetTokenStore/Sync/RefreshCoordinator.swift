@@ -111,7 +111,13 @@ actor RefreshCoordinator {
         tracked.subtract(keys)
     }
 
-    func invalidate(_ key: TokenKey) async {
+    func invalidate(_ key: TokenKey) {
+        // The removal goes through the group commit, queued before memory lets the token go
+        // (from then on no read of the store brings it back): it replaces a token of the key
+        // still waiting for its commit (whose lease its own commit then releases), follows a
+        // write of the key already under way, and waits for the store without holding up the
+        // caller, who is answered from memory.
+        parts.committer.enqueueRemoval(key)
         // Keep the backoff: invalidating must not become a way around it. A key not held
         // gets no entry: callers could otherwise grow memory with ids nobody uses.
         if let held = parts.memory.entry(key) {
@@ -120,24 +126,13 @@ actor RefreshCoordinator {
             parts.memory.installEmpty(key, failure: nil)
         }
         parts.scheduler.cancel(key)
-        // A rejected token still waiting for its group commit must not reach the store after
-        // the removal below; the commit would have released the key's lease, so release it here.
-        if parts.committer.discard(key) { await parts.lease.releaseHandedOver([key]) }
-        await parts.committer.drain()
-        do {
-            try await parts.repository.removeToken(for: key)
-        } catch {
-            parts.logger.warning("could not remove an invalidated token from the store", metadata: [
-                "key": .string(key.description), "error": .string(error.description),
-            ])
-        }
         parts.logger.info("token invalidated; the next request fetches a new one", metadata: ["key": .string(key.description)])
         if wantsProactiveRefresh(key) { parts.scheduleNextRefresh(key) }
     }
 
     /// Gives every key in backoff its next attempt now (see ``TokenSyncEngine/retryFailedNow()``).
     func retryFailedNow() -> Int {
-        let keys = parts.memory.endBackoffs(at: parts.now())
+        let keys = parts.memory.endBackoffs(at: parts.now(), configurationDigest: parts.fetcher.configurationDigest)
         let due = parts.moment.corrected
         for key in keys { parts.scheduler.schedule(key, at: due) }
         parts.scheduler.wake()
@@ -248,16 +243,22 @@ actor RefreshCoordinator {
         }
     }
 
+    /// Follows other processes' changes: subscribes first, then re-reads what memory holds
+    /// (what `track()` loaded may have changed before the subscription), then each batch of
+    /// changes gathered meanwhile in one read (see ``PendingReread``).
     private func followStoreChanges() async {
-        let changes = parts.repository.changes()
+        let reader = StoreChangeReader(parts.repository.changes())
         followingChanges = true
         defer { followingChanges = false }
-        for await change in changes {
-            if Task.isCancelled { break }
-            switch change {
-            case .upserted(let key), .removed(let key): await reconcile([key])
-            case .unknown: await reconcile(parts.memory.keys)
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask { await reader.collect() }
+            while let reread = await reader.next() {
+                switch reread {
+                case .keys(let keys): await reconcile(keys)
+                case .everything: await reconcile(parts.memory.keys)
+                }
             }
+            group.cancelAll()
         }
     }
 
@@ -275,7 +276,7 @@ actor RefreshCoordinator {
         }
         for key in held {
             guard let entry = parts.memory.entry(key) else { continue }
-            switch RefreshRules.storeChanged(held: entry, stored: SealedValueGuard.checked(stored[key], logger: parts.logger), commitPending: parts.committer.isPending(key)) {
+            switch RefreshRules.storeChanged(held: entry, stored: parts.admitted(stored[key]), commitPending: parts.committer.isPending(key)) {
             case .adopt(let token, let failure):
                 parts.adoptIfNewer(token, failure: failure)
             case .removed(let failure):
@@ -295,15 +296,23 @@ actor RefreshCoordinator {
     // MARK: - Shutdown
 
     /// Cancels fetches in flight, finishes pending store writes, releases leases, ends events.
+    /// The waiting is shielded from the caller's cancellation and bounded (see
+    /// ``ShieldedShutdown``); what is left undone is logged.
     func shutDown() async {
         parts.shutdown.set()
         parts.scheduler.wake()
         // Flights queued for a fetch slot end without one (they see the shutdown and return).
         parts.slots.close()
         for task in inFlight.values { task.cancel() }
-        for task in Array(inFlight.values) { _ = await task.value }
-        await parts.committer.stop()
-        await parts.lease.releaseAll()
+        let flights = Array(inFlight.values)
+        let parts = self.parts
+        let finished = await ShieldedShutdown.run {
+            for task in flights { _ = await task.value }
+            await parts.committer.stop()
+            await parts.lease.releaseAll()
+        }
+        ShieldedShutdown.report(finished: finished, unwritten: parts.committer.unwrittenKeys, unreleased: parts.lease.heldKeys,
+                                leaseDuration: parts.policy.leaseDuration, logger: parts.logger)
         parts.events.finish()
     }
 }

@@ -131,7 +131,7 @@ struct RefreshDecision: Sendable {
                 return finish(.serveAndRefreshInBackground(token))
             }
         }
-        if let failure = held?.failure, failure.isBackingOff(at: now.local) {
+        if let failure = held?.failure, failure.isBackingOff(at: now.local, hostClockTolerance: policy.hostClockTolerance) {
             let error = held?.lastError ?? Self.persistedError(failure)
             return finish(.fail(.provider(error), nextAttemptAt: failure.nextAttemptAt))
         }
@@ -210,9 +210,10 @@ struct RefreshDecision: Sendable {
         return action
     }
 
-    /// The fetch failed, or its token failed validation. `random` (0...1) jitters the backoff.
+    /// The fetch failed, or its token failed validation. `random` (0...1) jitters the backoff;
+    /// the failure is bound to `configurationDigest`, the fetcher's configuration that failed.
     mutating func fetchFailed(_ error: TokenProviderError, held: MemoryEntry?, at now: RefreshMoment,
-                              random: Double) -> Action {
+                              random: Double, configurationDigest: String? = nil) -> Action {
         precondition(state == .fetching, "only a fetching flight fails")
         holdsSlot = false
         let failures = (held?.failure?.consecutiveFailures ?? 0) + 1
@@ -220,7 +221,7 @@ struct RefreshDecision: Sendable {
                                       retryAfter: error.retryAfter, random: random)
         let failure = RefreshFailureState(consecutiveFailures: failures, nextAttemptAt: now.local.addingTimeInterval(delay),
                                           lastErrorKind: error.kind, lastErrorMessage: error.description,
-                                          lastFailureAt: now.local)
+                                          lastFailureAt: now.local, configurationDigest: configurationDigest)
         return finish(.backOff(failure, error))
     }
 
@@ -257,7 +258,7 @@ struct RefreshDecision: Sendable {
     private mutating func afterAdoption(stored: TokenEntry?, held: MemoryEntry?, at now: RefreshMoment,
                                         then next: AfterAdoption) -> Action {
         // Another process failed after we last did, and its backoff runs: share it.
-        if let failure = stored?.failure, failure.isBackingOff(at: now.local),
+        if let failure = stored?.failure, failure.isBackingOff(at: now.local, hostClockTolerance: policy.hostClockTolerance),
            failure.lastFailureAt.timeIntervalSince(held?.failure?.lastFailureAt ?? .distantPast) > Self.sameFailureTolerance {
             return finish(.failedElsewhere(failure))
         }

@@ -78,7 +78,7 @@ struct RefreshFlight {
                 action = decision.holderWaitEnded(feedMentionedKey: mentioned, held: held, at: parts.moment)
             case .readStoredEntry:
                 let stored = try? await parts.repository.entry(for: key)
-                action = decision.storedEntryRead(SealedValueGuard.checked(stored ?? nil, logger: parts.logger), held: held, at: parts.moment)
+                action = decision.storedEntryRead(parts.admitted(stored ?? nil), held: held, at: parts.moment)
             case .fetch(let previous):
                 action = await fetch(previous: previous)
             case .accept(let token, let markUsed):
@@ -93,10 +93,10 @@ struct RefreshFlight {
     private mutating func report(_ answer: CrossProcessLease.Answer) -> RefreshDecision.Action {
         switch answer {
         case .granted(let current):
-            decision.leaseGranted(current: SealedValueGuard.checked(current, logger: parts.logger), held: held, at: parts.moment)
+            decision.leaseGranted(current: parts.admitted(current), held: held, at: parts.moment)
         case .busy(let holder, let dead, let until, let current):
             decision.leaseBusy(holder: holder, holderIsDead: dead, until: until,
-                               current: SealedValueGuard.checked(current, logger: parts.logger), held: held, at: parts.moment)
+                               current: parts.admitted(current), held: held, at: parts.moment)
         case .unavailable:
             decision.leaseUnavailable(held: held)
         }
@@ -108,6 +108,8 @@ struct RefreshFlight {
         let fetcher = parts.fetcher
         let key = self.key
         let started = ContinuousClock.now
+        // Before the request: a failure is bound to the configuration that made it.
+        let digest = fetcher.configurationDigest
         let result: Result<FetchedToken, TokenProviderError> = await parts.lease.renewing(key) {
             do throws(TokenProviderError) { return .success(try await fetcher.fetchToken(for: key)) } catch { return .failure(error) }
         }
@@ -115,15 +117,24 @@ struct RefreshFlight {
         if parts.shutdown.isSet || Task.isCancelled { return decision.shutdown() }
         switch result {
         case .failure(let error):
-            return decision.fetchFailed(error, held: held, at: parts.moment, random: parts.random())
+            return decision.fetchFailed(error, held: held, at: parts.moment, random: parts.random(), configurationDigest: digest)
         case .success(let fetched):
             let answer = ProviderAnswer(fetched)
-            parts.skew.learn(providerDate: fetched.providerDate, issuedAt: fetched.providerDate == nil ? answer.issuedAt : nil)
+            // A wall-clock step this answer saw first must still reach the scheduler's deadlines.
+            if parts.skew.learn(providerDate: fetched.providerDate, issuedAt: fetched.providerDate == nil ? answer.issuedAt : nil) {
+                parts.scheduler.wake()
+            }
             do throws(TokenValidationError) {
-                let token = try parts.validator.validate(answer, for: key, now: parts.moment.corrected, previous: previous)
+                let moment = parts.moment
+                var token = try parts.validator.validate(answer, for: key, now: moment.corrected, previous: previous)
+                // Received by our own clock: after a restart, `iat` minus this shows how far ahead
+                // the provider's clock at least was (ProviderClockOffset.learnFromStored). A token
+                // without `iat` keeps the provider's time: its lifetime is measured from it.
+                if token.issuedAt != nil { token.fetchedAt = moment.local }
                 return decision.fetchSucceeded(token)
             } catch {
-                return decision.fetchFailed(.invalidToken(error), held: held, at: parts.moment, random: parts.random())
+                return decision.fetchFailed(.invalidToken(error), held: held, at: parts.moment, random: parts.random(),
+                                            configurationDigest: digest)
             }
         }
     }

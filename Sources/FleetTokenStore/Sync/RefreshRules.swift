@@ -17,10 +17,11 @@ enum RefreshRules {
     }
 
     /// When `held`'s key is next due (provider-corrected time): now without a usable token,
-    /// else the soft point; never before a running backoff ends.
-    static func nextRefresh(of held: MemoryEntry?, at now: RefreshMoment) -> Date {
+    /// else the soft point; never before a running backoff ends (judged across host clocks
+    /// differing by up to `hostClockTolerance`).
+    static func nextRefresh(of held: MemoryEntry?, at now: RefreshMoment, hostClockTolerance: TimeInterval) -> Date {
         var due = held?.token == nil ? now.corrected : (held?.softPoint ?? now.corrected)
-        if let failure = held?.failure, failure.isBackingOff(at: now.local) {
+        if let failure = held?.failure, failure.isBackingOff(at: now.local, hostClockTolerance: hostClockTolerance) {
             // The queue runs on corrected time; backoff is kept in local time.
             let retry = failure.nextAttemptAt.addingTimeInterval(now.corrected.timeIntervalSince(now.local))
             if retry > due { due = retry }

@@ -1,21 +1,52 @@
 // Sync layer: keeps the store from growing without bound by deleting, in small batches, the
-// rows of subjects nobody uses any more once the retention period has passed.
+// rows of subjects nobody uses any more once the retention period has passed: about when the
+// earliest of them becomes eligible, not on a fixed period.
 import Foundation
 import Logging
 
-/// Deletes, shortly after start and then every ``sweepInterval`` (or
-/// ``RefreshPolicy/retention`` when shorter), the rows of keys nobody here tracks or holds that
-/// have been dead for the retention period, ``batch`` rows per transaction so readers and
-/// writers never wait long. Runs as a child task of the engine's `run()`.
+/// When the retention sweep runs next, from plain values: when the earliest row becomes
+/// eligible (it died, and the retention period passed since), but never within
+/// ``minimumInterval`` of the last sweep (a sweep scans the table) and never more than
+/// ``maximumInterval`` after it (rows kept back because they were in use are looked at again).
+struct RetentionSchedule: Sendable, Equatable {
+    /// Sweeps scan the table: never closer than this, however short the retention.
+    static let minimumInterval: TimeInterval = 60
+    /// The longest time between sweeps.
+    static let maximumInterval: TimeInterval = 3600
+
+    /// How long after their death rows are kept.
+    let retention: TimeInterval
+
+    /// When to sweep next. `earliestEligible`: when the earliest row not yet looked at becomes
+    /// eligible (nil: none is known); `lastSweep`: when the last sweep ran (nil: none yet, and
+    /// the longest interval counts from `started`, when the sweeper began); `now`: the time now.
+    /// A time not after `now` means "sweep now".
+    func nextSweep(earliestEligible: Date?, lastSweep: Date?, started: Date, now: Date) -> Date {
+        let notBefore = lastSweep.map { $0.addingTimeInterval(Self.minimumInterval) } ?? now
+        let notAfter = (lastSweep ?? started).addingTimeInterval(Self.maximumInterval)
+        return max(notBefore, min(earliestEligible ?? notAfter, notAfter))
+    }
+
+    /// How often the store is asked again for its earliest row between sweeps. A row written
+    /// after a look dies no earlier than it was written, so it becomes eligible at least
+    /// ``retention`` later: looking that often (within the bounds) never finds one late.
+    var recheckInterval: TimeInterval {
+        min(max(retention, Self.minimumInterval), Self.maximumInterval)
+    }
+}
+
+/// Deletes the rows of keys nobody here tracks or holds that have been dead for the retention
+/// period, when the earliest becomes eligible (``RetentionSchedule``), ``batch`` rows per
+/// transaction so readers and writers never wait long. Runs as a child task of the engine's
+/// `run()`.
 struct RetentionSweeper: Sendable {
     /// Rows deleted per transaction.
     static let batch = 500
-    /// Time between sweeps (or the retention itself, when shorter).
-    static let sweepInterval: TimeInterval = 3600
-    /// The first sweep runs this soon after start, off start-up's own work: agents restart.
+    /// The store is first looked at this soon after start, off start-up's own work: agents restart.
     static let firstSweepDelay: TimeInterval = 5
-    /// Sweeps scan the table: never more often than this, however short the retention.
-    static let minimumSweepInterval: TimeInterval = 60
+    /// A row is deleted once it died more than the retention ago (the cutoff is strict): the
+    /// sweep for it runs this long after the period ends, so that it finds the row eligible.
+    static let eligibilityMargin: TimeInterval = 1
 
     let repository: any TokenRepository
     let retention: TimeInterval
@@ -27,19 +58,41 @@ struct RetentionSweeper: Sendable {
     /// Sweeps until cancelled. `unused` narrows candidate keys to those nobody here uses.
     func run(unused: @escaping @Sendable ([TokenKey]) async -> [TokenKey]) async {
         guard retention > 0 else { return }
-        var delay = min(Self.firstSweepDelay, retention)
+        let schedule = RetentionSchedule(retention: retention)
+        let started = now()
+        guard await sleep(seconds: min(Self.firstSweepDelay, retention)) else { return }
+        var lastSweep: Date?
+        // The cutoff of the last complete sweep: rows that died before it were looked at then
+        // (those kept because in use wait for the longest interval, not every minute).
+        var lookedAtBefore: Date?
         while !Task.isCancelled && !shutdown.isSet {
-            do { try await clock.sleep(for: .milliseconds(Int64(delay * 1000))) } catch { return }
-            await sweep(unused: unused)
-            delay = max(Self.minimumSweepInterval, min(Self.sweepInterval, retention))
+            let current = now()
+            var earliestEligible: Date?
+            do {
+                earliestEligible = try await repository.earliestDeath(notBefore: lookedAtBefore)?
+                    .addingTimeInterval(retention + Self.eligibilityMargin)
+            } catch {
+                logger.warning("could not ask the store when its rows expire; will retry", metadata: ["error": .string(error.description)])
+            }
+            let next = schedule.nextSweep(earliestEligible: earliestEligible, lastSweep: lastSweep, started: started, now: current)
+            if next <= current {
+                let cutoff = current.addingTimeInterval(-retention)
+                if await sweep(unused: unused, before: cutoff) { lookedAtBefore = cutoff }
+                lastSweep = current
+                continue
+            }
+            guard await sleep(seconds: min(next.timeIntervalSince(current), schedule.recheckInterval)) else { return }
         }
     }
 
-    /// One sweep over the whole table, in batches.
-    func sweep(unused: @Sendable ([TokenKey]) async -> [TokenKey]) async {
-        let cutoff = now().addingTimeInterval(-retention)
+    /// One sweep over the whole table, in batches, of rows dead since before `cutoff`
+    /// (now less the retention when not given). Returns false when the store failed.
+    @discardableResult
+    func sweep(unused: @Sendable ([TokenKey]) async -> [TokenKey], before cutoff: Date? = nil) async -> Bool {
+        let cutoff = cutoff ?? now().addingTimeInterval(-retention)
         var after: TokenKey?
         var deleted = 0
+        var complete = true
         do {
             while !Task.isCancelled && !shutdown.isSet {
                 let candidates = try await repository.retiredKeys(before: cutoff, after: after, limit: Self.batch)
@@ -50,6 +103,7 @@ struct RetentionSweeper: Sendable {
                 await Task.yield()
             }
         } catch {
+            complete = false
             logger.warning("could not delete the rows of finished subjects; will retry", metadata: ["error": .string(error.description)])
         }
         if deleted > 0 {
@@ -57,5 +111,12 @@ struct RetentionSweeper: Sendable {
                 "rows": .stringConvertible(deleted), "retention_seconds": .stringConvertible(Int(retention)),
             ])
         }
+        return complete && !Task.isCancelled && !shutdown.isSet
+    }
+
+    /// Sleeps on the engine's clock; false when cancelled.
+    private func sleep(seconds: TimeInterval) async -> Bool {
+        do { try await clock.sleep(for: .milliseconds(Int64(max(0, seconds) * 1000))) } catch { return false }
+        return !Task.isCancelled && !shutdown.isSet
     }
 }

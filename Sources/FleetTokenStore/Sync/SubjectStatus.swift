@@ -56,7 +56,7 @@ extension TokenMemory {
             guard let entry = state[entry: key] else { return nil }
             let now = localNow.addingTimeInterval(state.clockOffset)
             let usable = entry.token != nil && now < entry.usableUntil
-            let backingOff = entry.failure?.isBackingOff(at: localNow) ?? false
+            let backingOff = entry.failure?.isBackingOff(at: localNow, hostClockTolerance: policy.hostClockTolerance) ?? false
             let condition: SubjectStatus.State
             if !usable {
                 condition = backingOff ? .backoff : .unavailable

@@ -29,7 +29,7 @@ extension MemoryEntry {
     }
 
     /// The hot-path decision for this entry at provider-corrected `now`, recording the use.
-    mutating func hit(now: Date, localNow: Date) -> MemoryLookup {
+    mutating func hit(now: Date, localNow: Date, hostClockTolerance: TimeInterval) -> MemoryLookup {
         guard let token else { return .miss }
         if now < softPoint {
             lastUsed = now
@@ -37,7 +37,7 @@ extension MemoryEntry {
         }
         guard now < usableUntil else { return .miss }
         lastUsed = now
-        let inBackoff = failure?.isBackingOff(at: localNow) ?? false
+        let inBackoff = failure?.isBackingOff(at: localNow, hostClockTolerance: hostClockTolerance) ?? false
         let start = !refreshRequested && !inBackoff
         if start { refreshRequested = true }
         return .stale(token, startRefresh: start, offline: inBackoff)
@@ -93,7 +93,7 @@ final class TokenMemory: Sendable {
     /// the use; nil for everything else, which ``lookup(_:localNow:)`` then decides.
     ///
     /// The fresh hit on its own, inlined into the engine and returning the token itself, so the
-    /// token is copied once, from the slot to the caller. Through ``MemoryEntry/hit(now:localNow:)``
+    /// token is copied once, from the slot to the caller. Through ``MemoryEntry/hit(now:localNow:hostClockTolerance:)``
     /// and a ``MemoryLookup`` returned through two calls it was copied four times (profiled with
     /// callgrind). The slot's entry is read, then only its use stamped: a mutating call on the
     /// whole entry around the copy made the compiler add a runtime exclusivity check.
@@ -117,7 +117,7 @@ final class TokenMemory: Sendable {
         state.withLock { state in
             let now = localNow.addingTimeInterval(state.clockOffset)
             guard let slot = state.slots[key] else { return .miss }
-            return slot.entry.hit(now: now, localNow: localNow)
+            return slot.entry.hit(now: now, localNow: localNow, hostClockTolerance: policy.hostClockTolerance)
         }
     }
 
@@ -191,13 +191,16 @@ final class TokenMemory: Sendable {
     }
 
     /// Ends every running backoff now (the failure count stays): the cause may be fixed. A
-    /// backoff the provider asked for (`Retry-After`) is kept. Returns the keys whose backoff ended.
-    func endBackoffs(at now: Date) -> [TokenKey] {
+    /// backoff the provider asked for (`Retry-After`) is kept, unless it was asked of another
+    /// provider configuration than `configurationDigest`, the one in force. Returns the keys
+    /// whose backoff ended.
+    func endBackoffs(at now: Date, configurationDigest: String? = nil) -> [TokenKey] {
         state.withLock { state in
             var ended: [TokenKey] = []
             for (key, slot) in state.slots {
-                guard var failure = slot.entry.failure, failure.isBackingOff(at: now),
-                      slot.entry.lastError?.retryAfter == nil else { continue }
+                guard var failure = slot.entry.failure, failure.isBackingOff(at: now, hostClockTolerance: policy.hostClockTolerance),
+                      slot.entry.lastError?.retryAfter == nil || failure.isOfAnotherConfiguration(than: configurationDigest)
+                else { continue }
                 failure.nextAttemptAt = now
                 slot.entry.failure = failure
                 ended.append(key)

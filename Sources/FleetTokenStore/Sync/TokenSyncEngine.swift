@@ -263,8 +263,11 @@ public final class TokenSyncEngine: Service, Sendable {
     }
 
     /// Forgets the token of `key` because Fleet Engine rejected it: it is removed from memory
-    /// and the store, and the next ``token(for:)`` fetches a new one. A key the engine neither
-    /// holds nor tracks is only removed from the store: invalidating creates nothing in memory.
+    /// at once, and the next ``token(for:)`` fetches a new one. The removal from the store is
+    /// queued with the engine's other writes and made as soon as the store can be written
+    /// (a token of the key fetched earlier never lands after it); meanwhile the stored token is
+    /// not read back. Returns without waiting for the store. A key the engine neither holds nor
+    /// tracks is only removed from the store: invalidating creates nothing in memory.
     public func invalidate(_ key: TokenKey) async {
         await coordinator.invalidate(key)
     }
@@ -278,8 +281,9 @@ public final class TokenSyncEngine: Service, Sendable {
     /// Ends every running backoff now, so each failing key is tried again at once: for when the
     /// cause of the failures may be gone (an operator fixed the provider's credentials or TLS
     /// files and reloaded). Each key's failure count stays, so a key that fails again backs off
-    /// from where it was. A backoff the provider asked for with `Retry-After` is kept. Returns
-    /// how many keys are tried again.
+    /// from where it was. A backoff the provider asked for with `Retry-After` is kept, unless it
+    /// was asked under another provider configuration (``TokenFetcher/configurationDigest``)
+    /// than the fetcher's now. Returns how many keys are tried again.
     @discardableResult
     public func retryFailedNow() async -> Int {
         await coordinator.retryFailedNow()
@@ -314,15 +318,20 @@ public final class TokenSyncEngine: Service, Sendable {
     // MARK: - Service
 
     /// Stops the engine without ``run()``: cancels fetches in flight, waits until every fetched
-    /// token is committed to the store, and releases refresh leases. For one-shot programs;
-    /// a running service does this itself on graceful shutdown.
+    /// token is committed to the store, and releases refresh leases, for at most 5 s (what is
+    /// not done by then is logged as a warning). For one-shot programs; a running service does
+    /// this itself when it stops.
     public func shutdown() async {
         await coordinator.shutDown()
     }
 
     /// Runs proactive refresh and follows changes other processes make to the store, until the
     /// task is cancelled or a graceful shutdown is triggered; then cancels fetches in flight,
-    /// finishes pending store writes, and returns.
+    /// finishes pending store writes, releases refresh leases, and returns.
+    ///
+    /// Cancelling the task (leaving the scope that runs it, say) stops the engine as a graceful
+    /// shutdown does: the writing and releasing are shielded from the cancellation, and wait
+    /// for the store at most 5 s; what is not done by then is logged as a warning.
     public func run() async throws {
         await cancelWhenGracefulShutdown {
             await self.coordinator.runUntilCancelled()

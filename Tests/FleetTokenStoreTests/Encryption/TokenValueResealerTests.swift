@@ -158,6 +158,9 @@ private final class FailingAfter: TokenRepository, TokenSealingStore {
         return try await base.replaceValues(replacements)
     }
     func discardReplacedValues() async throws(TokenStoreError) { try await base.discardReplacedValues() }
+    func removeToken(for key: TokenKey, ifValue value: String) async throws(TokenStoreError) -> Bool {
+        try await base.removeToken(for: key, ifValue: value)
+    }
     func entry(for key: TokenKey) async throws(TokenStoreError) -> TokenEntry? { try await base.entry(for: key) }
     func entries(for keys: [TokenKey]) async throws(TokenStoreError) -> [TokenKey: TokenEntry] { try await base.entries(for: keys) }
     func upsert(_ token: StoredToken, clearFailure: Bool) async throws(TokenStoreError) { try await base.upsert(token, clearFailure: clearFailure) }

@@ -118,7 +118,7 @@ struct OpenAndMigrationTests {
         try await store.upsert(token(try .vehicle("kept"), expiresIn: 600))
         store.close()
 
-        let broken = try #require(EmbeddedMigration(identifier: "V0003__broken", sql: """
+        let broken = try #require(EmbeddedMigration(identifier: "V0005__broken", sql: """
             CREATE TABLE half_done (x INTEGER);
             ALTER TABLE tokens ADD COLUMN extra TEXT;
             INSERT INTO table_that_does_not_exist VALUES (1);
@@ -132,7 +132,7 @@ struct OpenAndMigrationTests {
             Issue.record("expected migrationFailed, got \(String(describing: error))")
             return
         }
-        #expect(identifier == "V0003__broken")
+        #expect(identifier == "V0005__broken")
         #expect(reason.contains("table_that_does_not_exist"))
         #expect(try sqlite3(path, "SELECT count(*) FROM sqlite_master WHERE name = 'half_done'") == "0")
         #expect(try sqlite3(path, "SELECT count(*) FROM pragma_table_info('tokens') WHERE name = 'extra'") == "0")

@@ -233,6 +233,48 @@ struct ClockJumpTests {
         _ = try? await running.value
         rig.checkNoSecretLeaks("scheduled backoff across a jump")
     }
+
+    @Test("a step back seen first by another key's answer still reaches the scheduler: the backoff on the old clock ends")
+    func backwardJumpSeenFirstByAnAnswer() async throws {
+        let rig = try JumpRig(keyCount: 2)
+        let (k1, k2) = (rig.keys[0], rig.keys[1])
+        let minting = try #require(rig.fetcherAnswerMinting())
+        rig.fetcher.setAnswer { key, attempt throws(TokenProviderError) in
+            if key == k1 { throw .httpStatus(code: 503, retryAfter: 20) }
+            return try await minting(key, attempt)
+        }
+        let running = Task { try await rig.engine.run() }
+        await rig.engine.track([k1])
+        #expect(await eventually(within: 20) { (try? await rig.store.entry(for: k1))?.failure != nil })
+
+        rig.time.jumpWallClock(by: -3600)
+        // An untracked miss: its answer is learnt from before the scheduler's next wake.
+        _ = try await rig.engine.token(for: k2)
+        rig.fetcher.setAnswer(minting)
+        try await rig.letSchedulerRun() // 62 s of clock time: the 20 s Retry-After is long over
+        #expect(await eventually(within: 20) { rig.engine.heldToken(for: k1) != nil },
+                "k1's next refresh is due at \(rig.engine.memory.entry(k1).map { "\($0.failure?.nextAttemptAt as Any)" } ?? "-"), now \(rig.time.now)")
+        // The answer wakes the scheduler, which may retry k1 before the switch: that attempt
+        // fails with a 20 s Retry-After on the new clock, and the next one mints.
+        #expect((2...3).contains(rig.fetcher.count(k1)), "k1 fetched \(rig.fetcher.count(k1)) times")
+        #expect(rig.fetcher.count(k2) == 1)
+
+        running.cancel()
+        _ = try? await running.value
+        rig.checkNoSecretLeaks("a step seen first by an answer")
+    }
+
+    @Test("the rule: a step an answer measures first is kept for the scheduler, once; later steps are measured from the answer")
+    func stepSeenFirstByAnAnswerIsKept() {
+        let t = TestTime.defaultStart
+        var steps = WallClockSteps(wall: t, elapsed: .seconds(100), tolerance: 1)
+        #expect(steps.rebase(wall: t + 10, elapsed: .seconds(110)) == nil) // an answer, time passing
+        #expect(steps.takeUnhandledStep() == nil)
+        #expect(steps.rebase(wall: t - 3580, elapsed: .seconds(120)) == -3600) // an answer after a step back
+        #expect(steps.observe(wall: t - 3570, elapsed: .seconds(130)) == nil) // the scheduler measures nothing new
+        #expect(steps.takeUnhandledStep() == -3600) // but is told of the step
+        #expect(steps.takeUnhandledStep() == nil)
+    }
 }
 
 extension JumpRig {

@@ -15,21 +15,27 @@ struct PromiseTests {
     // lengths (the holder renews; waiters' waits end and they wait again); once it answers, the
     // clock stands still, so a waiter can only end through the change feed, never by waiting
     // out a lease. No real sleep, no bound on real time but a generous one for a loaded machine.
+    // Each engine has its own provider, so the test knows which engine fetches a key: after each
+    // quarter of a lease every fetch in flight must hold its key's lease, renewed past the next
+    // step, as a third process reading the lease table sees it (each engine's fetch slots are
+    // all busy, so a lapsed lease alone would not show as a second fetch).
     @Test("two running engines on one store, 100 keys, a provider slower than the lease: one fetch per key, waiters end with the holder's answer")
     func twoRunningEnginesFetchEachKeyOnce() async throws {
         let dir = Scratch()
         var policy = RefreshPolicy()
         policy.leaseDuration = 1 // shorter than the provider's answer: the holder must renew it
         let time = TestTime(start: Date())
-        let provider = ScriptedFetcher.minting(time)
-        provider.close()
+        let providerA = ScriptedFetcher.minting(time), providerB = ScriptedFetcher.minting(time)
+        providerA.close()
+        providerB.close()
+        func fetches(_ key: TokenKey) -> Int { providerA.count(key) + providerB.count(key) }
         let keys = try (0..<100).map { try TokenKey.vehicle("truck-\($0)") }
         let logA = LogRecorder(), logB = LogRecorder()
         let storeA = try openStore(dir.file("tokens.sqlite")), storeB = try openStore(dir.file("tokens.sqlite"))
         defer { storeA.close(); storeB.close() }
-        let a = TokenSyncEngine(repository: storeA, fetcher: provider, policy: policy, logger: logA.logger,
+        let a = TokenSyncEngine(repository: storeA, fetcher: providerA, policy: policy, logger: logA.logger,
                                 clock: time.clock, now: time.wall)
-        let b = TokenSyncEngine(repository: storeB, fetcher: provider, policy: policy, logger: logB.logger,
+        let b = TokenSyncEngine(repository: storeB, fetcher: providerB, policy: policy, logger: logB.logger,
                                 clock: time.clock, now: time.wall)
         let runA = Task { try await a.run() }, runB = Task { try await b.run() }
         defer { runA.cancel(); runB.cancel() }
@@ -43,11 +49,25 @@ struct PromiseTests {
                 try await group.waitForAll()
             }
         }
-        #expect(await eventually(within: 20) { provider.waitingAtGate >= policy.maxConcurrentFetches })
-        // Three lease lengths pass while the provider holds every answer.
-        for _ in 0..<12 { await time.advance(by: 0.25) }
-        #expect(keys.allSatisfy { provider.count($0) <= 1 }, "a lease lapsed and another engine fetched a held key")
-        provider.open()
+        #expect(await eventually(within: 20) { providerA.waitingAtGate + providerB.waitingAtGate >= policy.maxConcurrentFetches })
+        // Three lease lengths pass while the provider holds every answer; each fetch keeps its lease.
+        let fetching = [(providerA, a.coordinator.parts.lease.holder), (providerB, b.coordinator.parts.lease.holder)]
+        var renewed = true
+        for _ in 0..<12 {
+            await time.advance(by: 0.25)
+            guard renewed else { continue }
+            let horizon = time.now.addingTimeInterval(0.25)
+            renewed = await eventually(within: 20) {
+                guard let leases = try? LeaseRows(dir.file("tokens.sqlite")) else { return false }
+                return fetching.allSatisfy { provider, holder in
+                    keys.filter { provider.count($0) == 1 }.allSatisfy { leases.holds($0, holder, past: horizon) }
+                }
+            }
+            #expect(renewed, "at \(time.now.timeIntervalSince(time.start)) s a fetch in flight did not hold its key's lease past the next quarter lease: another process could fetch the key")
+        }
+        #expect(keys.allSatisfy { fetches($0) <= 1 }, "a lease lapsed and another engine fetched a held key")
+        providerA.open()
+        providerB.open()
         // The clock stands still from here: every caller ends through the feed or its own fetch.
         let served = await eventually(within: 30) { keys.allSatisfy { a.heldToken(for: $0) != nil && b.heldToken(for: $0) != nil } }
         // Not served: callers still wait (a lost notification); the engines' shutdown ends them.
@@ -60,8 +80,8 @@ struct PromiseTests {
         // Both engines idle: a wrongful second fetch would have happened by now.
         #expect(await a.settle())
         #expect(await b.settle())
-        let twice = keys.filter { provider.count($0) != 1 }
-        #expect(twice.isEmpty, "fetched other than once: \(twice.map { "\($0)=\(provider.count($0))" })")
+        let twice = keys.filter { fetches($0) != 1 }
+        #expect(twice.isEmpty, "fetched other than once: \(twice.map { "\($0)=\(fetches($0))" })")
         for log in [logA, logB] {
             #expect(!log.allText.contains("noProgress") && !log.allText.contains("expires no later than"))
             #expect(log.messages(at: .warning).filter { $0.contains("refresh failed") }.isEmpty)
@@ -285,5 +305,27 @@ struct PromiseTests {
         }
         #expect(await h.engine.settle())
         #expect(try await h.store.count(TokenFilter(kind: .trip)) == 20)
+    }
+}
+
+/// The refresh leases as a third process sees them: stock sqlite3, read-only, on the store file.
+private struct LeaseRows {
+    private let rows: [String: (holder: String, until: Date)]
+
+    init(_ path: String) throws {
+        var rows: [String: (holder: String, until: Date)] = [:]
+        for line in try sqlite3(path, "SELECT kind || '/' || subject_id, holder, expires_at FROM refresh_leases", readOnly: true)
+            .split(separator: "\n") {
+            let fields = line.split(separator: "|", omittingEmptySubsequences: false).map(String.init)
+            guard fields.count == 3, let until = Double(fields[2]) else { continue }
+            rows[fields[0]] = (fields[1], Date(timeIntervalSince1970: until))
+        }
+        self.rows = rows
+    }
+
+    /// Whether `holder` holds `key`'s lease until after `time`.
+    func holds(_ key: TokenKey, _ holder: String, past time: Date) -> Bool {
+        guard let lease = rows[key.description] else { return false }
+        return lease.holder == holder && lease.until > time
     }
 }

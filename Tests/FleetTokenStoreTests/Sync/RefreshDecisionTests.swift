@@ -266,11 +266,12 @@ struct RefreshDecisionTests {
     @Test("a key is due at its soft point, now without a token, and never before its backoff ends")
     func nextRefresh() {
         let fresh = token(age: 600)
-        #expect(RefreshRules.nextRefresh(of: held(fresh), at: now) == policy.softPoint(of: fresh, jitter: 0))
-        #expect(RefreshRules.nextRefresh(of: held(nil), at: now) == t0)
-        #expect(RefreshRules.nextRefresh(of: nil, at: now) == t0)
+        #expect(RefreshRules.nextRefresh(of: held(fresh), at: now, hostClockTolerance: policy.hostClockTolerance) == policy.softPoint(of: fresh, jitter: 0))
+        #expect(RefreshRules.nextRefresh(of: held(nil), at: now, hostClockTolerance: policy.hostClockTolerance) == t0)
+        #expect(RefreshRules.nextRefresh(of: nil, at: now, hostClockTolerance: policy.hostClockTolerance) == t0)
         let skewed = RefreshMoment(corrected: t0.addingTimeInterval(120), local: t0)
-        #expect(RefreshRules.nextRefresh(of: held(nil, failure: failure(next: 30)), at: skewed) == t0.addingTimeInterval(150),
+        #expect(RefreshRules.nextRefresh(of: held(nil, failure: failure(next: 30)), at: skewed,
+                                         hostClockTolerance: policy.hostClockTolerance) == t0.addingTimeInterval(150),
                 "a local-time backoff is moved onto the corrected timeline")
     }
 

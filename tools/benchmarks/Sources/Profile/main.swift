@@ -177,6 +177,7 @@ final class DiscardingStore: TokenRepository, RefreshLeaseStore, TokenSealingSto
     func tokenKeys(valueKeyID: String, matching: Bool, after: TokenKey?, limit: Int) async throws(TokenStoreError) -> [TokenKey] { [] }
     func replaceValues(_ replacements: [TokenValueReplacement]) async throws(TokenStoreError) -> Set<TokenKey> { [] }
     func discardReplacedValues() async throws(TokenStoreError) {}
+    func removeToken(for key: TokenKey, ifValue value: String) async throws(TokenStoreError) -> Bool { false }
     func acquireRefreshLease(for key: TokenKey, holder: String, now: Date, duration: TimeInterval) async throws(TokenStoreError) -> RefreshLease {
         .acquired(current: nil)
     }

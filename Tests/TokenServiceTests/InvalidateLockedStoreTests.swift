@@ -1,0 +1,60 @@
+// Issue 27 item 4 through the real token-agent: POST /v1/invalidate answers at once while
+// another process holds the store's write lock, and the invalidated tokens leave the store once
+// the lock is gone.
+
+import AsyncHTTPClient
+import Foundation
+import NIOHTTP1
+import TestSupportKit
+import Testing
+
+@Suite("token-agent's invalidate while another process holds the store's write lock", .exclusive)
+struct InvalidateLockedStoreTests {
+    @Test("POST /v1/invalidate answers 204 within 2 s while sqlite3 holds BEGIN IMMEDIATE for 40 s with a commit pending; GET serves a new token at once; afterwards the store holds neither invalidated token")
+    func invalidateWhileLocked() async throws {
+        let scratch = Scratch()
+        let issuer = try await IssuerProcess(scratch: scratch)
+        let agent = try await APIAgent.start(scratch, provider: issuer.template, ["--vehicle", "v-1", "--vehicle", "v-2"])
+        let db = scratch.file("tokens.sqlite")
+        let stored = { (id: String) -> String in
+            (try? sqlite3(db, "SELECT token FROM tokens WHERE kind = 'vehicle' AND subject_id = '\(id)'", readOnly: true)) ?? ""
+        }
+        try await withAPIClient { client in
+            let api = APIClient.unix(agent.socket, client)
+            let fingerprint = { (id: String) async throws -> String? in
+                try await api.send("/v1/token/vehicle/\(id)").headers.first(name: "Fleet-Token-Fingerprint")
+            }
+            #expect(try await eventually(within: 20) { try await api.send("/readyz").status == 200 })
+            #expect(await eventually(within: 20) { !stored("v-1").isEmpty && !stored("v-2").isEmpty })
+            let rejected = ["v-1": stored("v-1"), "v-2": stored("v-2")]
+            let servedBefore = ["v-1": try await fingerprint("v-1"), "v-2": try await fingerprint("v-2")]
+
+            let locked = scratch.file("locked"), released = scratch.file("released")
+            let shell = try RunningProcess(sqlite3Path, [
+                db, ".timeout 5000", "BEGIN IMMEDIATE;", ".shell touch \(locked)", ".shell sleep 40", "COMMIT;",
+                ".shell touch \(released)",
+            ], in: scratch)
+            #expect(await eventually(within: 10) { FileManager.default.fileExists(atPath: locked) })
+
+            // v-2 first: the agent refetches it (configured) and its commit then waits for the lock.
+            // Each GET takes seconds: the fetch's lease, a write, waits out the agent's busy
+            // timeout (5 s), queued behind the commit's attempts; hence the long lock.
+            for id in ["v-2", "v-1"] {
+                let started = ContinuousClock.now
+                let answer = try await api.send("/v1/invalidate/vehicle/\(id)", method: .POST)
+                let took = ContinuousClock.now - started
+                #expect(answer.status == 204, "\(answer.body)")
+                #expect(took < .seconds(2), "POST /v1/invalidate/vehicle/\(id) took \(took) while another process held the store's write lock")
+                let renewed = try await fingerprint(id)
+                #expect(renewed != nil && renewed != servedBefore[id], "\(id): the invalidated token is still served")
+            }
+            #expect(!FileManager.default.fileExists(atPath: released), "the lock was let go before the invalidations were checked")
+
+            #expect(await eventually(within: 60) { FileManager.default.fileExists(atPath: released) })
+            #expect(await shell.wait(upTo: 10) == 0, "sqlite3: \(shell.stderr)")
+            let replaced = await eventually(within: 20) { stored("v-1") != rejected["v-1"] && stored("v-2") != rejected["v-2"] }
+            #expect(replaced, "an invalidated token is still in the store after the lock was let go")
+        }
+        #expect(await agent.stop() == 0, "\(agent.process.stderr.suffix(2000))")
+    }
+}
