@@ -91,7 +91,7 @@ public final class RawSQLite: @unchecked Sendable {
             ON CONFLICT (kind, subject_id) DO UPDATE SET
               token = excluded.token, expires_at = excluded.expires_at, issued_at = excluded.issued_at,
               fetched_at = excluded.fetched_at, last_used_at = coalesce(excluded.last_used_at, tokens.last_used_at),
-              failure_count = 0, next_attempt_at = NULL, last_error_kind = NULL, last_error_message = NULL, last_failure_at = NULL
+              failure_count = 0, next_attempt_at = NULL, last_error_kind = NULL, last_error_message = NULL, last_failure_at = NULL, failure_config_digest = NULL
             WHERE tokens.token IS NULL OR excluded.expires_at >= tokens.expires_at
             """
         precondition(sqlite3_prepare_v2(handle, sql, -1, &upsert, nil) == SQLITE_OK)
