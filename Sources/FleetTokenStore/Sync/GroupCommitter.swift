@@ -23,6 +23,11 @@ final class GroupCommitter: Sendable {
     /// Delay between attempts to write results after the store failed.
     static let storeRetryDelay: TimeInterval = 2
 
+    /// Largest batch whose tables keep their storage for the next one: a burst (30,000
+    /// invalidations, a refresh wave of a whole fleet) gives its storage back once written,
+    /// so memory returns to what steady work needs.
+    static let keptCapacity = 1_024
+
     /// What is to be written for a key: its newest token, or the removal of its stored token.
     private enum Write: Sendable {
         case token(StoredToken)
@@ -179,7 +184,7 @@ final class GroupCommitter: Sendable {
                 let stopping = state.withLock { state in
                     for token in batch.tokens where state.pending[token.key] == nil { state.pending[token.key] = .token(token) }
                     for key in batch.removals where state.pending[key] == nil { state.pending[key] = .removal }
-                    state.inFlight.removeAll(keepingCapacity: true)
+                    state.inFlight.removeAll(keepingCapacity: state.inFlight.count <= Self.keptCapacity)
                     state.inFlightRemovals.removeAll()
                     return state.stopping
                 }
@@ -199,7 +204,7 @@ final class GroupCommitter: Sendable {
             batch.tokens = []
             let removing = !batch.removals.isEmpty
             state.withLock { state in
-                if removing { state.inFlight.subtract(tokens.lazy.map(\.key)) } else { state.inFlight.removeAll(keepingCapacity: true) }
+                if removing { state.inFlight.subtract(tokens.lazy.map(\.key)) } else { state.inFlight.removeAll(keepingCapacity: state.inFlight.count <= Self.keptCapacity) }
             }
             health.writeSucceeded()
             await committed(tokens.map(\.key))
@@ -231,7 +236,7 @@ final class GroupCommitter: Sendable {
     private func nextBatch() -> Batch? {
         let (batch, waiters) = state.withLock { state -> (Batch?, [CheckedContinuation<Void, Never>]) in
             guard state.pending.isEmpty else {
-                defer { state.pending.removeAll(keepingCapacity: true) }
+                defer { state.pending.removeAll(keepingCapacity: state.pending.count <= Self.keptCapacity) }
                 var batch = Batch()
                 batch.tokens.reserveCapacity(state.pending.count)
                 for (key, write) in state.pending {

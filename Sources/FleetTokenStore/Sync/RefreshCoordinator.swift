@@ -265,8 +265,22 @@ actor RefreshCoordinator {
     /// Brings memory in line with the store for `keys` we hold: adopts tokens another process
     /// wrote, and drops tokens another process removed (refetching tracked ones at once).
     private func reconcile(_ keys: [TokenKey]) async {
+        // In reads of at most `reconcileChunk` keys: re-reading all 10,000 held entries in one
+        // read allocated every stored token at once, and glibc kept those pages (the agent's
+        // resident size at 10,000 tracked subjects went from 64 to 74 MiB).
         let held = keys.filter { parts.memory.entry($0) != nil }
-        guard !held.isEmpty else { return }
+        var start = 0
+        while start < held.count {
+            let end = min(start + Self.reconcileChunk, held.count)
+            await reconcileHeld(Array(held[start..<end]))
+            start = end
+        }
+    }
+
+    /// Most keys one re-read of the store asks for.
+    static let reconcileChunk = 100
+
+    private func reconcileHeld(_ held: [TokenKey]) async {
         let stored: [TokenKey: TokenEntry]
         do {
             stored = try await parts.repository.entries(for: held)
