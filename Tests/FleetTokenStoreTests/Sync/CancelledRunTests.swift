@@ -48,15 +48,9 @@ struct CancelledRunTests {
         let running = h.start()
         #expect(await eventually(within: 10) { await h.engine.isRunning })
         let events = StreamRecorder(h.engine.events())
-        h.fetcher.close()
-        let asking = Task { try await h.engine.token(for: key) }
-        // The lease is taken before the lock, so the fetch's only write left is its commit.
-        #expect(await eventually(within: 10) { h.fetcher.waitingAtGate == 1 })
         let shell = try SQLiteShell(path: h.path)
         defer { shell.quit() }
-        _ = try shell.execute("BEGIN IMMEDIATE;")
-        h.fetcher.open()
-        let fetched = try await asking.value
+        let fetched = try await h.fetchBehindLock(key, shell: shell)
         // The first write gave up on the lock; the next attempt waits on the test clock.
         #expect(await eventually(within: 20) { events.elements.contains(where: \.isStoreDegraded) }, "\(events.elements)")
 
@@ -82,12 +76,7 @@ struct CancelledRunTests {
             let group = ServiceGroup(services: [h.engine], gracefulShutdownSignals: [], logger: Logger(label: "group"))
             async let running: Void = group.run()
             #expect(await eventually(within: 10) { await h.engine.isRunning })
-            h.fetcher.close()
-            let asking = Task { try await h.engine.token(for: key) }
-            #expect(await eventually(within: 10) { h.fetcher.waitingAtGate == 1 })
-            _ = try shell.execute("BEGIN IMMEDIATE;")
-            h.fetcher.open()
-            fetched = try await asking.value
+            fetched = try await h.fetchBehindLock(key, shell: shell)
             #expect(await eventually(within: 20) { events.elements.contains(where: \.isStoreDegraded) }, "\(events.elements)")
             shell.send(".shell sleep 0.5\nCOMMIT;\n")
             // Leaving the scope cancels `running` and waits for it.

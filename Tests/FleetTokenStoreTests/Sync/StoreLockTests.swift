@@ -36,6 +36,19 @@ struct LockedStoreHarness {
         return Task { try await engine.run() }
     }
 
+    /// Fetches `key` while `shell` takes the store's write lock between the fetch's lease and its
+    /// commit (the lease is taken before the lock, so the fetch's only write left is its commit):
+    /// the token returned waits behind the lock for its commit.
+    func fetchBehindLock(_ key: TokenKey, shell: SQLiteShell) async throws -> StoredToken {
+        fetcher.close()
+        let engine = self.engine
+        let asking = Task { try await engine.token(for: key) }
+        #expect(await eventually(within: 10) { fetcher.waitingAtGate == 1 })
+        _ = try shell.execute("BEGIN IMMEDIATE;")
+        fetcher.open()
+        return try await asking.value
+    }
+
     /// The token the store holds for `key` now (nil when none or unreadable).
     func stored(_ key: TokenKey) async -> StoredToken? {
         ((try? await store.entry(for: key)) ?? nil)?.token
@@ -108,15 +121,9 @@ struct StoreLockTests {
         // Without run(): the commit is written by a task of its own, and nothing refetches the key.
         let h = try LockedStoreHarness(busyTimeout: 30)
         defer { h.store.close() }
-        h.fetcher.close()
-        let asking = Task { try await h.engine.token(for: held) }
-        // The lease is taken before the lock, so the fetch's only write left is its commit.
-        #expect(await eventually(within: 10) { h.fetcher.waitingAtGate == 1 })
         let shell = try SQLiteShell(path: h.path)
         defer { shell.quit() }
-        _ = try shell.execute("BEGIN IMMEDIATE;")
-        h.fetcher.open()
-        let fetched = try await asking.value
+        let fetched = try await h.fetchBehindLock(held, shell: shell)
 
         let returned = EndFlag()
         let invalidation = Task { await h.engine.invalidate(held); returned.set() }
