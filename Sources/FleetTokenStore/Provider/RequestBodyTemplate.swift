@@ -117,9 +117,14 @@ public struct RequestBodyTemplate: Sendable, Equatable {
     }
 
     /// A JSON template must give valid JSON with values that need escaping, each placeholder
-    /// landing inside a string (a value or a member name).
+    /// landing inside a string (a value or a member name), for every kind: `\u00{kind}` is a
+    /// valid escape with `deliveryVehicle` ("de" are hex digits) and invalid with the others.
     private func validateJSON() throws(RequestBodyTemplateError) {
-        let sampleKind = TokenKind.deliveryVehicle.rawValue
+        for kind in TokenKind.allCases { try validateJSON(sampleKind: kind.rawValue) }
+    }
+
+    private func validateJSON(sampleKind: String) throws(RequestBodyTemplateError) {
+        // Starts with a letter that is neither hex nor an escape: "\u00{id}" or "\{id}" fails.
         let sampleID = "sample \"id\" \\ 1\u{0A}é"
         let sample = render(kind: sampleKind, id: sampleID)
         guard StrictJSONSyntax.isValid(Array(sample.utf8)), let document = JSONValue.parse(Data(sample.utf8)) else {

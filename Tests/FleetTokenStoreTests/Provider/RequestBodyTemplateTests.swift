@@ -104,6 +104,23 @@ struct RequestBodyTemplateTests {
         }
     }
 
+    // Found by fuzz-body-template: the check filled {kind} with "deliveryVehicle" only, whose
+    // "de" completes "\u00" into a valid escape; "vehicle", "trip" and "task" then rendered
+    // invalid JSON at every request.
+    @Test("a JSON template valid for one kind only is refused: \\u00{kind} needs hex digits that other kinds lack",
+          arguments: [#"{"a":"\u00{kind}"}"#, #"["{id}","\u00{kind}x"]"#, #"{"k":"{kind}","v":"\u00{kind}"}"#])
+    func placeholderCompletingAnEscape(template: String) throws {
+        let error = #expect(throws: RequestBodyTemplateError.self) { try RequestBodyTemplate(template, contentType: "application/json") }
+        #expect(error.map { [.invalidJSON, .placeholderOutsideString].contains($0.code) } == true, "\(template)")
+    }
+
+    @Test("an accepted JSON template renders valid JSON for every kind", arguments: TokenKind.allCases)
+    func everyKindRendersJSON(kind: TokenKind) throws {
+        let template = try RequestBodyTemplate(#"{"k":"{kind}","escaped":"\u00e9{kind}\\{id}"}"#, contentType: "application/json")
+        let body = template.render(for: try TokenKey(kind: kind, subjectID: "x"))
+        #expect(StrictJSONSyntax.isValid(Array(body.utf8)), "\(body)")
+    }
+
     @Test("a JSON template that is not JSON is refused without quoting it",
           arguments: [#"{"vehicleId":"{id}""#, #"{"vehicleId":"{id}",}"#, "", #"{"a":"\{id}"}"#, #"{"a":"x"{id}"}"#,
                       #"{"vehicleId":"{id}", "secret":"do-not-echo-this"]"#])
