@@ -28,7 +28,7 @@ final class InvalidationLimiter: Sendable {
         var head = 0
 
         /// Drops up to `budget` of the oldest invalidations made `interval` or more before
-        /// `now`; gives the storage back once a burst has emptied (neither a dictionary nor an
+        /// `now`; gives the storage back once the tables are empty (neither a dictionary nor an
         /// array grows smaller by removal), or compacts the order when most of it is dropped.
         mutating func forget(olderThan interval: TimeInterval, at now: ContinuousClock.Instant, atMost budget: Int) {
             var dropped = 0
@@ -39,8 +39,15 @@ final class InvalidationLimiter: Sendable {
                 head += 1
                 dropped += 1
             }
-            if head == order.count && order.count > 1024 {
-                self = Recent()
+            if head == order.count {
+                // Emptied: the tables keep the capacity of the largest burst they held (and
+                // removal never shrinks them), so a burst's storage goes back now.
+                if order.capacity > 1024 || last.capacity > 1024 {
+                    self = Recent()
+                } else if head > 0 {
+                    order.removeAll(keepingCapacity: true)
+                    head = 0
+                }
             } else if head > 1024 && head * 2 > order.count {
                 order.removeFirst(head)
                 head = 0
@@ -90,6 +97,9 @@ final class InvalidationLimiter: Sendable {
 
     /// How many keys the limiter remembers (for tests of its bound).
     var rememberedCount: Int { state.withLock { $0.last.count } }
+
+    /// How many entries the limiter's tables have room for (for tests that storage comes back).
+    var storageCapacity: Int { state.withLock { $0.last.capacity + $0.order.capacity } }
 
     fileprivate static func seconds(_ duration: Duration) -> TimeInterval {
         let (seconds, attoseconds) = duration.components

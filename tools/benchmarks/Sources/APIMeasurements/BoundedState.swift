@@ -59,6 +59,12 @@ struct BoundedStateSettings {
     /// reading to call malloc_stats() and malloc_trim(0), and VmRSS is read again: how much of
     /// what did not come back is free memory glibc keeps.
     var diagnoseWithGDB = false
+    /// A diagnosis, not part of the figure (`--bounded-heaptrack`, with `--keep-scratch`):
+    /// heaptrack attaches to the agent after the baseline's reading and records every allocation
+    /// from then on; after the last reading the agent is killed (SIGKILL: a graceful shutdown
+    /// would free what is to be found), so heaptrack's "leaked" figures are what the load left
+    /// allocated: `heaptrack_print --print-leaks 1 bounded-state/heaptrack.*`.
+    var heaptrack = false
 }
 
 /// The status counts of one kind of request in a load run.
@@ -258,6 +264,15 @@ private func measureBoundedState(agentPath: String, scratch: String, settings: B
         // The baseline's arenas, first in the agent's log (malloc_stats() writes to its stderr).
         _ = try output(of: "/usr/bin/gdb", ["-p", String(agent.pid), "-batch", "-ex", "call (void) malloc_stats()"], scratch: directory)
     }
+    var heaptrack: Child?
+    if settings.heaptrack {
+        heaptrack = try Child("/usr/bin/heaptrack", ["-p", String(agent.pid), "-o", directory + "/heaptrack"], log: directory + "/heaptrack.log")
+        // Attaching injects the recorder through gdb: wait until it says it is recording.
+        let deadline = monotonicNanoseconds() + 60_000_000_000
+        while !((try? String(contentsOfFile: directory + "/heaptrack.log", encoding: .utf8)) ?? "").contains("injection finished"),
+              monotonicNanoseconds() < deadline { usleep(100_000) }
+        try await Task.sleep(for: .seconds(3))
+    }
 
     // 2. The load, with the probe on a connection of its own.
     let fetchesBefore = issuer.issuedCount
@@ -298,6 +313,13 @@ private func measureBoundedState(agentPath: String, scratch: String, settings: B
         results["bounded_state_diagnosis_anonymous_mib_after_malloc_trim"] = rounded(Double(trimmed.anonymous) / 1024, 2)
         note("gdb: \(gdb.split(separator: "\n").suffix(3).joined(separator: " | "))")
         note("malloc_stats() is in \(directory)/agent.log")
+    }
+
+    if let heaptrack {
+        kill(agent.pid, SIGKILL)
+        let deadline = monotonicNanoseconds() + 300_000_000_000
+        while heaptrack.isRunning, monotonicNanoseconds() < deadline { usleep(100_000) }
+        note("heaptrack: \(directory)/heaptrack.log; heaptrack_print --print-leaks 1 \(directory)/heaptrack.*")
     }
 
     func percentile(_ p: Double) -> Double {

@@ -7,7 +7,7 @@
 //                          [--startup-repetitions 5] [--throughput-seconds 5] [--keep-scratch]
 //                          [--only api|bounded-state] [--bounded-requests 30000] [--bounded-invalidates N]
 //                          [--bounded-lifetime 120] [--bounded-idle-window 10] [--bounded-agent-arg ARG]...
-//                          [--bounded-diagnose]
+//                          [--bounded-diagnose] [--bounded-heaptrack]
 //
 // - Hit: p50 of `GET /v1/token/vehicle/ID` for a fresh token against the same request to
 //   `token-api-bare-route` (a Hummingbird route with the API's server settings answering the
@@ -475,7 +475,7 @@ func option(_ flag: String, in arguments: [String] = CommandLine.arguments) -> S
     arguments.firstIndex(of: flag).flatMap { $0 + 1 < arguments.count ? arguments[$0 + 1] : nil }
 }
 guard let agentPath = option("--agent"), let barePath = option("--bare-server") else {
-    note("usage: token-api-measurements --agent PATH --bare-server PATH [--only api|bounded-state] [--rounds N] [--requests-per-round N] [--startup-repetitions N] [--throughput-seconds S] [--bounded-requests N] [--bounded-invalidates N] [--bounded-lifetime S] [--bounded-idle-window S] [--bounded-agent-arg ARG]... [--bounded-diagnose] [--keep-scratch]")
+    note("usage: token-api-measurements --agent PATH --bare-server PATH [--only api|bounded-state] [--rounds N] [--requests-per-round N] [--startup-repetitions N] [--throughput-seconds S] [--bounded-requests N] [--bounded-invalidates N] [--bounded-lifetime S] [--bounded-idle-window S] [--bounded-agent-arg ARG]... [--bounded-diagnose] [--bounded-heaptrack] [--keep-scratch]")
     exit(64)
 }
 let rounds = option("--rounds").flatMap(Int.init) ?? 15
@@ -498,6 +498,7 @@ boundedSettings.idleWindow = option("--bounded-idle-window").flatMap(Double.init
 boundedSettings.extraAgentArguments = CommandLine.arguments.indices.filter { CommandLine.arguments[$0] == "--bounded-agent-arg" }
     .compactMap { $0 + 1 < CommandLine.arguments.count ? CommandLine.arguments[$0 + 1] : nil }
 boundedSettings.diagnoseWithGDB = CommandLine.arguments.contains("--bounded-diagnose")
+boundedSettings.heaptrack = CommandLine.arguments.contains("--bounded-heaptrack")
 signal(SIGPIPE, SIG_IGN)
 
 var results: [String: Any] = [:]
