@@ -9,7 +9,9 @@
 //                          [--bounded-lifetime 120] [--bounded-idle-window 10] [--bounded-agent-arg ARG]...
 //                          [--bounded-diagnose] [--bounded-heaptrack]
 //
-// - Hit: p50 of `GET /v1/token/vehicle/ID` for a fresh token against the same request to
+// - Hit (the rounds with both servers and the client pinned to one core, so that thread
+//   placement on this small VM does not decide the ratio): p50 of `GET /v1/token/vehicle/ID`
+//   for a fresh token against the same request to
 //   `token-api-bare-route` (a Hummingbird route with the API's server settings answering the
 //   agent's own answer as a constant), one connection each. Requests alternate between the two
 //   (agent, bare, agent, bare...: in blocks, the bare server ran hot and its p50 moved between
@@ -176,6 +178,21 @@ func output(of executable: String, _ arguments: [String], scratch: String) throw
     }
     return (try? String(contentsOfFile: log, encoding: .utf8)) ?? ""
 }
+
+/// Sets the CPU affinity of every thread of `pid` (0: this thread only) to `cores`. Threads
+/// created later inherit their creator's affinity.
+func pinThreads(of pid: pid_t, to cores: [Int]) {
+    // A cpu_set_t: 1,024 bits.
+    var mask = [UInt64](repeating: 0, count: 16)
+    for core in cores where core < 1024 { mask[core / 64] |= 1 << UInt64(core % 64) }
+    let threads: [pid_t] = pid == 0 ? [0]
+        : ((try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []).compactMap { pid_t($0) }
+    for thread in threads { _ = mask.withUnsafeBytes { setAffinity(thread, $0.count, $0.baseAddress!) } }
+}
+
+/// glibc's `sched_setaffinity` (sched.h declares it only with _GNU_SOURCE).
+@_silgen_name("sched_setaffinity")
+private func setAffinity(_ thread: pid_t, _ size: Int, _ mask: UnsafeRawPointer) -> Int32
 
 // MARK: - HTTP/1.1 over a Unix socket
 
@@ -555,6 +572,14 @@ do {
             // text/plain), which the agent answers without building JSON.
             let plainRequest = Array("GET /v1/token/vehicle/\(ids[0]) HTTP/1.1\r\nHost: localhost\r\nFleet-Token-Request: true\r\nAccept: text/plain\r\n\r\n".utf8)
             _ = try p50(agentConnection, plainRequest, count: requestsPerRound, samples: &samples)
+            // The rounds run with the agent, the bare server and this thread on one core: each
+            // exchange is then the two sides' own work, not where the scheduler put whose thread
+            // (unpinned on this 2-core VM, the rounds' ratios of one run went from 0.5 to 2.1,
+            // stepping mid-run; pinned, they stay within 0.02 of each other).
+            let latencyCore = ProcessInfo.processInfo.activeProcessorCount - 1
+            pinThreads(of: agent.pid, to: [latencyCore])
+            pinThreads(of: bare.pid, to: [latencyCore])
+            pinThreads(of: 0, to: [latencyCore])
             var apiP50s: [Double] = []
             var bareP50s: [Double] = []
             var plainP50s: [Double] = []
@@ -571,6 +596,9 @@ do {
                 ratios.append(api / base)
                 plainRatios.append(plain / base)
             }
+            let allCores = Array(0..<ProcessInfo.processInfo.activeProcessorCount)
+            for pid in [agent.pid, bare.pid, 0] { pinThreads(of: pid, to: allCores) }
+            results["api_hit_latency_rounds_pinned_to_core"] = latencyCore
             results["api_hit_vs_bare_route"] = rounded(median(ratios))
             results["api_hit_vs_bare_route_each_round"] = ratios.map { rounded($0) }
             results["api_hit_p50_microseconds"] = rounded(median(apiP50s) / 1000)
