@@ -1,31 +1,28 @@
 // FleetTokenPostgres: the change feed across hosts. The table's trigger announces each token
-// change with NOTIFY at commit; one connection LISTENs while the repository's work runs. After
-// a lost connection it reconnects with backoff and reports `.unknown`, so subscribers re-read
-// what they hold from the table: a notification lost meanwhile costs no correctness. So does a
-// burst larger than a subscriber keeps unread (StoreChangeBroadcaster: one `.unknown` instead).
+// change with NOTIFY at commit; one connection LISTENs while the repository's work runs. The
+// loop around each LISTEN is the ChangeFeedRunner SQLite's poller runs too: after a lost
+// connection it reconnects with backoff and reports `.unknown`, so subscribers re-read what they
+// hold from the table: a notification lost meanwhile costs no correctness. So does a burst
+// larger than a subscriber keeps unread (StoreChangeBroadcaster: one `.unknown` instead).
 import FleetTokenStore
 import Logging
 import PostgresNIO
 import Synchronization
 
-final class PostgresChangeFeed: Sendable {
-    private struct State {
-        /// A listener runs (one at a time; another caller waits for it to end).
-        var running = false
-        /// LISTEN is in force: what commits from now on is delivered.
-        var listening = false
-        var closed = false
-    }
+final class PostgresChangeFeed: ChangeFeedWatch {
+    /// The LISTEN ended without an error (the server closed the session): reconnect.
+    private struct ListenEnded: Error {}
 
     private let client: PostgresClient
     private let channel: String
     /// This repository's `application_name`: its own changes are not reported back.
     private let origin: String
     private let store: String
-    private let configuration: PostgresStoreConfiguration
+    private let statementTimeout: Duration
     private let logger: Logger
-    private let broadcaster = StoreChangeBroadcaster()
-    private let state = Mutex(State())
+    private let runner: ChangeFeedRunner
+    /// LISTEN is in force: what commits from now on is delivered.
+    private let listening = Atomic<Bool>(false)
 
     init(client: PostgresClient, schema: String, origin: String, store: String,
          configuration: PostgresStoreConfiguration, logger: Logger) {
@@ -33,8 +30,12 @@ final class PostgresChangeFeed: Sendable {
         self.channel = schema + ".token_changes"
         self.origin = origin
         self.store = store
-        self.configuration = configuration
+        self.statementTimeout = configuration.statementTimeout
         self.logger = logger
+        self.runner = ChangeFeedRunner(pacing: .init(takeOverCheck: configuration.feedReconnectInitial,
+                                                     retryInitial: configuration.feedReconnectInitial,
+                                                     retryMaximum: configuration.feedReconnectMaximum),
+                                       clock: ContinuousClock())
     }
 
     /// What commits from now on, once listening. A listener started with `announcesStart`
@@ -44,15 +45,14 @@ final class PostgresChangeFeed: Sendable {
     /// length, and `.unknown` at each start would end every wait at once and start it again,
     /// LISTEN after LISTEN.
     func subscribe() -> AsyncStream<TokenStoreChange> {
-        broadcaster.subscribe()
+        runner.broadcaster.subscribe()
     }
 
     /// True while LISTEN is in force (for tests).
-    var isListening: Bool { state.withLock { $0.listening } }
+    var isListening: Bool { listening.load(ordering: .relaxed) }
 
     func close() {
-        state.withLock { $0.closed = true }
-        broadcaster.finish()
+        runner.close()
     }
 
     /// Listens until the calling task is cancelled or the feed closes, reconnecting with
@@ -60,59 +60,39 @@ final class PostgresChangeFeed: Sendable {
     /// `announcesStart`, subscribers get `.unknown` once LISTEN is first in force (see
     /// ``subscribe()``).
     func run(announcesStart: Bool = false) async {
-        while true {
-            let role = state.withLock { state -> (closed: Bool, runs: Bool) in
-                if state.closed { return (true, false) }
-                if state.running { return (false, false) }
-                state.running = true
-                return (false, true)
-            }
-            if role.closed { return }
-            if role.runs { break }
-            do { try await Task.sleep(for: configuration.feedReconnectInitial) } catch { return }
-        }
-        defer { state.withLock { $0.running = false; $0.listening = false } }
-        var delay = configuration.feedReconnectInitial
-        var lostConnection = false
-        var startToAnnounce = announcesStart
-        while !Task.isCancelled && !state.withLock({ $0.closed }) {
-            do {
-                try await client.withConnection { connection in
-                    try await connection.listen(on: channel) { notifications in
-                        // Queries on one connection run in order: once this answers, LISTEN is in force.
-                        _ = try await connection.query("SELECT 1", logger: logger).collect()
-                        state.withLock { $0.listening = true }
-                        if lostConnection {
-                            logger.notice("token database change feed is back; subscribers re-read what they hold", metadata: [
-                                "store": .string(store),
-                            ])
-                        }
-                        if lostConnection || startToAnnounce {
-                            // What committed while deaf cannot be itemized: subscribers re-read.
-                            broadcaster.emit(.unknown)
-                        }
-                        startToAnnounce = false
-                        delay = configuration.feedReconnectInitial
-                        lostConnection = false
-                        for try await notification in notifications {
-                            if let change = change(from: notification.payload) { broadcaster.emit(change) }
-                        }
-                    }
-                }
-            } catch {
-                if Task.isCancelled || state.withLock({ $0.closed }) { return }
-                let reason = PostgresFailure.storeError(error, store: store, statementTimeout: configuration.statementTimeout)
-                if !lostConnection {
-                    logger.warning("token database change feed lost its connection; reconnecting", metadata: [
-                        "store": .string(store), "reason": .string(reason.description),
-                    ])
+        await runner.run(self, announcingStart: announcesStart)
+    }
+
+    /// One connection's LISTEN, delivering notifications until the connection is lost.
+    func watchOnce(_ turn: ChangeFeedRunner.Turn) async throws {
+        defer { listening.store(false, ordering: .relaxed) }
+        try await client.withConnection { connection in
+            try await connection.listen(on: channel) { notifications in
+                // Queries on one connection run in order: once this answers, LISTEN is in force.
+                _ = try await connection.query("SELECT 1", logger: logger).collect()
+                listening.store(true, ordering: .relaxed)
+                turn.watching()
+                for try await notification in notifications {
+                    if let change = change(from: notification.payload) { runner.broadcaster.emit(change) }
                 }
             }
-            state.withLock { $0.listening = false }
-            lostConnection = true
-            do { try await Task.sleep(for: delay) } catch { return }
-            delay = min(delay * 2, configuration.feedReconnectMaximum)
         }
+        throw ListenEnded()
+    }
+
+    /// Said once per outage.
+    func watchFailed(_ error: any Error, again: Bool) {
+        guard !again, !(error is ListenEnded) else { return }
+        let reason = PostgresFailure.storeError(error, store: store, statementTimeout: statementTimeout)
+        logger.warning("token database change feed lost its connection; reconnecting", metadata: [
+            "store": .string(store), "reason": .string(reason.description),
+        ])
+    }
+
+    func watchResumed() {
+        logger.notice("token database change feed is back; subscribers re-read what they hold", metadata: [
+            "store": .string(store),
+        ])
     }
 
     /// `upsert|delete <tab> origin <tab> kind <tab> subject id`; nil for this repository's own

@@ -11,7 +11,7 @@ extension PostgresTokenRepository: TokenSealingStore {
     /// The key ids of the stored values, in one statement of one index probe per id.
     /// - Throws: `TokenStoreError` when the database cannot be read.
     public func valueKeyIDs() async throws(TokenStoreError) -> Set<String> {
-        Set(try await rows("""
+        Set(try await runner.rows("""
             WITH RECURSIVE ids(id) AS (
                 SELECT min(value_key_id) FROM tokens WHERE token IS NOT NULL
                 UNION ALL
@@ -24,7 +24,7 @@ extension PostgresTokenRepository: TokenSealingStore {
     /// How many tokens are under each key id.
     /// - Throws: `TokenStoreError` when the database cannot be read.
     public func valueKeyCounts() async throws(TokenStoreError) -> [String: Int] {
-        let found = try await rows("SELECT value_key_id, count(*) FROM tokens WHERE token IS NOT NULL GROUP BY 1") { row in
+        let found = try await runner.rows("SELECT value_key_id, count(*) FROM tokens WHERE token IS NOT NULL GROUP BY 1") { row in
             let (id, n) = try row.decode((String, Int64).self)
             return (id, Int(n))
         }
@@ -44,43 +44,35 @@ extension PostgresTokenRepository: TokenSealingStore {
         }
         bindings.append(Int64(max(0, limit)))
         sql += " ORDER BY kind, subject_id LIMIT $\(after == nil ? 2 : 4)"
-        return try await rows(sql, bindings) { row in
-            let (kind, subject) = try row.decode((String, String).self)
-            return TokenKind(rawValue: kind).map { TokenKey(uncheckedKind: $0, subjectID: subject) }
-        }
+        return try await runner.keys(sql, bindings)
     }
 
     /// Replaces values still as read, in one statement.
     /// - Throws: `TokenStoreError`; on failure nothing was changed.
     public func replaceValues(_ replacements: [TokenValueReplacement]) async throws(TokenStoreError) -> Set<TokenKey> {
         guard !replacements.isEmpty else { return [] }
-        let (kinds, subjects) = Self.keyArrays(replacements.map(\.key))
+        let (kinds, subjects) = PostgresTokenSQL.keyArrays(replacements.map(\.key))
         var bindings = PostgresBindings()
         bindings.append(kinds)
         bindings.append(subjects)
         bindings.append(replacements.map(\.old))
         bindings.append(replacements.map(\.new))
-        return Set(try await rows("""
+        return Set(try await runner.keys("""
             UPDATE tokens AS t SET token = r.new
             FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS r(kind, subject_id, old, new)
             WHERE t.kind = r.kind AND t.subject_id = r.subject_id AND t.token = r.old
             RETURNING t.kind, t.subject_id
-            """, bindings) { row in
-            let (kind, subject) = try row.decode((String, String).self)
-            return TokenKind(rawValue: kind).map { TokenKey(uncheckedKind: $0, subjectID: subject) }
-        })
+            """, bindings))
     }
 
     /// Removes `key`'s token while its value is still `value`, in one statement: the row goes
     /// without failure state, its token is cleared with it (as `removeToken(for:)` does).
     /// - Throws: `TokenStoreError`; on failure nothing was changed.
     public func removeToken(for key: TokenKey, ifValue value: String) async throws(TokenStoreError) -> Bool {
-        var bindings = PostgresBindings()
-        bindings.append(key.kind.rawValue)
-        bindings.append(key.subjectID)
+        var bindings = PostgresTokenSQL.keyBindings(key)
         bindings.append(value)
         // The two statements touch disjoint rows (failure_count zero or not).
-        let removed = try await rows("""
+        let removed = try await runner.rows("""
             WITH gone AS (
                 DELETE FROM tokens WHERE kind = $1 AND subject_id = $2 AND token = $3 AND failure_count = 0 RETURNING 1),
             cleared AS (

@@ -82,6 +82,24 @@ enum PostgresTokenSQL {
         var whereClause: String { clauses.isEmpty ? "WHERE true" : "WHERE " + clauses.joined(separator: " AND ") }
     }
 
+    /// `$1` the key's kind, `$2` its subject id.
+    static func keyBindings(_ key: TokenKey) -> PostgresBindings {
+        var bindings = PostgresBindings()
+        bindings.append(key.kind.rawValue)
+        bindings.append(key.subjectID)
+        return bindings
+    }
+
+    /// The kinds and subject ids of `keys`, as two arrays to unnest into rows.
+    static func keyArrays(_ keys: some Sequence<TokenKey>) -> (kinds: [String], subjects: [String]) {
+        var kinds: [String] = [], subjects: [String] = []
+        for key in keys {
+            kinds.append(key.kind.rawValue)
+            subjects.append(key.subjectID)
+        }
+        return (kinds, subjects)
+    }
+
     static func condition(for filter: TokenFilter) -> Condition {
         Condition(.matching(filter))
     }

@@ -15,18 +15,18 @@ import Synchronization
 ///
 /// The polling is the owner's long-running work: it runs inside ``run()`` (a child task of the
 /// engine's `run()`, through ``SQLiteTokenRepository/runBackgroundWork()``), never in a task of
-/// its own.
-final class ChangeMonitor: Sendable {
+/// its own. The loop around each poll (one loop at a time, a pause after a failure, closing) is
+/// the ``ChangeFeedRunner`` the PostgreSQL feed runs too.
+final class ChangeMonitor: ChangeFeedWatch {
     private struct State: Sendable {
         var ownRanges: [ClosedRange<Int64>] = []
-        /// The starting point taken by the first subscriber, for the loop to poll from.
+        /// Where the loop polls from next: the starting point the first subscriber took, the
+        /// position an interrupted loop reached, or none (`.some(nil)`: open the watching
+        /// connection first, and report `.unknown` since streams started before it).
         var pendingStart: Watcher??
         /// Whether changes are being watched (a starting point was taken and polling has not
         /// stopped): only then are own changes noted.
         var watching = false
-        /// Whether a ``run()`` loop is under way; a second one waits to take over.
-        var running = false
-        var closed = false
     }
 
     /// The watching connection and where it starts reading from.
@@ -40,9 +40,10 @@ final class ChangeMonitor: Sendable {
     static let maximumItemizedChanges = 5000
 
     private let state = Mutex(State())
-    /// The subscribers. A reader that missed a change would serve a stale token: one far behind
-    /// gets `.unknown` in place of what it has not read.
-    private let subscribers = StoreChangeBroadcaster()
+    /// The loop, and the subscribers (its broadcaster). A reader that missed a change would
+    /// serve a stale token: one far behind gets `.unknown` in place of what it has not read.
+    private let runner: ChangeFeedRunner
+    private var subscribers: StoreChangeBroadcaster { runner.broadcaster }
     /// A subscriber arrived or the monitor closed: the loop looks again.
     private let wakes = WakeSignal()
     private let path: String
@@ -59,6 +60,10 @@ final class ChangeMonitor: Sendable {
         self.busyTimeout = busyTimeout
         self.clock = clock
         self.logger = logger
+        // The open of the watching connection is retried each second; a second loop looks
+        // whether the first has ended once per poll interval.
+        self.runner = ChangeFeedRunner(pacing: .init(takeOverCheck: self.interval, retryInitial: .seconds(1),
+                                                     retryMaximum: .seconds(1)), clock: clock)
     }
 
     /// How many polls have completed since the monitor was made.
@@ -70,10 +75,10 @@ final class ChangeMonitor: Sendable {
     func subscribe() -> AsyncStream<TokenStoreChange> {
         let stream = subscribers.subscribe()
         let started = state.withLock { state -> Bool in
-            guard !state.closed, !state.watching else { return false }
+            guard !runner.isClosed, !state.watching else { return false }
             // A read of two numbers, once per start of watching: under the lock, so no write's
             // own-change note falls between the starting point and the loop.
-            state.pendingStart = .some(openWatcher(logFailure: false))
+            state.pendingStart = .some(try? openWatcher())
             state.watching = true
             return true
         }
@@ -91,7 +96,7 @@ final class ChangeMonitor: Sendable {
     func noteOwnChanges(_ range: ClosedRange<Int64>) {
         state.withLock { state in
             guard state.watching else { return }
-            if !state.running && !subscribers.hasSubscribers {
+            if !runner.isRunning && !subscribers.hasSubscribers {
                 // Every stream ended before a loop ran: stop watching; the next stream starts anew.
                 state.watching = false
                 state.pendingStart = nil
@@ -117,80 +122,62 @@ final class ChangeMonitor: Sendable {
 
     /// Ends every stream; a running ``run()`` returns.
     func close() {
-        state.withLock { $0.closed = true }
+        runner.close()
         wakes.signal()
-        subscribers.finish()
     }
 
     /// Polls for other connections' changes while streams are alive, and waits for the next
     /// subscriber while none is, until the task is cancelled or the monitor closes. One loop
     /// polls at a time: a second call waits and takes over when the first ends.
     func run() async {
-        // Another loop runs: wait for it to end (checked at the poll interval), then take over.
-        while true {
-            let role = state.withLock { state -> (closed: Bool, runs: Bool) in
-                if state.closed { return (true, false) }
-                if state.running { return (false, false) }
-                state.running = true
-                return (false, true)
-            }
-            if role.closed { return }
-            if role.runs { break }
-            do { try await clock.sleep(for: interval) } catch { return }
+        await runner.run(self)
+    }
+
+    /// One turn of the loop: polls from the starting point a subscriber took (or the position
+    /// an interrupted loop reached) until nobody listens; with none, waits for a subscriber.
+    func watchOnce(_ turn: ChangeFeedRunner.Turn) async throws {
+        _ = wakes.take()
+        if runner.isClosed { return }
+        let start = state.withLock { state -> Watcher?? in
+            defer { state.pendingStart = nil }
+            return state.pendingStart
         }
-        var ended: PollEnd?
-        defer { handOver(ended) }
-        while !Task.isCancelled {
-            _ = wakes.take()
-            let next = state.withLock { state -> (closed: Bool, start: Watcher??) in
-                defer { state.pendingStart = nil }
-                return (state.closed, state.pendingStart)
-            }
-            if next.closed { return }
-            if let start = next.start {
-                ended = await poll(from: start)
-                if case .interrupted = ended { return }
-            } else {
-                await wakes.wait()
-            }
+        if let start {
+            try await poll(from: start, turn)
+        } else {
+            await wakes.wait()
         }
     }
 
-    /// How a poll loop ended.
-    private enum PollEnd {
-        /// Every stream ended (or the monitor closed): watching stopped.
-        case nobodyListens
-        /// The loop's task was cancelled while streams were alive: where the next loop resumes,
-        /// so a change committed meanwhile is still reported (nil: no connection yet).
-        case interrupted(Watcher?)
+    /// The watching connection could not be opened: said at each attempt, a second apart.
+    func watchFailed(_ error: any Error, again: Bool) {
+        logger.error("cannot watch the token store for changes by other processes; retrying", metadata: [
+            "store": .string(path), "error": .string(TokenStoreError(error, path: path).description),
+        ])
     }
 
     /// The loop is over: leaves the position to the next loop while streams are alive, so a
     /// flight that polled for its own wait and stopped loses no change for the engine's loop;
     /// otherwise stops watching.
-    private func handOver(_ ended: PollEnd?) {
-        let toClose = state.withLock { state -> [DatabaseQueue] in
-            state.running = false
-            if !state.closed && subscribers.hasSubscribers {
-                // The position reached, or a start a stream took and no loop polled from yet.
-                if case .interrupted(let watcher) = ended { state.pendingStart = .some(watcher) }
-                return []
+    func loopEnded() {
+        let toClose = state.withLock { state -> DatabaseQueue? in
+            // The position reached, or a start a stream took and no loop polled from yet.
+            if !runner.isClosed && subscribers.hasSubscribers { return nil }
+            defer {
+                state.watching = false
+                state.ownRanges = []
+                state.pendingStart = nil
             }
-            var readers = [state.pendingStart??.reader]
-            if case .interrupted(let watcher) = ended { readers.append(watcher?.reader) }
-            state.watching = false
-            state.ownRanges = []
-            state.pendingStart = nil
-            return readers.compactMap { $0 }
+            return state.pendingStart??.reader
         }
-        for reader in toClose { try? reader.close() }
+        try? toClose?.close()
     }
 
     /// True while someone listens; otherwise stops watching in the same critical section, so
     /// the next subscriber takes a new starting point.
     private func keepPolling() -> Bool {
         state.withLock { state in
-            if !subscribers.hasSubscribers || state.closed {
+            if !subscribers.hasSubscribers || runner.isClosed {
                 state.watching = false
                 state.ownRanges = []
                 return false
@@ -199,49 +186,45 @@ final class ChangeMonitor: Sendable {
         }
     }
 
-    /// Opens the read-only watching connection and reads the starting point; nil on failure.
-    private func openWatcher(logFailure: Bool) -> Watcher? {
+    /// Opens the read-only watching connection and reads the starting point.
+    private func openWatcher() throws -> Watcher {
         var configuration = Configuration()
         configuration.readonly = true
         configuration.busyMode = .timeout(busyTimeout)
         configuration.label = "FleetTokenStore.changes"
-        do {
-            let queue = try DatabaseQueue(path: path, configuration: configuration)
-            let (version, sequence) = try queue.read { db in
-                (try Int64.fetchOne(db, sql: "PRAGMA data_version") ?? 0, try ChangeLog.lastSequence(db))
-            }
-            return Watcher(reader: queue, dataVersion: version, lastSequence: sequence)
-        } catch {
-            if logFailure {
-                logger.error("cannot watch the token store for changes by other processes; retrying", metadata: [
-                    "store": .string(path), "error": .string(TokenStoreError(error, path: path).description),
-                ])
-            }
-            return nil
+        let queue = try DatabaseQueue(path: path, configuration: configuration)
+        let (version, sequence) = try queue.read { db in
+            (try Int64.fetchOne(db, sql: "PRAGMA data_version") ?? 0, try ChangeLog.lastSequence(db))
         }
+        return Watcher(reader: queue, dataVersion: version, lastSequence: sequence)
     }
 
     /// Polls from `start` until nobody listens, the monitor closes, or the task is cancelled.
-    private func poll(from start: Watcher?) async -> PollEnd {
-        var opened = start
-        // Open the watching connection; retried each second while someone listens.
-        while opened == nil {
-            guard keepPolling() else { return .nobodyListens }
-            opened = openWatcher(logFailure: true)
-            if opened == nil {
-                do { try await clock.sleep(for: .seconds(1)) } catch { return .interrupted(nil) }
+    /// - Throws: Why the watching connection could not be opened (the runner retries the open
+    ///   after its pause, while someone listens).
+    private func poll(from start: Watcher?, _ turn: ChangeFeedRunner.Turn) async throws {
+        var watcher: Watcher
+        if let start {
+            watcher = start
+        } else {
+            guard keepPolling() else { return }
+            do {
+                watcher = try openWatcher()
+            } catch {
+                state.withLock { $0.pendingStart = .some(nil) }
+                throw error
             }
         }
-        guard var watcher = opened else { return .nobodyListens }
-        if start == nil {
-            // Watching starts later than the streams did: what committed between is not itemized.
-            subscribers.emit(.unknown)
-        }
+        // A start of nil: watching starts later than the streams did, and what committed
+        // between is not itemized.
+        turn.watching(afterGap: start == nil)
         while keepPolling() {
             do {
                 try await clock.sleep(for: interval)
             } catch {
-                return .interrupted(watcher) // the reader stays open for the next loop
+                // Cancelled: the reader stays open for the next loop, which resumes from here.
+                state.withLock { $0.pendingStart = .some(watcher) }
+                return
             }
             do {
                 let known = watcher
@@ -264,7 +247,6 @@ final class ChangeMonitor: Sendable {
             polls.withLock { $0 += 1 }
         }
         try? watcher.reader.close()
-        return .nobodyListens
     }
 
     private func deliver(_ batch: ChangeLog.Batch, after lastSeq: Int64) {
