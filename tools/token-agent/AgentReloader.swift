@@ -108,9 +108,7 @@ struct AgentReloader: Sendable {
         } catch {
             throw Refusal(path: place, message: error.description)
         }
-        // Each side's values once: `values` builds a dictionary of every option.
-        let (inForce, wanted) = (settings.values, proposed.values)
-        let differing = AgentOption.all.filter { inForce[$0.key] != wanted[$0.key] }
+        let differing = proposed.differingOptions(from: settings)
         let restartNeeded = differing.filter { !$0.live }.map(\.key)
         let changed = differing.filter(\.live).map(\.key)
 

@@ -15,15 +15,15 @@ extension AgentSettings {
     func check(environment: [String: String]) throws(UsageError) {
         // Header values hold credentials: errors name the option (and a valid header name),
         // never the value.
-        for (index, header) in headers.enumerated() {
-            let name = HeaderArgument.flag(origins.name("header"), index, of: headers.count)
+        for (index, header) in self.headers.enumerated() {
+            let name = HeaderArgument.flag(origins.name("header"), index, of: self.headers.count)
             guard let (headerName, value) = HeaderArgument.parseHeader(header) else {
                 throw UsageError("\(name) is not 'Name: value' (the value is not shown: it may hold a credential)")
             }
             try HeaderArgument.check(name, name: headerName, value: value)
         }
-        for (index, file) in headerFiles.enumerated() {
-            let name = HeaderArgument.flag(origins.name("header-file"), index, of: headerFiles.count)
+        for (index, file) in self.headerFiles.enumerated() {
+            let name = HeaderArgument.flag(origins.name("header-file"), index, of: self.headerFiles.count)
             guard let (headerName, _) = HeaderArgument.parseHeaderFile(file) else {
                 throw UsageError("\(name) is not 'Name:PATH' (the value is not shown: it may hold a credential)")
             }
@@ -31,69 +31,69 @@ extension AgentSettings {
         }
         _ = try subjectKeys()
         for key in ["connect-timeout", "request-timeout"] {
-            let value = key == "connect-timeout" ? connectTimeout : requestTimeout
+            let value = key == "connect-timeout" ? self.connectTimeout : self.requestTimeout
             guard (0.001...3600).contains(value) else { throw UsageError("\(origins.name(key)) must be between 0.001 and 3600 seconds") }
         }
-        guard (10...3600).contains(demoLifetime) else { throw UsageError("\(origins.name("demo-lifetime")) must be between 10 and 3600") }
-        guard (0.1...3600).contains(leaseDuration) else { throw UsageError("\(origins.name("lease-duration")) must be between 0.1 and 3600 seconds") }
-        guard (1...86_400).contains(idleWindow) else { throw UsageError("\(origins.name("idle-window")) must be between 1 and 86400 seconds") }
-        if let failureBackoff, !(0.1...3600).contains(failureBackoff) {
+        guard (10...3600).contains(self.demoLifetime) else { throw UsageError("\(origins.name("demo-lifetime")) must be between 10 and 3600") }
+        guard (0.1...3600).contains(self.leaseDuration) else { throw UsageError("\(origins.name("lease-duration")) must be between 0.1 and 3600 seconds") }
+        guard (1...86_400).contains(self.idleWindow) else { throw UsageError("\(origins.name("idle-window")) must be between 1 and 86400 seconds") }
+        if let failureBackoff = self.failureBackoff, !(0.1...3600).contains(failureBackoff) {
             throw UsageError("\(origins.name("failure-backoff")) must be between 0.1 and 3600 seconds")
         }
-        guard (1...10_000_000).contains(maxDynamicSubjects) else {
+        guard (1...10_000_000).contains(self.maxDynamicSubjects) else {
             throw UsageError("\(origins.name("max-dynamic-subjects")) must be between 1 and 10000000")
         }
-        for (key, value) in [("max-api-connections", maxAPIConnections), ("max-api-connections-per-peer", maxAPIConnectionsPerPeer)] {
+        for (key, value) in [("max-api-connections", self.maxAPIConnections), ("max-api-connections-per-peer", self.maxAPIConnectionsPerPeer)] {
             if let value, !(1...1_000_000).contains(value) { throw UsageError("\(origins.name(key)) must be between 1 and 1000000") }
         }
-        guard (1...1000).contains(permanentErrorAttempts) else {
+        guard (1...1000).contains(self.permanentErrorAttempts) else {
             throw UsageError("\(origins.name("permanent-error-attempts")) must be between 1 and 1000")
         }
-        if providerURL == nil, let key = ["header", "header-file"].first(where: { !values[$0, default: []].isEmpty }) {
+        if self.providerURL == nil, let key = ["header", "header-file"].first(where: { !values[$0, default: []].isEmpty }) {
             throw UsageError("\(origins.name(key)) needs --provider-url")
         }
         try checkTransport(environment: environment)
         _ = try listenAddresses(demo: false)
         _ = try allowList(keys: [])
         _ = try clientPolicy()
-        if once && !listen.isEmpty { throw UsageError("\(origins.name("listen")) serves tokens while the agent runs: it does not go with --once") }
+        if self.once && !self.listen.isEmpty { throw UsageError("\(origins.name("listen")) serves tokens while the agent runs: it does not go with --once") }
         guard let mode = socketModeValue else {
-            throw UsageError("\(origins.name("socket-mode")) \(socketMode): give an octal mode such as 0660 or 0600")
+            throw UsageError("\(origins.name("socket-mode")) \(self.socketMode): give an octal mode such as 0660 or 0600")
         }
         // Whoever may connect gets tokens: "others" would be every user and service on the host.
         guard mode & 0o007 == 0 else {
-            throw UsageError("\(origins.name("socket-mode")) \(socketMode) lets every user on the host connect and take tokens: give the clients a group and use 0660 (or 0600 for the agent's user alone)")
+            throw UsageError("\(origins.name("socket-mode")) \(self.socketMode) lets every user on the host connect and take tokens: give the clients a group and use 0660 (or 0600 for the agent's user alone)")
         }
-        if once && sink != nil { throw UsageError("\(origins.name("sink")) keeps files fresh while the agent runs: it does not go with --once") }
+        if self.once && self.sink != nil { throw UsageError("\(origins.name("sink")) keeps files fresh while the agent runs: it does not go with --once") }
         guard sinkModeValue != nil else {
-            throw UsageError("\(origins.name("sink-mode")) \(sinkMode): give an octal mode such as 0640 or 0600 (no execute bits; only the owner may write)")
+            throw UsageError("\(origins.name("sink-mode")) \(self.sinkMode): give an octal mode such as 0640 or 0600 (no execute bits; only the owner may write)")
         }
     }
 
     /// The request-shape, TLS and proxy options (the files themselves are checked when the fetcher is made).
     private func checkTransport(environment: [String: String]) throws(UsageError) {
-        let given = [(!caFiles.isEmpty, "ca-file"), (!extraCAFiles.isEmpty, "extra-ca-file"),
-                     (clientCertificate != nil, "client-cert"), (clientKey != nil, "client-key"),
-                     (proxy != nil, "proxy"), (method != .get, "method"), (bodyTemplate != nil, "body-template")]
-        if providerURL == nil, let (_, key) = given.first(where: \.0) {
+        let given = [(!self.caFiles.isEmpty, "ca-file"), (!self.extraCAFiles.isEmpty, "extra-ca-file"),
+                     (self.clientCertificate != nil, "client-cert"), (self.clientKey != nil, "client-key"),
+                     (self.proxy != nil, "proxy"), (self.method != .get, "method"), (self.bodyTemplate != nil, "body-template")]
+        if self.providerURL == nil, let (_, key) = given.first(where: \.0) {
             throw UsageError("\(origins.name(key)) needs --provider-url (the demo issuer is plain HTTP on loopback)")
         }
-        if (clientCertificate == nil) != (clientKey == nil) {
-            let given = origins.name(clientCertificate == nil ? "client-key" : "client-cert")
+        if (self.clientCertificate == nil) != (self.clientKey == nil) {
+            let given = origins.name(self.clientCertificate == nil ? "client-key" : "client-cert")
             throw UsageError("\(given): --client-cert and --client-key go together: give both PEM files, or neither")
         }
-        if proxy != nil && noProxy { throw UsageError("\(origins.name("proxy")) and \(origins.name("no-proxy")) exclude each other") }
-        if contentType != nil && bodyTemplate == nil { throw UsageError("\(origins.name("content-type")) needs --body-template") }
-        if bodyTemplate != nil && method != .post { throw UsageError("\(origins.name("body-template")) needs --method POST") }
+        if self.proxy != nil && self.noProxy { throw UsageError("\(origins.name("proxy")) and \(origins.name("no-proxy")) exclude each other") }
+        if self.contentType != nil && self.bodyTemplate == nil { throw UsageError("\(origins.name("content-type")) needs --body-template") }
+        if self.bodyTemplate != nil && self.method != .post { throw UsageError("\(origins.name("body-template")) needs --method POST") }
         _ = try requestBody()
         _ = try proxySettings(environment: environment)
     }
 
     /// The API's listen addresses; demo mode listens on ./token-agent.sock unless told otherwise.
     func listenAddresses(demo: Bool) throws(UsageError) -> [ListenAddress] {
-        if listen.isEmpty && demo && !once { return [.unix(path: "./token-agent.sock")] }
+        if self.listen.isEmpty && demo && !self.once { return [.unix(path: "./token-agent.sock")] }
         do {
-            return try listen.map { try ListenAddress(parsing: $0, allowNonLoopback: allowNonLoopbackListen) }
+            return try self.listen.map { try ListenAddress(parsing: $0, allowNonLoopback: self.allowNonLoopbackListen) }
         } catch {
             throw UsageError("\(origins.name("listen")): \(OperatorHints.describe(error))")
         }
@@ -113,33 +113,33 @@ extension AgentSettings {
     func clientPolicy() throws(UsageError) -> ClientAccessPolicy {
         let policy: ClientAccessPolicy
         do {
-            policy = try ClientAccessPolicy(rules: try allowClient.map { text throws(ClientRuleError) in try ClientRule(parsing: text) })
+            policy = try ClientAccessPolicy(rules: try self.allowClient.map { text throws(ClientRuleError) in try ClientRule(parsing: text) })
         } catch {
             throw UsageError("\(origins.name("allow-client")) \(error)")
         }
-        if !policy.isEmpty, let tcp = listen.first(where: { !$0.hasPrefix("unix:") }) {
+        if !policy.isEmpty, let tcp = self.listen.first(where: { !$0.hasPrefix("unix:") }) {
             throw UsageError("\(origins.name("allow-client")) grants tokens per caller, and a caller over TCP (\(origins.name("listen")) \(tcp)) cannot be identified: listen on a Unix socket only")
         }
         return policy
     }
 
     func allowPatterns() throws -> [SubjectAllowList.Pattern] {
-        try allow.map { try SubjectAllowList.Pattern(parsing: $0) }
+        try self.allow.map { try SubjectAllowList.Pattern(parsing: $0) }
     }
 
     var socketModeValue: mode_t? {
-        mode_t(socketMode, radix: 8).flatMap { $0 <= 0o777 ? $0 : nil }
+        mode_t(self.socketMode, radix: 8).flatMap { $0 <= 0o777 ? $0 : nil }
     }
 
     var sinkModeValue: mode_t? {
-        mode_t(sinkMode, radix: 8).flatMap { $0 <= 0o777 && $0 & 0o133 == 0 ? $0 : nil }
+        mode_t(self.sinkMode, radix: 8).flatMap { $0 <= 0o777 && $0 & 0o133 == 0 ? $0 : nil }
     }
 
     /// The POST body, or a usage error naming the option.
     func requestBody() throws(UsageError) -> RequestBodyTemplate? {
-        guard let bodyTemplate else { return nil }
+        guard let bodyTemplate = self.bodyTemplate else { return nil }
         do {
-            return try RequestBodyTemplate(bodyTemplate, contentType: contentType ?? "application/json")
+            return try RequestBodyTemplate(bodyTemplate, contentType: self.contentType ?? "application/json")
         } catch {
             throw UsageError("\(origins.name("body-template")): \(error)")
         }
@@ -148,12 +148,12 @@ extension AgentSettings {
     /// `--proxy` / `--no-proxy` over the environment's proxy variables; a bad proxy URL is a
     /// usage error naming its variable or option, with any password as `***`.
     func proxySettings(environment: [String: String]) throws(UsageError) -> ProxySettings {
-        let override: ProxySettings.Override? = noProxy ? .direct : proxy.map { .proxy($0) }
+        let override: ProxySettings.Override? = self.noProxy ? .direct : self.proxy.map { .proxy($0) }
         do {
             return try ProxySettings.fromEnvironment(environment, override: override)
         } catch {
             // The library calls an override "the proxy override": name it as the operator gave it.
-            let named = proxy == nil ? error : ProxySettingsError(code: error.code, source: origins.name("proxy"), value: error.value)
+            let named = self.proxy == nil ? error : ProxySettingsError(code: error.code, source: origins.name("proxy"), value: error.value)
             throw UsageError(named.description)
         }
     }
@@ -161,7 +161,7 @@ extension AgentSettings {
     /// Every subject the options name, in option order (the subjects file is read apart).
     func subjectKeys() throws(UsageError) -> [TokenKey] {
         var keys: [TokenKey] = []
-        for (kind, ids) in [(TokenKind.vehicle, vehicles), (.trip, trips), (.deliveryVehicle, deliveryVehicles), (.task, tasks)] {
+        for (kind, ids) in [(TokenKind.vehicle, self.vehicles), (.trip, self.trips), (.deliveryVehicle, self.deliveryVehicles), (.task, self.tasks)] {
             for id in ids {
                 do {
                     keys.append(try TokenKey(kind: kind, subjectID: id))
@@ -176,20 +176,20 @@ extension AgentSettings {
     /// The fetcher's configuration for `template` (the demo issuer's, or --provider-url).
     func fetcherConfiguration(template: String, demo: Bool, environment: [String: String]) throws(UsageError) -> HTTPTokenFetcherConfiguration {
         var configuration = HTTPTokenFetcherConfiguration(urlTemplate: template)
-        configuration.headers = headers.compactMap(HeaderArgument.parseHeader)
-        configuration.headerFiles = headerFiles.compactMap(HeaderArgument.parseHeaderFile)
-        configuration.tokenKey = tokenKey
-        configuration.expirationKey = expirationKey.isEmpty ? nil : expirationKey
-        configuration.expirationFormat = expirationFormat
-        configuration.allowInsecureHTTP = allowInsecureHTTP
-        configuration.connectTimeout = connectTimeout
-        configuration.totalTimeout = requestTimeout
-        configuration.method = method
+        configuration.headers = self.headers.compactMap(HeaderArgument.parseHeader)
+        configuration.headerFiles = self.headerFiles.compactMap(HeaderArgument.parseHeaderFile)
+        configuration.tokenKey = self.tokenKey
+        configuration.expirationKey = self.expirationKey.isEmpty ? nil : self.expirationKey
+        configuration.expirationFormat = self.expirationFormat
+        configuration.allowInsecureHTTP = self.allowInsecureHTTP
+        configuration.connectTimeout = self.connectTimeout
+        configuration.totalTimeout = self.requestTimeout
+        configuration.method = self.method
         configuration.body = try requestBody()
-        configuration.tls.caFiles = caFiles
-        configuration.tls.extraCAFiles = extraCAFiles
-        configuration.tls.clientCertificateFile = clientCertificate
-        configuration.tls.clientKeyFile = clientKey
+        configuration.tls.caFiles = self.caFiles
+        configuration.tls.extraCAFiles = self.extraCAFiles
+        configuration.tls.clientCertificateFile = self.clientCertificate
+        configuration.tls.clientKeyFile = self.clientKey
         // The demo issuer is on loopback: no proxy, whatever the environment says.
         configuration.proxy = demo ? .direct : try proxySettings(environment: environment)
         return configuration
@@ -198,11 +198,11 @@ extension AgentSettings {
     /// The engine's policy from the options.
     var policy: RefreshPolicy {
         var policy = RefreshPolicy()
-        policy.retention = retention.seconds
-        policy.allowOpaqueTokens = allowOpaqueTokens
-        policy.leaseDuration = leaseDuration
-        policy.idleWindow = idleWindow
-        if let failureBackoff {
+        policy.retention = self.retention.seconds
+        policy.allowOpaqueTokens = self.allowOpaqueTokens
+        policy.leaseDuration = self.leaseDuration
+        policy.idleWindow = self.idleWindow
+        if let failureBackoff = self.failureBackoff {
             // Both bases: the engine's first backoff is the larger of the two.
             policy.nonRetryableBackoffBase = failureBackoff
             policy.backoffBase = min(policy.backoffBase, failureBackoff)

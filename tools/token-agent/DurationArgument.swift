@@ -1,8 +1,6 @@
-import ArgumentParser
-
-/// A length of time on the command line: a whole number with an optional unit, `s` (the
+/// A length of time in an option: a whole number with an optional unit, `s` (the
 /// default), `m`, `h` or `d`: `90s`, `30m`, `24h`, `7d`, `0`.
-struct DurationArgument: ExpressibleByArgument, Equatable, CustomStringConvertible {
+struct DurationArgument: Sendable, Equatable, CustomStringConvertible {
     /// The length in seconds.
     let seconds: Double
 
@@ -30,6 +28,4 @@ struct DurationArgument: ExpressibleByArgument, Equatable, CustomStringConvertib
         }
         return "\(Int(seconds))s"
     }
-
-    static var defaultCompletionKind: CompletionKind { .default }
 }

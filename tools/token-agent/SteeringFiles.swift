@@ -32,15 +32,15 @@ extension AgentSettings {
     /// file and the encryption key files.
     var steeringFiles: [SteeringFile] {
         var files: [SteeringFile] = []
-        if let subjectsFile { files.append(SteeringFile(path: subjectsFile, role: "subjects file", key: "subjects-file")) }
-        for argument in headerFiles {
+        if let subjectsFile = self.subjectsFile { files.append(SteeringFile(path: subjectsFile, role: "subjects file", key: "subjects-file")) }
+        for argument in self.headerFiles {
             guard let (name, path) = HeaderArgument.parseHeaderFile(argument) else { continue }
             files.append(SteeringFile(path: path, role: "\(name) header file", key: "header-file"))
         }
-        files += caFiles.map { SteeringFile(path: $0, role: "CA file", key: "ca-file") }
-        files += extraCAFiles.map { SteeringFile(path: $0, role: "extra CA file", key: "extra-ca-file") }
-        if let clientCertificate { files.append(SteeringFile(path: clientCertificate, role: "client certificate", key: "client-cert")) }
-        if let clientKey { files.append(SteeringFile(path: clientKey, role: "client key", key: "client-key")) }
+        files += self.caFiles.map { SteeringFile(path: $0, role: "CA file", key: "ca-file") }
+        files += self.extraCAFiles.map { SteeringFile(path: $0, role: "extra CA file", key: "extra-ca-file") }
+        if let clientCertificate = self.clientCertificate { files.append(SteeringFile(path: clientCertificate, role: "client certificate", key: "client-cert")) }
+        if let clientKey = self.clientKey { files.append(SteeringFile(path: clientKey, role: "client key", key: "client-key")) }
         return files
     }
 
