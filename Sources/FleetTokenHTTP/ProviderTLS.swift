@@ -45,7 +45,7 @@ final class ProviderTLS: Sendable {
 
     let files: ProviderTLSFiles
     private let logger: Logger
-    private let expiryGauge = Gauge(label: "fleet_tokens_client_certificate_expiry_timestamp_seconds")
+    private let expiryGauge = Gauge(label: FleetTokenMetric.clientCertificateExpiry.name)
     private let state: Mutex<(stamp: String, configuration: TLSConfiguration, failedStamp: String?)>
 
     /// Loads the files once.

@@ -24,7 +24,8 @@ struct AgentRun {
         let logger = Logger(label: "token-agent")
         // Before the engine and fetcher make their counters: they bind to the factory then.
         let registry = PrometheusCollectorRegistry()
-        MetricsSystem.bootstrap(PrometheusMetricsFactory(registry: registry))
+        MetricsSystem.bootstrap(DescribedPrometheusFactory(registry: registry))
+        BuildInfo.register(in: registry)
         let path = settings.db ?? environment["TOKEN_STORE_DB"] ?? "./tokens.sqlite"
 
         var keys = try usage { try settings.subjectKeys() }
@@ -200,7 +201,11 @@ struct AgentRun {
         configuration.invalidateInterval = settings.invalidateInterval.seconds
         configuration.maxDynamicSubjects = settings.maxDynamicSubjects
         configuration.clientPolicy = try usage { try settings.clientPolicy() }
-        configuration.metricsText = { registry.emitToString() }
+        // The earliest-expiry gauge is computed per scrape: swift-metrics has no collect callback.
+        configuration.metricsText = {
+            engine.recordEarliestTrackedExpiry()
+            return registry.emitToString()
+        }
         let api = TokenAPI(engine: engine, configuration: configuration, logger: logger)
         let service = TokenAPIService(
             api: api, engine: engine, addresses: addresses, socketMode: settings.socketModeValue ?? 0o660,
