@@ -143,6 +143,15 @@ let package = Package(
             ],
             swiftSettings: strictSettings
         ),
+        // The version, the git revision built from and the Swift version, for the executables'
+        // `--version` and token-agent's build_info gauge. The plugin writes the revision at
+        // build time (git rev-parse in the package directory; "unknown" without git).
+        .target(
+            name: "BuildStamp",
+            swiftSettings: strictSettings,
+            plugins: ["BuildStampPlugin"]
+        ),
+        .plugin(name: "BuildStampPlugin", capability: .buildTool()),
         .target(
             name: "DevTokenIssuer",
             dependencies: [
@@ -160,6 +169,7 @@ let package = Package(
         .executableTarget(
             name: "dev-token-server",
             dependencies: [
+                "BuildStamp",
                 "DevTokenIssuer",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
@@ -170,6 +180,7 @@ let package = Package(
         .executableTarget(
             name: "token-agent",
             dependencies: [
+                "BuildStamp",
                 "FleetTokenStore",
                 "FleetTokenHTTP",
                 "FleetTokenService",
@@ -191,6 +202,7 @@ let package = Package(
         .executableTarget(
             name: "tokenctl",
             dependencies: [
+                "BuildStamp",
                 "FleetTokenStore",
                 "FleetTokenPostgres",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
@@ -262,6 +274,7 @@ let package = Package(
         .testTarget(
             name: "TokenServiceTests",
             dependencies: [
+                "BuildStamp",
                 "TestSupportKit",
                 "FleetTokenStoreTesting",
                 "FleetTokenService",

@@ -94,7 +94,9 @@ struct AgentOptionTableTests {
         ]
         #expect(Set(documented).subtracting(keys).isEmpty, "missing: \(Set(documented).subtracting(keys))")
         #expect(AgentOption.all.filter(\.secret).map(\.key) == ["db", "header", "body-template", "proxy"])
-        #expect(AgentOption.all.filter(\.hidden).map(\.key) == ["demo-lifetime", "lease-duration", "idle-window", "failure-backoff"])
+        // --lease-duration is shown (issue 31: it worked, but neither --help nor the reference had
+        // it, while the README's clock rule is stated in terms of it).
+        #expect(AgentOption.all.filter(\.hidden).map(\.key) == ["demo-lifetime", "idle-window", "failure-backoff"])
     }
 
     @Test("--help lists every option the table does not hide, with its help, and the README's CLI reference names each")
@@ -105,7 +107,7 @@ struct AgentOptionTableTests {
             return String(line.dropFirst(2).prefix { $0 != " " })
         })
         let shown = AgentOption.all.filter { !$0.hidden }.map { "--\($0.key)" }
-        #expect(flags == Set(shown + ["--config", "--print-config"]))
+        #expect(flags == Set(shown + ["--config", "--print-config", "--version"]))
         for option in AgentOption.all where option.hidden { #expect(!help.contains("--\(option.key)"), "\(option.key) is hidden") }
         #expect(help.split(separator: "\n").allSatisfy { $0.count <= AgentHelp.width }, "lines fit 80 columns")
         #expect(help.contains("OVERVIEW: Keep Fleet Engine tokens") && help.contains("USAGE: token-agent <options>"))
@@ -128,6 +130,7 @@ struct AgentOptionTableTests {
         (["--provider-urll", "x"], "Unknown option '--provider-urll'. Did you mean '--provider-url'?"),
         (["-x"], "Unknown option '-x'"),
         (["--once=yes"], "The option '--once' does not take any value, but 'yes' was specified."),
+        (["--version=1"], "The option '--version' does not take any value, but '1' was specified."),
         (["extra"], "Unexpected argument 'extra'"),
         (["--once", "--", "a", "b"], "2 unexpected arguments: 'a', 'b'"),
     ])
@@ -151,5 +154,8 @@ struct AgentOptionTableTests {
         #expect(line.config == "/c.yaml" && line.printConfig && !line.help)
         #expect(try AgentCommandLine(parsing: ["--vehicle", "v", "-h"]).help)
         #expect(try AgentCommandLine(parsing: ["--bogus", "--help"]).help, "help wins, as with ArgumentParser")
+        #expect(try AgentCommandLine(parsing: ["--bogus", "--version"]).version, "--version is answered before other flags are judged")
+        #expect(try !AgentCommandLine(parsing: ["--version", "--help"]).version, "help wins over --version")
+        #expect(!line.version)
     }
 }

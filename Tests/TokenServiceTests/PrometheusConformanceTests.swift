@@ -5,6 +5,7 @@
 // Without promtool (Debian's `prometheus` package) the suite is skipped, unless
 // FLEET_REQUIRE_THIRD_PARTY=1 (.ci/run installs it and sets that), when it fails saying so.
 
+import BuildStamp
 import FleetTokenStore
 import Foundation
 import TestSupportKit
@@ -38,7 +39,9 @@ struct PrometheusConformanceTests {
             }
             let buildInfo = metrics.body.split(separator: "\n").filter { $0.hasPrefix("fleet_tokens_build_info{") }
             #expect(buildInfo.count == 1, "\(metrics.body)")
-            #expect(buildInfo.first.map { $0.contains("version=\"") && $0.contains("revision=\"") && $0.hasSuffix("} 1.0") } == true)
+            // The version and the revision the agent was built from, as its --version says
+            // (VersionOutputTests: the stamp's revision is HEAD's).
+            #expect(buildInfo.first == "fleet_tokens_build_info{version=\"\(BuildStamp.version)\",revision=\"\(BuildStamp.revision)\"} 1.0")
 
             // The gauge is the earliest expiry of the tracked subjects, as /v1/subjects shows them
             // (whole seconds there).

@@ -20,11 +20,14 @@ struct AgentCommandLine {
     var printConfig = false
     /// `--help` or `-h`: nothing else is read.
     var help = false
+    /// `--version`: nothing else is read (unless `--help` is also given, which wins).
+    var version = false
 
     /// Flags of the command line alone, not options a config file or variable can set.
     static let commandLineOnly: [(key: String, takesValue: Bool, help: String)] = [
         ("config", true, "A config file (YAML or JSON) whose keys are these flags' long names; flags and TOKEN_AGENT_* variables override it (default: $TOKEN_AGENT_CONFIG)."),
         ("print-config", false, "Print the effective configuration (secrets redacted), with where each value came from, and exit."),
+        ("version", false, "Print the version, the git revision it was built from and the Swift version, and exit."),
     ]
 
     /// Reads `arguments` (without the program name).
@@ -34,8 +37,14 @@ struct AgentCommandLine {
         // The subject flags first, linearly (SubjectArguments.swift); a subject flag without a
         // value stays in `rest` and is refused below.
         let split = SubjectArguments(arguments)
-        if split.rest.prefix(while: { $0 != "--" }).contains(where: { $0 == "--help" || $0 == "-h" }) {
+        let flagsBeforeDashes = split.rest.prefix(while: { $0 != "--" })
+        if flagsBeforeDashes.contains(where: { $0 == "--help" || $0 == "-h" }) {
             help = true
+            return
+        }
+        // As ArgumentParser's --version: answered before any other argument is judged.
+        if flagsBeforeDashes.contains("--version") {
+            version = true
             return
         }
         var lists = split.ids

@@ -89,11 +89,10 @@ struct AgentOptionTable: Sendable {
     let sinkMode: AgentOptionSpec<String> = .text("sink-mode", default: "0640", help: "Mode of the --sink token files, in octal (default 0640).")
     let exitOnPermanentError: AgentOptionSpec<Bool> = .toggle("exit-on-permanent-error", help: "Exit with code 78 when the provider answers 401/403 to every subject --permanent-error-attempts times in a row, instead of retrying forever.")
     let permanentErrorAttempts: AgentOptionSpec<Int> = .integer("permanent-error-attempts", default: 3, help: "Refusals in a row that count as permanent (default 3).")
+    let leaseDuration: AgentOptionSpec<Double> = .seconds("lease-duration", default: 30, help: "Seconds a cross-process refresh lease lasts between renewals (default 30); keep the clocks of hosts sharing a store within two thirds of it.")
 
     // Test and tuning knobs the help hides.
     let demoLifetime: AgentOptionSpec<Int> = .integer("demo-lifetime", default: 120, expected: "a whole number of seconds", help: "Token lifetime of the demo issuer, in seconds.")
-        .hiddenFromHelp()
-    let leaseDuration: AgentOptionSpec<Double> = .seconds("lease-duration", default: 30, help: "Seconds a cross-process refresh lease lasts between renewals.")
         .hiddenFromHelp()
     /// Seconds an untracked subject is kept fresh after its last use (RefreshPolicy.idleWindow).
     let idleWindow: AgentOptionSpec<Double> = .seconds("idle-window", default: 600, help: "Seconds an untracked subject nobody asks for is still refreshed before it is dropped from memory (default 600).")

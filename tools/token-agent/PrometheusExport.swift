@@ -1,6 +1,7 @@
 // The agent's Prometheus backend: swift-metrics instruments made in a PrometheusCollectorRegistry
 // with the help text of the library's metric catalog, and the build_info gauge.
 
+import BuildStamp
 import CoreMetrics
 import FleetTokenStore
 import Prometheus
@@ -60,11 +61,11 @@ struct DescribedPrometheusFactory: MetricsFactory {
 
 /// `fleet_tokens_build_info{version,revision} 1`: which build a scraped agent runs.
 enum BuildInfo {
-    /// The release version. The build knows none yet (no version is stamped into the binary),
-    /// so this says so rather than guess.
-    static let version = "unknown"
-    /// The git revision built from; unknown for the same reason.
-    static let revision = "unknown"
+    /// The release version, as `--version` prints it.
+    static let version = BuildStamp.version
+    /// The git revision the binary was built from, as `--version` prints it (`unknown` when
+    /// built without git).
+    static let revision = BuildStamp.revision
 
     /// Registers the gauge in `registry` with the value 1.
     static func register(in registry: PrometheusCollectorRegistry) {

@@ -2,6 +2,7 @@
 // store until SIGTERM/SIGINT, or (--once) makes sure each has a usable token and exits.
 
 import ArgumentParser
+import BuildStamp
 import Configuration
 import DevTokenIssuer
 import FleetTokenHTTP
@@ -80,6 +81,10 @@ struct TokenAgent: AsyncParsableCommand {
         let commandLine = try AgentCommandLine(parsing: arguments)
         if commandLine.help {
             Swift.print(AgentHelp.text(configuration), terminator: "")
+            return
+        }
+        if commandLine.version {
+            Swift.print(BuildStamp.versionLine(program: "token-agent"))
             return
         }
         let environment = ProcessInfo.processInfo.environment

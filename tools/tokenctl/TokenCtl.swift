@@ -1,6 +1,7 @@
 // tokenctl: list, show, purge, count, check and migrate a token store, safely beside a live agent.
 
 public import ArgumentParser
+import BuildStamp
 import FleetTokenPostgres
 import FleetTokenStore
 import Foundation
@@ -20,6 +21,7 @@ struct TokenCtl: AsyncParsableCommand {
             Exit codes: 0 ok; 1 operational error (no store, corrupt store, nothing to show, a check \
             that found problems, --all without --yes); 64 usage error.
             """,
+        version: BuildStamp.versionLine(program: "tokenctl"),
         subcommands: [List.self, Show.self, Purge.self, Stats.self, Check.self, Migrate.self, Rekey.self])
 
     // Declared here too so `tokenctl --db PATH list` parses; subcommands read the same group.

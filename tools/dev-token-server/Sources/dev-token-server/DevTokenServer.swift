@@ -3,6 +3,7 @@
 //   swift run dev-token-server --port 8080
 
 public import ArgumentParser
+import BuildStamp
 import DevTokenIssuer
 import Foundation
 import Logging
@@ -18,7 +19,8 @@ struct DevTokenServer: AsyncParsableCommand {
             fault=status|html|missing-token|missing-expiration|wrong-subject|expired|too-long|bad-base64|huge-body|hang|slow-body|same-token
             (with status=CODE, retry_after=SECONDS, delay_ms=N). GET /stats answers {"issued": N, "requests": N};
             with --record-issued-tokens, GET /stats/tokens answers every token issued, by kind/id.
-            """)
+            """,
+        version: BuildStamp.versionLine(program: "dev-token-server"))
 
     @Option(help: "Address to listen on (loopback unless --allow-non-loopback).")
     var host = "127.0.0.1"
