@@ -134,20 +134,17 @@ struct ThirdPartyInteropTests {
 // MARK: - The third-party tools
 
 private enum ThirdPartyTools {
+    static let nginxTool = ThirdPartyTool("nginx", candidates: ["/usr/sbin/nginx"], installHint: "apt-get install nginx tinyproxy-bin (.ci/run does this)")
+    static let tinyproxyTool = ThirdPartyTool("tinyproxy", candidates: ["/usr/bin/tinyproxy", "/usr/sbin/tinyproxy"],
+                                              installHint: "apt-get install nginx tinyproxy-bin (.ci/run does this)")
     static let nginx = "/usr/sbin/nginx"
-    static let tinyproxy = ["/usr/bin/tinyproxy", "/usr/sbin/tinyproxy"].first { FileManager.default.isExecutableFile(atPath: $0) }
-    static var required: Bool { ProcessInfo.processInfo.environment["FLEET_REQUIRE_THIRD_PARTY"] == "1" }
-    static var missing: [String] {
-        (FileManager.default.isExecutableFile(atPath: nginx) ? [] : ["nginx (\(nginx))"]) + (tinyproxy == nil ? ["tinyproxy"] : [])
-    }
-    /// Run when installed, or when required (then a missing tool fails the test).
-    static var shouldRun: Bool { missing.isEmpty || required }
+    static let tinyproxy = tinyproxyTool.path
+    /// Run when both are installed, or when required (then a missing one fails the test).
+    static var shouldRun: Bool { (nginxTool.path != nil && tinyproxy != nil) || ThirdPartyTool.required }
 
     static func requireInstalled() throws {
-        guard missing.isEmpty else {
-            throw ProcessFailure(message: "FLEET_REQUIRE_THIRD_PARTY=1 but \(missing.joined(separator: " and ")) is not installed: "
-                + "apt-get install nginx tinyproxy-bin (.ci/run does this)")
-        }
+        _ = try nginxTool.require()
+        _ = try tinyproxyTool.require()
     }
 }
 

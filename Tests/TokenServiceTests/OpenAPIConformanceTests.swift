@@ -55,21 +55,13 @@ enum Schemathesis {
     static let defaultVenv = (ProcessInfo.processInfo.environment["HOME"] ?? FileManager.default.homeDirectoryForCurrentUser.path)
         + "/.cache/fleet-token-store/schemathesis-venv"
 
-    static var path: String? {
-        if let given = ProcessInfo.processInfo.environment["FLEET_SCHEMATHESIS"], !given.isEmpty { return given }
-        let onPath = (ProcessInfo.processInfo.environment["PATH"] ?? "").split(separator: ":").map { "\($0)/schemathesis" }
-        return executable(["\(defaultVenv)/bin/schemathesis"] + onPath)
-    }
-    static var required: Bool { ProcessInfo.processInfo.environment["FLEET_REQUIRE_THIRD_PARTY"] == "1" }
+    static let tool = ThirdPartyTool("Schemathesis", variable: "FLEET_SCHEMATHESIS",
+                                     candidates: ["\(defaultVenv)/bin/schemathesis"]
+                                         + (ProcessInfo.processInfo.environment["PATH"] ?? "").split(separator: ":").map { "\($0)/schemathesis" },
+                                     installHint: ".ci/run installs it in \(defaultVenv)")
     /// Run when installed, or when required (then its absence fails the test).
-    static var shouldRun: Bool { path != nil || required }
-
-    static func require() throws -> String {
-        guard let path, FileManager.default.isExecutableFile(atPath: path) else {
-            throw ProcessFailure(message: "FLEET_REQUIRE_THIRD_PARTY=1 but Schemathesis is not installed: .ci/run installs it in \(defaultVenv); or set FLEET_SCHEMATHESIS")
-        }
-        return path
-    }
+    static var shouldRun: Bool { tool.shouldRun }
+    static func require() throws -> String { try tool.require() }
 
     /// `schemathesis run` on `document` against loopback `port`, with the token API's request
     /// header and a loopback Host on every request, only `checks`, a fixed seed, and no example

@@ -109,18 +109,9 @@ struct PrometheusConformanceTests {
 
 /// Where promtool is: `FLEET_PROMTOOL`, else Debian's `/usr/bin/promtool`.
 enum Promtool {
-    static var path: String? {
-        if let given = ProcessInfo.processInfo.environment["FLEET_PROMTOOL"], !given.isEmpty { return given }
-        return executable(["/usr/bin/promtool", "/usr/local/bin/promtool"])
-    }
-    static var required: Bool { ProcessInfo.processInfo.environment["FLEET_REQUIRE_THIRD_PARTY"] == "1" }
+    static let tool = ThirdPartyTool("promtool", variable: "FLEET_PROMTOOL", candidates: ["/usr/bin/promtool", "/usr/local/bin/promtool"],
+                                     installHint: "apt-get install prometheus (.ci/run does this)")
     /// Run when installed, or when required (then its absence fails the test).
-    static var shouldRun: Bool { path != nil || required }
-
-    static func require() throws -> String {
-        guard let path, FileManager.default.isExecutableFile(atPath: path) else {
-            throw ProcessFailure(message: "FLEET_REQUIRE_THIRD_PARTY=1 but promtool is not installed: apt-get install prometheus (.ci/run does this), or set FLEET_PROMTOOL")
-        }
-        return path
-    }
+    static var shouldRun: Bool { tool.shouldRun }
+    static func require() throws -> String { try tool.require() }
 }
