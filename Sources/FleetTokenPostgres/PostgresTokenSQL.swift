@@ -109,18 +109,9 @@ enum PostgresTokenSQL {
         Condition(.retired(before: cutoff))
     }
 
-    /// The status rule of `TokenStatus` in SQL (the SQLite store's, with greatest()).
-    /// Parameters: $1 now, $2 soft-point fraction.
-    static let statusSQL = """
-        CASE
-          WHEN token IS NULL THEN 'backoff'
-          WHEN expires_at <= $1 THEN 'expired'
-          WHEN failure_count > 0 AND next_attempt_at > $1 THEN 'backoff'
-          WHEN $1 >= coalesce(issued_at, fetched_at)
-                     + $2 * greatest(0, expires_at - coalesce(issued_at, fetched_at)) THEN 'refresh_due'
-          ELSE 'valid'
-        END
-        """
+    /// The status rule of `TokenStatus` in SQL (`TokenConditions.status`, the SQLite store's
+    /// too) in PostgreSQL's dialect. Parameters: $1 now, $2 soft-point fraction.
+    static let statusSQL = TokenConditions.status(greatest: "greatest", now: "$1", softPointFraction: "$2")
 
     /// The upsert's conflict clause: an older token never replaces a newer one.
     static func onConflict(clearingFailure: Bool) -> String {

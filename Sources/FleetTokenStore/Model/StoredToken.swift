@@ -88,41 +88,6 @@ public struct RefreshFailureState: Sendable, Equatable {
     }
 }
 
-extension RefreshFailureState {
-    /// Whether this failure was recorded under a provider configuration other than `current`.
-    /// Unknown on either side (a fetcher without a digest, a failure an older build stored) is
-    /// not "other": the backoff holds, as it did before digests were kept.
-    func isOfAnotherConfiguration(than current: String?) -> Bool {
-        guard let mine = configurationDigest, let current else { return false }
-        return mine != current
-    }
-
-    /// This failure as judged at `now` (local wall-clock time) under the provider configuration
-    /// `current`: one of another configuration keeps its count and message, but its backoff is
-    /// over (what failed is not what will be tried next).
-    func judged(under current: String?, at now: Date) -> RefreshFailureState {
-        guard isOfAnotherConfiguration(than: current), nextAttemptAt > now else { return self }
-        var ended = self
-        ended.nextAttemptAt = now
-        return ended
-    }
-}
-
-extension RefreshFailureState {
-    /// Whether fetching must still wait at `now` (local wall-clock time).
-    ///
-    /// A failure recorded up to `hostClockTolerance` after `now` was recorded by a host whose
-    /// clock is that much ahead of ours (``RefreshPolicy/hostClockTolerance``: what the lease
-    /// protocol tolerates), and its backoff holds. One recorded later means our wall clock was
-    /// stepped back since: its backoff was computed on the old clock, and honouring it would
-    /// stretch it by the size of the step (an hour's step: an hour without a token). Such a
-    /// backoff is over; the next attempt, if it fails, records a failure on the current clock
-    /// and backs off from there.
-    func isBackingOff(at now: Date, hostClockTolerance: TimeInterval) -> Bool {
-        nextAttemptAt > now && lastFailureAt <= now.addingTimeInterval(hostClockTolerance)
-    }
-}
-
 /// Everything the store holds for one key: a token, a failure state, or both.
 public struct TokenEntry: Sendable, Equatable {
     /// The key.

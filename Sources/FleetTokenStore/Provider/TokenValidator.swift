@@ -57,7 +57,8 @@ public struct TokenValidator: Sendable {
             }
         }
         let token = StoredToken(key: key, value: value, expiresAt: expiresAt, issuedAt: issuedAt, fetchedAt: now)
-        if expiresAt.timeIntervalSince(now) <= policy.floor(of: token) { throw .expired(expiresAt: expiresAt) }
+        // The floor is the refresh machine's rule: a token it would not hand out is not stored.
+        if !RefreshMachine(policy: policy).isAboveFloor(token, at: now) { throw .expired(expiresAt: expiresAt) }
         if let previous, expiresAt <= previous.expiresAt { throw .noProgress(expiresAt: previous.expiresAt) }
         return token
     }

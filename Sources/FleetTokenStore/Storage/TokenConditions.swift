@@ -55,4 +55,21 @@ package struct TokenConditions: Sendable, Equatable {
         "\(greatest)(coalesce(expires_at, 0), CASE WHEN failure_count > 0 "
             + "THEN \(greatest)(coalesce(last_failure_at, 0), coalesce(next_attempt_at, 0)) ELSE 0 END)"
     }
+
+    /// The status rule of ``TokenStatus/init(token:failure:at:policy:)`` in SQL, for counting
+    /// without reading tokens (a test keeps the two equal): written once for both stores.
+    /// `now` and `softPointFraction` are the store's placeholders for the time (Unix seconds)
+    /// and ``RefreshPolicy/softPointFraction``; `greatest` as in ``diedAt(greatest:)``.
+    package static func status(greatest: String, now: String, softPointFraction: String) -> String {
+        """
+        CASE
+          WHEN token IS NULL THEN 'backoff'
+          WHEN expires_at <= \(now) THEN 'expired'
+          WHEN failure_count > 0 AND next_attempt_at > \(now) THEN 'backoff'
+          WHEN \(now) >= coalesce(issued_at, fetched_at)
+                     + \(softPointFraction) * \(greatest)(0, expires_at - coalesce(issued_at, fetched_at)) THEN 'refresh_due'
+          ELSE 'valid'
+        END
+        """
+    }
 }

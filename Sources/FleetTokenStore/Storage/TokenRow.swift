@@ -37,18 +37,9 @@ enum TokenRow {
         Condition(.retired(before: cutoff))
     }
 
-    /// The status rule of ``TokenStatus/init(token:failure:at:policy:)`` in SQL, for counting
-    /// without reading tokens. Parameters: now, soft-point fraction. A test keeps the two equal.
-    static let statusSQL = """
-        CASE
-          WHEN token IS NULL THEN 'backoff'
-          WHEN expires_at <= ?1 THEN 'expired'
-          WHEN failure_count > 0 AND next_attempt_at > ?1 THEN 'backoff'
-          WHEN ?1 >= coalesce(issued_at, fetched_at)
-                     + ?2 * max(0, expires_at - coalesce(issued_at, fetched_at)) THEN 'refresh_due'
-          ELSE 'valid'
-        END
-        """
+    /// The status rule (``TokenConditions/status(greatest:now:softPointFraction:)``) in SQLite's
+    /// dialect. Parameters: now, soft-point fraction.
+    static let statusSQL = TokenConditions.status(greatest: "max", now: "?1", softPointFraction: "?2")
 
     static func entry(from row: Row) -> TokenEntry? {
         guard let kind = TokenKind(rawValue: row["kind"]) else { return nil }

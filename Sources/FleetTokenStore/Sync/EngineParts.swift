@@ -58,6 +58,9 @@ struct EngineParts: Sendable {
     let shutdown: ShutdownFlag
     let phases = FlightPhases()
 
+    /// The refresh rules (memory's, so both sides decide alike).
+    var machine: RefreshMachine { memory.machine }
+
     /// The time now, local and provider-corrected.
     var moment: RefreshMoment {
         let local = now()
@@ -67,8 +70,7 @@ struct EngineParts: Sendable {
     /// Schedules `key` at its soft point, at its next attempt while backing off, or now when it
     /// holds no usable token. When it comes due, an idle untracked key is evicted instead.
     func scheduleNextRefresh(_ key: TokenKey) {
-        scheduler.schedule(key, at: RefreshRules.nextRefresh(of: memory.entry(key), at: moment,
-                                                            hostClockTolerance: policy.hostClockTolerance))
+        scheduler.schedule(key, at: machine.nextRefresh(of: memory.entry(key), at: moment))
     }
 
     /// Installs a token another process stored when it is newer than ours, and reports and
@@ -76,7 +78,7 @@ struct EngineParts: Sendable {
     /// the key's invalidation waits for the store: the stored token is then the invalidated one.
     @discardableResult
     func adoptIfNewer(_ token: StoredToken, failure: RefreshFailureState?) -> Bool {
-        guard RefreshRules.shouldAdopt(token, over: memory.entry(token.key)?.token),
+        guard machine.adopts(token, over: memory.entry(token.key)?.token, at: moment.corrected),
               !committer.isRemovalPending(token.key) else { return false }
         // Until the provider answers us, the token's own times tell its clock (see load).
         skew.learnFromStored([token])
@@ -103,7 +105,7 @@ struct EngineParts: Sendable {
     /// another (a flag or a file fixed since) is tried at once; the same one keeps its backoff.
     func judged(_ failure: RefreshFailureState?) -> RefreshFailureState? {
         guard let failure, failure.configurationDigest != nil else { return failure }
-        return failure.judged(under: fetcher.configurationDigest, at: now())
+        return machine.judged(failure, under: fetcher.configurationDigest, at: now())
     }
 
     /// Reads the stored entries of `keys` into memory; keys the store lacks are remembered as
@@ -123,7 +125,7 @@ struct EngineParts: Sendable {
         let corrected = moment.corrected
         for key in keys where memory.entry(key) == nil {
             let entry = admitted(found[key])
-            if let token = entry?.token, RefreshRules.isUsable(token, at: corrected, policy: policy),
+            if let token = entry?.token, machine.isAboveFloor(token, at: corrected),
                !committer.isRemovalPending(key) {
                 memory.install(token, source: .store, failure: entry?.failure)
                 metrics.storeReuses.increment()

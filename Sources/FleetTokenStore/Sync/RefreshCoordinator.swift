@@ -118,12 +118,9 @@ actor RefreshCoordinator {
         // write of the key already under way, and waits for the store without holding up the
         // caller, who is answered from memory.
         parts.committer.enqueueRemoval(key)
-        // Keep the backoff: invalidating must not become a way around it. A key not held
-        // gets no entry: callers could otherwise grow memory with ids nobody uses.
-        if let held = parts.memory.entry(key) {
-            parts.memory.installEmpty(key, failure: held.failure)
-        } else if tracked.contains(key) {
-            parts.memory.installEmpty(key, failure: nil)
+        switch parts.machine.invalidate(held: parts.memory.entry(key), tracked: tracked.contains(key)) {
+        case .dropToken(let failure): parts.memory.installEmpty(key, failure: failure)
+        case .nothingHeld: break
         }
         parts.scheduler.cancel(key)
         parts.logger.info("token invalidated; the next request fetches a new one", metadata: ["key": .string(key.description)])
@@ -168,8 +165,8 @@ actor RefreshCoordinator {
     }
 
     private func wantsProactiveRefresh(_ key: TokenKey) -> Bool {
-        RefreshRules.wantsProactiveRefresh(tracked: tracked.contains(key), held: parts.memory.entry(key),
-                                              at: parts.moment.corrected, policy: parts.policy)
+        parts.machine.wantsProactiveRefresh(tracked: tracked.contains(key), held: parts.memory.entry(key),
+                                            at: parts.moment.corrected)
     }
 
     // MARK: - Long-running work
@@ -290,7 +287,8 @@ actor RefreshCoordinator {
         }
         for key in held {
             guard let entry = parts.memory.entry(key) else { continue }
-            switch RefreshRules.storeChanged(held: entry, stored: parts.admitted(stored[key]), commitPending: parts.committer.isPending(key)) {
+            switch parts.machine.storeChanged(held: entry, stored: parts.admitted(stored[key]),
+                                              commitPending: parts.committer.isPending(key), at: parts.moment.corrected) {
             case .adopt(let token, let failure):
                 parts.adoptIfNewer(token, failure: failure)
             case .removed(let failure):

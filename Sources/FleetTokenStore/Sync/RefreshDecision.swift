@@ -1,5 +1,6 @@
-// Sync layer: the pure rules of one key's refresh flight. Events in, actions out; no I/O, no
-// clock reads, no tasks. `RefreshCoordinator` owns one per flight and does what it says.
+// Sync layer: the steps of one key's refresh flight. Events in, actions out; no I/O, no clock
+// reads, no tasks. The rules it applies (soft point, floor, backoff, adoption) are
+// RefreshMachine's; `RefreshFlight` owns one per flight and does what it says.
 import Foundation
 
 /// When an event happens: the provider-corrected time that expiry is judged by, and the local
@@ -24,6 +25,7 @@ struct RefreshMoment: Sendable, Equatable {
 /// fetch slot and the key's lease at the points ``holdsSlot`` and ``holdsLease`` say; whatever
 /// is still held when a terminal action comes is the owner's to release after it has done that
 /// action's I/O (a failure is stored before the lease goes, so a waiting process finds it).
+/// Every rule it applies is decided by ``RefreshMachine``; this type only orders the steps.
 struct RefreshDecision: Sendable {
     /// Who started the flight.
     enum Request: Sendable, Equatable {
@@ -106,6 +108,8 @@ struct RefreshDecision: Sendable {
 
     let request: Request
     let policy: RefreshPolicy
+    /// Decides the rules (soft point, floor, backoff, adoption); this type only sequences them.
+    private let machine: RefreshMachine
     private(set) var state: State = .idle
     /// The token held when the flight began: any token fresher than it ends the flight.
     private(set) var startedFrom: StoredToken?
@@ -117,6 +121,7 @@ struct RefreshDecision: Sendable {
     init(request: Request, policy: RefreshPolicy) {
         self.request = request
         self.policy = policy
+        self.machine = RefreshMachine(policy: policy)
     }
 
     // MARK: - Events
@@ -126,12 +131,14 @@ struct RefreshDecision: Sendable {
     mutating func start(held: MemoryEntry?, at now: RefreshMoment) -> Action {
         precondition(state == .idle, "a flight starts once")
         if let held, let token = held.token {
-            if now.corrected < held.softPoint { return finish(.serve(token, markUsed: request.isCaller)) }
-            if request == .caller && now.corrected < held.usableUntil {
-                return finish(.serveAndRefreshInBackground(token))
+            if RefreshMachine.isFresh(softPoint: held.softPoint, at: now.corrected) {
+                return finish(.serve(token, markUsed: request.isCaller))
+            }
+            if request == .caller, let usable = machine.usableToken(of: held, at: now.corrected) {
+                return finish(.serveAndRefreshInBackground(usable))
             }
         }
-        if let failure = held?.failure, failure.isBackingOff(at: now.local, hostClockTolerance: policy.hostClockTolerance) {
+        if let failure = held?.failure, machine.isBackingOff(failure, at: now.local) {
             let error = held?.lastError ?? Self.persistedError(failure)
             return finish(.fail(.provider(error), nextAttemptAt: failure.nextAttemptAt))
         }
@@ -216,12 +223,8 @@ struct RefreshDecision: Sendable {
                               random: Double, configurationDigest: String? = nil) -> Action {
         precondition(state == .fetching, "only a fetching flight fails")
         holdsSlot = false
-        let failures = (held?.failure?.consecutiveFailures ?? 0) + 1
-        let delay = policy.retryDelay(afterFailures: failures, retryable: error.isRetryable,
-                                      retryAfter: error.retryAfter, random: random)
-        let failure = RefreshFailureState(consecutiveFailures: failures, nextAttemptAt: now.local.addingTimeInterval(delay),
-                                          lastErrorKind: error.kind, lastErrorMessage: error.description,
-                                          lastFailureAt: now.local, configurationDigest: configurationDigest)
+        let failure = machine.failure(after: error, following: held?.failure, at: now.local, random: random,
+                                      configurationDigest: configurationDigest)
         return finish(.backOff(failure, error))
     }
 
@@ -247,8 +250,7 @@ struct RefreshDecision: Sendable {
     /// What another process stored, as read with (or instead of) the lease.
     private mutating func consider(stored: TokenEntry?, held: MemoryEntry?, at now: RefreshMoment,
                                    then next: AfterAdoption) -> Action {
-        if let token = stored?.token, token.expiresAt > (startedFrom?.expiresAt ?? .distantPast),
-           now.corrected < token.expiresAt.addingTimeInterval(-policy.floor(of: token)) {
+        if let token = stored?.token, machine.adopts(token, over: startedFrom, at: now.corrected) {
             state = .adopting(stored: stored, then: next)
             return .adopt(token, failure: stored?.failure)
         }
@@ -258,7 +260,7 @@ struct RefreshDecision: Sendable {
     private mutating func afterAdoption(stored: TokenEntry?, held: MemoryEntry?, at now: RefreshMoment,
                                         then next: AfterAdoption) -> Action {
         // Another process failed after we last did, and its backoff runs: share it.
-        if let failure = stored?.failure, failure.isBackingOff(at: now.local, hostClockTolerance: policy.hostClockTolerance),
+        if let failure = stored?.failure, machine.isBackingOff(failure, at: now.local),
            failure.lastFailureAt.timeIntervalSince(held?.failure?.lastFailureAt ?? .distantPast) > Self.sameFailureTolerance {
             return finish(.failedElsewhere(failure))
         }
@@ -281,7 +283,7 @@ struct RefreshDecision: Sendable {
     /// before its soft point: whoever installed it (a fetch, the change follower, a lease wait),
     /// the flight is over.
     private func fresherHeld(_ held: MemoryEntry?, at now: RefreshMoment) -> StoredToken? {
-        guard let held, let token = held.token, held.softPoint > now.corrected,
+        guard let held, let token = held.token, RefreshMachine.isFresh(softPoint: held.softPoint, at: now.corrected),
               token.expiresAt > (startedFrom?.expiresAt ?? .distantPast) else { return nil }
         return token
     }

@@ -166,7 +166,7 @@ struct RefreshFlight {
             "failures": .stringConvertible(failure.consecutiveFailures),
             "next_attempt_at": .string(failure.nextAttemptAt.formatted(.iso8601)),
         ])
-        if let entry = held, let token = entry.token, parts.moment.corrected < entry.usableUntil {
+        if let entry = held, let token = parts.machine.usableToken(of: entry, at: parts.moment.corrected) {
             parts.logger.notice("serving the current token while the provider fails (offline mode)", metadata: [
                 "key": .string(key.description), "fingerprint": .string(token.fingerprint.description),
                 "usable_until": .string(entry.usableUntil.formatted(.iso8601)),

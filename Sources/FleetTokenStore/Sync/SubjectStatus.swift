@@ -54,17 +54,8 @@ extension TokenMemory {
     func status(_ key: TokenKey, tracked: Bool, localNow: Date) -> SubjectStatus? {
         state.withLock { state in
             guard let entry = state[entry: key] else { return nil }
-            let now = localNow.addingTimeInterval(state.clockOffset)
-            let usable = entry.token != nil && now < entry.usableUntil
-            let backingOff = entry.failure?.isBackingOff(at: localNow, hostClockTolerance: policy.hostClockTolerance) ?? false
-            let condition: SubjectStatus.State
-            if !usable {
-                condition = backingOff ? .backoff : .unavailable
-            } else if backingOff {
-                condition = .backoff
-            } else {
-                condition = now < entry.softPoint ? .valid : .refreshDue
-            }
+            let now = RefreshMoment(corrected: localNow.addingTimeInterval(state.clockOffset), local: localNow)
+            let (condition, usable) = machine.standing(of: entry, at: now)
             let token = usable ? entry.token : nil
             return SubjectStatus(key: key, tracked: tracked, state: condition, expiresAt: token?.expiresAt,
                                  fingerprint: token?.fingerprint, source: token == nil ? nil : entry.source, failure: entry.failure)

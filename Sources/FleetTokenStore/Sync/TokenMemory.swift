@@ -3,7 +3,7 @@
 import Foundation
 import Synchronization
 
-/// What the engine holds for one key in memory.
+/// What the engine holds for one key in memory: the state ``RefreshMachine`` decides on.
 struct MemoryEntry: Sendable {
     var token: StoredToken?
     var source: TokenSource
@@ -26,21 +26,6 @@ extension MemoryEntry {
         usableUntil = .distantPast
         self.failure = failure
         refreshRequested = false
-    }
-
-    /// The hot-path decision for this entry at provider-corrected `now`, recording the use.
-    mutating func hit(now: Date, localNow: Date, hostClockTolerance: TimeInterval) -> MemoryLookup {
-        guard let token else { return .miss }
-        if now < softPoint {
-            lastUsed = now
-            return .fresh(token)
-        }
-        guard now < usableUntil else { return .miss }
-        lastUsed = now
-        let inBackoff = failure?.isBackingOff(at: localNow, hostClockTolerance: hostClockTolerance) ?? false
-        let start = !refreshRequested && !inBackoff
-        if start { refreshRequested = true }
-        return .stale(token, startRefresh: start, offline: inBackoff)
     }
 }
 
@@ -81,11 +66,12 @@ final class TokenMemory: Sendable {
     }
 
     let state = Mutex(State())
-    let policy: RefreshPolicy
+    /// Decides every rule; memory only applies its answers under the lock.
+    let machine: RefreshMachine
     let random: @Sendable () -> Double
 
     init(policy: RefreshPolicy, random: @escaping @Sendable () -> Double) {
-        self.policy = policy
+        self.machine = RefreshMachine(policy: policy)
         self.random = random
     }
 
@@ -93,7 +79,7 @@ final class TokenMemory: Sendable {
     /// the use; nil for everything else, which ``lookup(_:localNow:)`` then decides.
     ///
     /// The fresh hit on its own, inlined into the engine and returning the token itself, so the
-    /// token is copied once, from the slot to the caller. Through ``MemoryEntry/hit(now:localNow:hostClockTolerance:)``
+    /// token is copied once, from the slot to the caller. Through ``RefreshMachine/hit(_:at:)``
     /// and a ``MemoryLookup`` returned through two calls it was copied four times (profiled with
     /// callgrind). The slot's entry is read, then only its use stamped: a mutating call on the
     /// whole entry around the copy made the compiler add a runtime exclusivity check.
@@ -105,7 +91,7 @@ final class TokenMemory: Sendable {
             // modify accessor (which allocates), was most of a hit's cost when profiled.
             guard let slot = state.slots[key] else { return nil }
             let now = localNow.addingTimeInterval(state.clockOffset)
-            guard now < slot.entry.softPoint, let token = slot.entry.token else { return nil }
+            guard RefreshMachine.isFresh(softPoint: slot.entry.softPoint, at: now), let token = slot.entry.token else { return nil }
             slot.entry.lastUsed = now
             return token
         }
@@ -117,15 +103,21 @@ final class TokenMemory: Sendable {
         state.withLock { state in
             let now = localNow.addingTimeInterval(state.clockOffset)
             guard let slot = state.slots[key] else { return .miss }
-            return slot.entry.hit(now: now, localNow: localNow, hostClockTolerance: policy.hostClockTolerance)
+            return machine.hit(&slot.entry, at: RefreshMoment(corrected: now, local: localNow))
         }
     }
 
-    /// The held token if it is above the floor (for offline serving), else nil.
+    /// The held token if it is above the floor, else nil.
     func usableToken(_ key: TokenKey, localNow: Date) -> StoredToken? {
         state.withLock { state in
-            guard let entry = state[entry: key], let token = entry.token else { return nil }
-            return localNow.addingTimeInterval(state.clockOffset) < entry.usableUntil ? token : nil
+            machine.usableToken(of: state[entry: key], at: localNow.addingTimeInterval(state.clockOffset))
+        }
+    }
+
+    /// What a caller whose flight failed gets: the held token in offline mode, or nothing.
+    func afterFailedFlight(_ key: TokenKey, localNow: Date) -> RefreshMachine.FailedFlightAction {
+        state.withLock { state in
+            machine.flightFailed(held: state[entry: key], at: localNow.addingTimeInterval(state.clockOffset))
         }
     }
 
@@ -141,17 +133,12 @@ final class TokenMemory: Sendable {
     /// Installs `token` with a freshly jittered soft point, clearing failure state.
     func install(_ token: StoredToken, source: TokenSource, failure: RefreshFailureState? = nil,
                  lastUsed: Date? = nil) {
-        let usable = token.expiresAt.addingTimeInterval(-policy.floor(of: token))
-        // Never later than the floor, whatever the policy's fractions: the hot path checks only
-        // the soft point.
-        let soft = min(policy.softPoint(of: token, jitter: random()), usable)
+        let jitter = random()
         state.withLock { state in
-            let previousUse = state[entry: token.key]?.lastUsed
-            state[entry: token.key] = MemoryEntry(
-                token: token, source: source, softPoint: soft, usableUntil: usable, failure: failure,
-                lastError: failure == nil ? nil : state[entry: token.key]?.lastError,
-                lastUsed: lastUsed ?? previousUse ?? token.lastUsedAt ?? .distantPast,
-                refreshRequested: false)
+            let previous = state[entry: token.key]
+            state[entry: token.key] = machine.installing(
+                token, source: source, failure: failure, lastError: previous?.lastError,
+                lastUsed: lastUsed ?? previous?.lastUsed ?? token.lastUsedAt ?? .distantPast, jitter: jitter)
         }
     }
 
@@ -197,12 +184,7 @@ final class TokenMemory: Sendable {
     func endBackoffs(at now: Date, configurationDigest: String? = nil) -> [TokenKey] {
         state.withLock { state in
             var ended: [TokenKey] = []
-            for (key, slot) in state.slots {
-                guard var failure = slot.entry.failure, failure.isBackingOff(at: now, hostClockTolerance: policy.hostClockTolerance),
-                      slot.entry.lastError?.retryAfter == nil || failure.isOfAnotherConfiguration(than: configurationDigest)
-                else { continue }
-                failure.nextAttemptAt = now
-                slot.entry.failure = failure
+            for (key, slot) in state.slots where machine.retryNow(&slot.entry, at: now, configurationDigest: configurationDigest) {
                 ended.append(key)
             }
             return ended

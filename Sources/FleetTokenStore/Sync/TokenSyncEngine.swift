@@ -224,14 +224,14 @@ public final class TokenSyncEngine: Service, Sendable {
         case .token(let token):
             return token
         case .failed(let reason, let nextAttempt):
-            // Offline mode: the held token, while it is above the floor.
-            let local = wallClock()
-            if let token = memory.usableToken(key, localNow: local) {
+            switch memory.afterFailedFlight(key, localNow: wallClock()) {
+            case .serveOffline(let token):
                 metrics.servedOffline.increment()
                 return token
+            case .unavailable:
+                metrics.unavailable.increment()
+                throw TokenUnavailable(key: key, reason: reason, nextAttemptAt: nextAttempt)
             }
-            metrics.unavailable.increment()
-            throw TokenUnavailable(key: key, reason: reason, nextAttemptAt: nextAttempt)
         }
     }
 

@@ -20,16 +20,16 @@ struct HostClockToleranceTests {
                                           lastFailureAt: t)
         let policy = RefreshPolicy()
         #expect(policy.hostClockTolerance == 20) // the lease (30 s) is renewed every 10 s
-        #expect(failure.isBackingOff(at: t, hostClockTolerance: policy.hostClockTolerance))
-        #expect(failure.isBackingOff(at: t - 5, hostClockTolerance: policy.hostClockTolerance)) // a host 5 s behind
-        #expect(failure.isBackingOff(at: t - 20, hostClockTolerance: policy.hostClockTolerance))
-        #expect(!failure.isBackingOff(at: t - 20.5, hostClockTolerance: policy.hostClockTolerance)) // a step back
-        #expect(!failure.isBackingOff(at: t - 3600, hostClockTolerance: policy.hostClockTolerance))
-        #expect(!failure.isBackingOff(at: t + 20, hostClockTolerance: policy.hostClockTolerance)) // over
+        #expect(RefreshMachine(policy: policy).isBackingOff(failure, at: t))
+        #expect(RefreshMachine(policy: policy).isBackingOff(failure, at: t - 5)) // a host 5 s behind
+        #expect(RefreshMachine(policy: policy).isBackingOff(failure, at: t - 20))
+        #expect(!RefreshMachine(policy: policy).isBackingOff(failure, at: t - 20.5)) // a step back
+        #expect(!RefreshMachine(policy: policy).isBackingOff(failure, at: t - 3600))
+        #expect(!RefreshMachine(policy: policy).isBackingOff(failure, at: t + 20)) // over
         var longLease = RefreshPolicy()
         longLease.leaseDuration = 90
         #expect(longLease.hostClockTolerance == 60)
-        #expect(failure.isBackingOff(at: t - 50, hostClockTolerance: longLease.hostClockTolerance))
+        #expect(RefreshMachine(policy: longLease).isBackingOff(failure, at: t - 50))
     }
 
     /// Host A (clock `time`) fails `key` with `503, Retry-After 20` on a fresh store in `dir`,
