@@ -207,6 +207,8 @@ let package = Package(
                 "FleetTokenPostgres",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
+                // The agent's config file (`tokenctl --config`).
+                .product(name: "Yams", package: "Yams"),
             ],
             path: "tools/tokenctl",
             swiftSettings: strictSettings
@@ -333,6 +335,7 @@ let package = Package(
                 "FleetTokenStore",
                 "token-agent",
                 "dev-token-server",
+                "tokenctl",
             ],
             swiftSettings: testSettings
         ),

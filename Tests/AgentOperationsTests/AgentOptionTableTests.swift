@@ -107,7 +107,7 @@ struct AgentOptionTableTests {
             return String(line.dropFirst(2).prefix { $0 != " " })
         })
         let shown = AgentOption.all.filter { !$0.hidden }.map { "--\($0.key)" }
-        #expect(flags == Set(shown + ["--config", "--print-config", "--version"]))
+        #expect(flags == Set(shown + ["--config", "--print-config", "--check-config", "--version"]))
         for option in AgentOption.all where option.hidden { #expect(!help.contains("--\(option.key)"), "\(option.key) is hidden") }
         #expect(help.split(separator: "\n").allSatisfy { $0.count <= AgentHelp.width }, "lines fit 80 columns")
         #expect(help.contains("OVERVIEW: Keep Fleet Engine tokens") && help.contains("USAGE: token-agent <options>"))

@@ -125,4 +125,13 @@ struct SystemdUnitTests {
             .filter { !lines.contains($0) }
         #expect(missing.isEmpty, "settings missing from the unit")
     }
+
+    /// systemd fails a unit whose credential *file* (an absolute path) is missing, but skips a
+    /// credential named by its id alone when no credential store holds it (systemd.exec(5)).
+    @Test("the encryption credential is optional: named by its id alone, so the unit starts without it")
+    func encryptionCredentialOptional() throws {
+        let lines = try String(contentsOfFile: Self.shippedUnit, encoding: .utf8).split(separator: "\n").map(String.init)
+        let credentials = lines.filter { $0.hasPrefix("LoadCredential") || $0.hasPrefix("ImportCredential") }
+        #expect(credentials == ["LoadCredentialEncrypted=token-store-key"], "\(credentials)")
+    }
 }

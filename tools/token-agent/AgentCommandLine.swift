@@ -22,11 +22,18 @@ struct AgentCommandLine {
     var help = false
     /// `--version`: nothing else is read (unless `--help` is also given, which wins).
     var version = false
+    /// `--check-config`: run the start-up checks that touch neither the store nor the provider, and exit.
+    var checkConfig = false
+    /// `--experimental-dump-help`: ArgumentParser's tool description (JSON) for `generate-manual`.
+    var dumpHelp = false
+    /// `--generate-completion-script SHELL`: the completion script for bash, zsh or fish.
+    var completionShell: CompletionShell?
 
     /// Flags of the command line alone, not options a config file or variable can set.
     static let commandLineOnly: [(key: String, takesValue: Bool, help: String)] = [
         ("config", true, "A config file (YAML or JSON) whose keys are these flags' long names; flags and TOKEN_AGENT_* variables override it (default: $TOKEN_AGENT_CONFIG)."),
         ("print-config", false, "Print the effective configuration (secrets redacted), with where each value came from, and exit."),
+        ("check-config", false, "Run every start-up check that touches neither the store nor the provider, print 'configuration OK' and exit 0, or the start's message and exit 64."),
         ("version", false, "Print the version, the git revision it was built from and the Swift version, and exit."),
     ]
 
@@ -45,6 +52,22 @@ struct AgentCommandLine {
         // As ArgumentParser's --version: answered before any other argument is judged.
         if flagsBeforeDashes.contains("--version") {
             version = true
+            return
+        }
+        // ArgumentParser's two hidden flags for tools (generate-manual, shell completions), also
+        // answered before anything else is judged.
+        if flagsBeforeDashes.contains("--experimental-dump-help") {
+            dumpHelp = true
+            return
+        }
+        if let index = flagsBeforeDashes.firstIndex(where: { $0 == "--generate-completion-script" || $0.hasPrefix("--generate-completion-script=") }) {
+            let argument = flagsBeforeDashes[index]
+            let value = argument.contains("=") ? String(argument.drop { $0 != "=" }.dropFirst())
+                : index + 1 < flagsBeforeDashes.endIndex ? flagsBeforeDashes[index + 1] : ""
+            guard let shell = CompletionShell(rawValue: value) else {
+                throw ValidationError("The value '\(value)' is invalid for '--generate-completion-script <shell>'\nHelp:  --generate-completion-script <shell>  One of: bash, zsh, fish.")
+            }
+            completionShell = shell
             return
         }
         var lists = split.ids
@@ -76,7 +99,11 @@ struct AgentCommandLine {
                 if let inline {
                     throw ValidationError("The option '--\(key)' does not take any value, but '\(inline)' was specified.")
                 }
-                if key == "print-config" { printConfig = true } else { texts[key] = "true" }
+                switch key {
+                case "print-config": printConfig = true
+                case "check-config": checkConfig = true
+                default: texts[key] = "true"
+                }
                 continue
             }
             let value: String
@@ -149,16 +176,46 @@ enum AgentHelp {
             lines += [""] + wrap(paragraph, width: width)
         }
         lines += ["", "USAGE: \(usage)", "", "OPTIONS:"]
-        for (key, takesValue, help) in AgentCommandLine.commandLineOnly {
-            lines += entry(takesValue ? "--\(key) <\(key)>" : "--\(key)", help)
+        for option in entries {
+            lines += entry(option.takesValue ? "--\(option.key) <\(option.key)>" : "--\(option.key)", option.help)
+        }
+        lines += entry("-h, --help", helpHelp)
+        return lines.joined(separator: "\n") + "\n\n"
+    }
+
+    /// The help of `-h, --help`.
+    static let helpHelp = "Show help information."
+
+    /// One option as `--help` shows it.
+    struct Entry: Equatable {
+        let key: String
+        let takesValue: Bool
+        /// A repeatable flag (a list).
+        let repeating: Bool
+        /// The words a value may be, for a choice.
+        let values: [String]?
+        /// Its help, with a choice's values.
+        let help: String
+    }
+
+    /// The options `--help` lists but `-h, --help`, in its order: the command line's own, then
+    /// the table's not hidden. The man page (ToolInfo) and the completion scripts are made from
+    /// this list too, so none of them can drift from `--help`.
+    static var entries: [Entry] {
+        var entries = AgentCommandLine.commandLineOnly.map {
+            Entry(key: $0.key, takesValue: $0.takesValue, repeating: false, values: nil, help: $0.help)
         }
         for option in AgentOption.all where !option.hidden {
             var help = option.help
-            if case .choice(let values) = option.shape { help += " (values: \(values.joined(separator: ", ")))" }
-            lines += entry(option.shape == .toggle ? "--\(option.key)" : "--\(option.key) <\(option.key)>", help)
+            var values: [String]?
+            if case .choice(let words) = option.shape {
+                help += " (values: \(words.joined(separator: ", ")))"
+                values = words
+            }
+            entries.append(Entry(key: option.key, takesValue: option.shape != .toggle, repeating: option.shape == .list,
+                                 values: values, help: help))
         }
-        lines += entry("-h, --help", "Show help information.")
-        return lines.joined(separator: "\n") + "\n\n"
+        return entries
     }
 
     /// A label and its help: on one line when the label leaves room, else the help below it.

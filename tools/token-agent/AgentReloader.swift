@@ -34,6 +34,8 @@ struct AgentReloader: Sendable {
     var lastProposed: AgentSettings
     /// The CA bundles' contents the provider client in force was built with.
     var trust: TrustFiles
+    /// The bytes the configuration in force was read from (at start, or by the last reload applied).
+    var inputs: ReloadInputs
 
     /// Keys named in one log line at most; the counts are always complete.
     static let keysLogged = 100
@@ -76,14 +78,26 @@ struct AgentReloader: Sendable {
             if told { serviceManager.reloaded(status: "reload failed: the configuration in force stays") }
             return
         }
+        // Saving the config file and then `systemctl reload` sets off two reloads, the file
+        // watch's and SIGHUP's, whichever comes first: the second reads what is in force already.
+        let read = ReloadInputs(configFile: plan.file?.path, settings: plan.settings)
+        if read == inputs && plan.fetcher == nil {
+            logger.debug("\(trigger == .hangup ? "SIGHUP" : "config file changed"): the configuration is the one in force (same config file, subjects file and CA bundles); nothing to reload")
+            if trigger == .hangup, serviceManager.reloading() {
+                serviceManager.reloaded(status: SubjectCounts(subjects.current.map { engine.status(of: $0) }).description)
+            }
+            return
+        }
         if trigger == .fileChanged && plan.proposed == lastProposed && plan.changed.isEmpty && plan.fetcher == nil
             && plan.keys == subjects.current {
             logger.debug("the config file changed on disk but no option did")
             sources.file = plan.file
+            inputs = read
             return
         }
         let told = serviceManager.reloading()
         await apply(plan, trigger: trigger)
+        inputs = read
         if told { serviceManager.reloaded(status: SubjectCounts(subjects.current.map { engine.status(of: $0) }).description) }
     }
 
@@ -244,5 +258,18 @@ struct TrustFiles: Equatable, Sendable {
     init(_ settings: AgentSettings) {
         contents = Dictionary((settings.caFiles + settings.extraCAFiles).map { ($0, FileManager.default.contents(atPath: $0)) },
                               uniquingKeysWith: { first, _ in first })
+    }
+}
+
+/// The bytes a reload reads: the config file, the subjects file and the CA bundles (header and
+/// client certificate files are followed by the provider client itself). A reload that reads
+/// the same bytes as the configuration in force applies nothing.
+struct ReloadInputs: Equatable, Sendable {
+    /// Each file's contents by path; nil for a file that cannot be read.
+    let contents: [String: Data?]
+
+    init(configFile: String?, settings: AgentSettings) {
+        let paths = [configFile, settings.subjectsFile].compactMap { $0 } + settings.caFiles + settings.extraCAFiles
+        contents = Dictionary(paths.map { ($0, FileManager.default.contents(atPath: $0)) }, uniquingKeysWith: { first, _ in first })
     }
 }

@@ -26,15 +26,9 @@ struct AgentRun {
         let registry = PrometheusCollectorRegistry()
         MetricsSystem.bootstrap(DescribedPrometheusFactory(registry: registry))
         BuildInfo.register(in: registry)
-        let path = settings.db ?? environment["TOKEN_STORE_DB"] ?? "./tokens.sqlite"
+        let path = storePath
 
-        var keys = try usage { try settings.subjectKeys() }
-        // Subjects from --subjects-file come after the options'.
-        if let subjectsFile = settings.subjectsFile {
-            do { keys = SubjectSet.merged(keys, try SubjectListFile(contentsOfFile: subjectsFile).subjects) } catch {
-                throw ValidationError("\(settings.origins.name("subjects-file")): \(error)")
-            }
-        }
+        var keys = try configuredSubjects()
         let configuredKeys = keys
         var issuer: DevTokenIssuer?
         var template = settings.providerURL
@@ -46,36 +40,32 @@ struct AgentRun {
             let started = try await DevTokenIssuer.start(configuration, logger: issuerLogger)
             issuer = started
             template = started.urlTemplate
-            if keys.isEmpty {
-                keys = try ["demo-vehicle-1", "demo-vehicle-2", "demo-vehicle-3"].map { try TokenKey(kind: .vehicle, subjectID: $0) }
-                    + ["demo-trip-1", "demo-trip-2"].map { try TokenKey(kind: .trip, subjectID: $0) }
-            }
+            if keys.isEmpty { keys = try Self.demoSubjects() }
             let socket = try usage { try settings.listenAddresses(demo: true) }
                 .compactMap { if case .unix(let path) = $0 { path } else { nil } }.first
             DemoBanner.print(url: started.urlTemplate, lifetime: settings.demoLifetime, socket: socket, example: keys.first)
         }
-        guard !keys.isEmpty || settings.subjectsFile != nil && !settings.once else {
+        do { try requireSubjects(keys) } catch {
             await issuer?.stop()
-            throw ValidationError("give at least one --vehicle, --trip, --delivery-vehicle, --task or --subjects-file subject to keep tokens for")
+            throw error
         }
 
         let fetcherConfiguration: HTTPTokenFetcherConfiguration
         do {
-            fetcherConfiguration = try settings.fetcherConfiguration(template: template!, demo: issuer != nil, environment: environment)
+            fetcherConfiguration = try self.fetcherConfiguration(template: template!, demo: issuer != nil)
         } catch {
             await issuer?.stop()
-            throw ValidationError(error.description)
+            throw error
         }
         ProxyReport.log(fetcherConfiguration, template: template!, logger: logger)
 
         // Before the store opens: a refused key file stops the start without touching the store.
         let keyring: TokenKeyring?
         do {
-            keyring = try TokenKeyring.load(files: settings.encryptionKeyFiles, environment: environment)
+            keyring = try loadKeyring(exitCode: 1)
         } catch {
             await issuer?.stop()
-            FileHandle.standardError.write(Data("token-agent: \(error)\n".utf8))
-            throw ExitCode(1)
+            throw error
         }
         if let keyring {
             logger.notice("token values are sealed at rest", metadata: [
@@ -85,18 +75,17 @@ struct AgentRun {
 
         let client: ProviderClient
         do {
-            client = ProviderClient(try HTTPTokenFetcher(configuration: fetcherConfiguration, logger: logger))
+            client = ProviderClient(try makeFetcher(fetcherConfiguration, logger: logger))
         } catch {
             await issuer?.stop()
-            throw ValidationError(OperatorHints.describe(error))
+            throw error
         }
         if PostgresStoreLocation.isPostgresURL(path) {
             let configuration: PostgresStoreConfiguration
-            do { configuration = try PostgresStoreConfiguration(url: path) } catch {
+            do { configuration = try postgresConfiguration(path) } catch {
                 await client.shutdown()
                 await issuer?.stop()
-                // Named as the operator gave it; the error names a parameter, never a value.
-                throw ValidationError("\(settings.db == nil ? "TOKEN_STORE_DB" : settings.origins.name("db")): \(error)")
+                throw error
             }
             do {
                 try await PostgresTokenRepository.withRepository(configuration, mode: .agent, logger: logger) { store in
@@ -179,7 +168,8 @@ struct AgentRun {
                 engine: engine, sources: sources, environment: environment, template: template!, demo: issuer != nil,
                 defaultKeys: issuer != nil && configuredKeys.isEmpty ? keys : [], client: client, logLevel: logLevel,
                 serviceManager: serviceManager, subjects: subjects, output: output, logger: logger,
-                api: services.api?.api, settings: settings, lastProposed: settings, trust: TrustFiles(settings))
+                api: services.api?.api, settings: settings, lastProposed: settings, trust: TrustFiles(settings),
+                inputs: ReloadInputs(configFile: sources.file?.path, settings: settings))
             do {
                 try await LongLivedRun(engine: engine, keys: keys, output: output, logger: logger, services: services, reloader: reloader,
                                        releaseStoreMemory: releaseStoreMemory).run()
@@ -223,6 +213,79 @@ struct AgentRun {
         let service = TokenFileSink(engine: engine, directory: sink, fileMode: settings.sinkModeValue ?? 0o640, logger: logger)
         try service.prepare()
         return service
+    }
+
+    /// `--check-config`: the start-up checks of ``run()`` that touch neither the store nor the
+    /// provider (no issuer is started, no address bound, no request sent), through the same
+    /// functions and with the same messages; a key file refused exits 64 here, not 1.
+    func checkOnly() async throws {
+        var keys = try configuredSubjects()
+        let demo = settings.providerURL == nil
+        if demo && keys.isEmpty { keys = try Self.demoSubjects() }
+        try requireSubjects(keys)
+        if let template = settings.providerURL {
+            // Made and shut down at once: it has sent nothing yet.
+            let fetcher = try makeFetcher(try fetcherConfiguration(template: template, demo: false), logger: Logger(label: "token-agent"))
+            await fetcher.shutdown()
+        }
+        _ = try loadKeyring(exitCode: 64)
+        if PostgresStoreLocation.isPostgresURL(storePath) { _ = try postgresConfiguration(storePath) }
+    }
+
+    // The start-up checks, each a step of run() and of checkOnly().
+
+    /// The store: `--db` (or `TOKEN_AGENT_DB`, or the file's `db:` when TOKEN_STORE_DB is not
+    /// set; see AgentSettings.resolve), else TOKEN_STORE_DB, else ./tokens.sqlite.
+    var storePath: String { settings.db ?? environment["TOKEN_STORE_DB"] ?? "./tokens.sqlite" }
+
+    /// The subjects of the options, then those of --subjects-file.
+    private func configuredSubjects() throws -> [TokenKey] {
+        let keys = try usage { try settings.subjectKeys() }
+        guard let subjectsFile = settings.subjectsFile else { return keys }
+        do { return SubjectSet.merged(keys, try SubjectListFile(contentsOfFile: subjectsFile).subjects) } catch {
+            throw ValidationError("\(settings.origins.name("subjects-file")): \(error)")
+        }
+    }
+
+    /// The subjects demo mode keeps fresh when none is given.
+    private static func demoSubjects() throws -> [TokenKey] {
+        try ["demo-vehicle-1", "demo-vehicle-2", "demo-vehicle-3"].map { try TokenKey(kind: .vehicle, subjectID: $0) }
+            + ["demo-trip-1", "demo-trip-2"].map { try TokenKey(kind: .trip, subjectID: $0) }
+    }
+
+    /// Some subject to keep tokens for (a subjects file may fill up later, but not for --once).
+    private func requireSubjects(_ keys: [TokenKey]) throws {
+        guard !keys.isEmpty || settings.subjectsFile != nil && !settings.once else {
+            throw ValidationError("give at least one --vehicle, --trip, --delivery-vehicle, --task or --subjects-file subject to keep tokens for")
+        }
+    }
+
+    private func fetcherConfiguration(template: String, demo: Bool) throws -> HTTPTokenFetcherConfiguration {
+        do { return try settings.fetcherConfiguration(template: template, demo: demo, environment: environment) } catch {
+            throw ValidationError(error.description)
+        }
+    }
+
+    /// The encryption keys; a refused key file is reported and exits with `exitCode`.
+    private func loadKeyring(exitCode: Int32) throws -> TokenKeyring? {
+        do { return try TokenKeyring.load(files: settings.encryptionKeyFiles, environment: environment) } catch {
+            FileHandle.standardError.write(Data("token-agent: \(error)\n".utf8))
+            throw ExitCode(exitCode)
+        }
+    }
+
+    /// The fetcher: the URL template's checks (`{id}`, plain http:// to another host) and the TLS files.
+    private func makeFetcher(_ configuration: HTTPTokenFetcherConfiguration, logger: Logger) throws -> HTTPTokenFetcher {
+        do { return try HTTPTokenFetcher(configuration: configuration, logger: logger) } catch {
+            throw ValidationError(OperatorHints.describe(error))
+        }
+    }
+
+    private func postgresConfiguration(_ path: String) throws -> PostgresStoreConfiguration {
+        do { return try PostgresStoreConfiguration(url: path) } catch {
+            // Named as the operator gave it; the error names a parameter, never a value.
+            throw ValidationError("\(settings.db == nil ? "TOKEN_STORE_DB" : settings.origins.name("db")): \(error)")
+        }
     }
 
     /// A usage error as ArgumentParser reports it (exit 64).

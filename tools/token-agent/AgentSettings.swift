@@ -113,6 +113,13 @@ extension AgentSettings {
                 throw UsageError("\(values.origins.name(option.key)): \(shown) is not \(option.expected)")
             }
         }
+        // TOKEN_STORE_DB is a variable, so it beats the config file's `db:` (flags > variables >
+        // file); --db and TOKEN_AGENT_DB beat it. Left unset, the store is the variable's
+        // (AgentRun.storePath, --print-config).
+        if case .file = settings.origins.origin(of: "db"), sources.environment["TOKEN_STORE_DB"].map({ !$0.isEmpty }) == true {
+            settings.db = nil
+            settings.origins.byKey["db"] = nil
+        }
         return settings
     }
 

@@ -87,6 +87,14 @@ struct TokenAgent: AsyncParsableCommand {
             Swift.print(BuildStamp.versionLine(program: "token-agent"))
             return
         }
+        if commandLine.dumpHelp {
+            Swift.print(AgentToolInfo(configuration).json)
+            return
+        }
+        if let shell = commandLine.completionShell {
+            Swift.print(AgentCompletions.script(shell), terminator: "")
+            return
+        }
         let environment = ProcessInfo.processInfo.environment
         let settings: AgentSettings
         let sources: SettingSources
@@ -95,6 +103,11 @@ struct TokenAgent: AsyncParsableCommand {
             let configuration = EffectiveConfiguration(settings: settings, configFile: sources.file?.path,
                                                       storeVariable: environment["TOKEN_STORE_DB"])
             Swift.print(configuration.text, terminator: "")
+            return
+        }
+        if commandLine.checkConfig {
+            try await AgentRun(settings: settings, sources: sources, environment: environment).checkOnly()
+            Swift.print("token-agent: configuration OK")
             return
         }
         try await AgentRun(settings: settings, sources: sources, environment: environment).run()

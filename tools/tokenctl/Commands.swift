@@ -246,7 +246,7 @@ struct Rekey: AsyncParsableCommand {
     @Flag(help: "Print the counts as JSON.") var json = false
 
     func validate() throws {
-        if store.encryptionKeyFiles.isEmpty && ProcessInfo.processInfo.environment["CREDENTIALS_DIRECTORY"] == nil {
+        if store.selection.encryptionKeyFiles.isEmpty && ProcessInfo.processInfo.environment["CREDENTIALS_DIRECTORY"] == nil {
             throw ValidationError("give the key to seal with: --encryption-key-file NEW (then any old key files, to open values sealed with them)")
         }
     }

@@ -14,7 +14,7 @@ enum OperatorHints {
         switch error.code {
         case .directoryMissing, .directoryNotWritable: "--db or TOKEN_STORE_DB sets the store path"
         case .databaseUnavailable: "--db or TOKEN_STORE_DB sets the database URL"
-        case .storeMissing: "check --db / TOKEN_STORE_DB, or create one with `tokenctl migrate`"
+        case .storeMissing: "check --db / TOKEN_STORE_DB; beside an installed agent, --config /etc/token-agent/token-agent.yaml finds its store; or create one with `tokenctl migrate`"
         case .storeOlderThanBuild: "run `tokenctl migrate`, or start the agent, which migrates"
         case .symbolicLink where error.file == error.path: error.target.map { "--db \($0)" }
         case .encryptionKeyMissing: "--encryption-key-file KEY (repeatable) gives the keys"

@@ -37,18 +37,36 @@ struct StoreOptions: ParsableArguments {
             help: "A key file of an encrypted store (repeatable: the first is the primary; default: $CREDENTIALS_DIRECTORY/token-store-key when set). Needed by show --reveal and rekey only.")
     var encryptionKeyFiles: [String] = []
 
+    @Option(help: "The agent's config file: its db and encryption-key-file apply when neither the flags nor TOKEN_AGENT_DB, TOKEN_STORE_DB or TOKEN_AGENT_ENCRYPTION_KEY_FILE give them (default: $TOKEN_AGENT_CONFIG).")
+    var config: String?
+
+    /// The agent's config file (`--config`, else `$TOKEN_AGENT_CONFIG`) is usable: a usage error (exit 64) otherwise.
+    func validate() throws {
+        do { _ = try agentConfig() } catch { throw ValidationError(error.description) }
+    }
+
+    /// The agent's config file's settings, nil when no file is named.
+    func agentConfig() throws(AgentConfigError) -> AgentConfigDefaults? {
+        let path = config ?? ProcessInfo.processInfo.environment[AgentConfigDefaults.fileVariable].flatMap { $0.isEmpty ? nil : $0 }
+        return try path.map { path throws(AgentConfigError) in try AgentConfigDefaults.load(path) }
+    }
+
+    /// The store and key files in force. (The file was checked by ``validate()``.)
+    var selection: StoreSelection {
+        StoreSelection(db: db, encryptionKeyFiles: encryptionKeyFiles, environment: ProcessInfo.processInfo.environment,
+                       file: (try? agentConfig()) ?? nil)
+    }
+
     /// The keys given (or systemd's credential), nil when none; a refused key file is a failure.
     func keyring() throws -> TokenKeyring? {
         do {
-            return try TokenKeyring.load(files: encryptionKeyFiles, environment: ProcessInfo.processInfo.environment)
+            return try TokenKeyring.load(files: selection.encryptionKeyFiles, environment: ProcessInfo.processInfo.environment)
         } catch {
             throw Failure(error.description)
         }
     }
 
-    var path: String {
-        db ?? ProcessInfo.processInfo.environment["TOKEN_STORE_DB"] ?? "./tokens.sqlite"
-    }
+    var path: String { selection.db }
 
     /// Warnings and errors on stderr (a mode too open, say); never a token.
     var logger: Logger {
@@ -77,7 +95,7 @@ struct StoreOptions: ParsableArguments {
         let configuration: PostgresStoreConfiguration
         do { configuration = try PostgresStoreConfiguration(url: path) } catch {
             // Names a parameter, never its value nor the password.
-            throw ValidationError("\(db == nil ? "TOKEN_STORE_DB" : "--db"): \(error)")
+            throw ValidationError("\(selection.dbOrigin): \(error)")
         }
         do {
             return try await PostgresTokenRepository.withRepository(configuration, mode: mode, logger: logger, body)
