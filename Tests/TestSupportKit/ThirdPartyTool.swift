@@ -45,3 +45,16 @@ public struct ThirdPartyTool: Sendable {
         return path
     }
 }
+
+extension ThirdPartyTool {
+    /// A Python tool `.ci/run` installs in its own virtual environment,
+    /// `$HOME/.cache/fleet-token-store/VENV` (pinned there): `variable`'s path, else the
+    /// environment's `bin/EXECUTABLE`, else `EXECUTABLE` on `PATH`.
+    public static func inVirtualEnvironment(_ name: String, executable: String, venv: String, variable: String) -> ThirdPartyTool {
+        let home = ProcessInfo.processInfo.environment["HOME"] ?? FileManager.default.homeDirectoryForCurrentUser.path
+        let environment = "\(home)/.cache/fleet-token-store/\(venv)"
+        let onPath = (ProcessInfo.processInfo.environment["PATH"] ?? "").split(separator: ":").map { "\($0)/\(executable)" }
+        return ThirdPartyTool(name, variable: variable, candidates: ["\(environment)/bin/\(executable)"] + onPath,
+                              installHint: ".ci/run installs it in \(environment)")
+    }
+}

@@ -138,15 +138,8 @@ struct OpenAPIClientTests {
 
 /// Where openapi-python-client is, and the Python that runs what it generates.
 enum OpenAPIPythonClient {
-    /// The virtual environment .ci/run creates (under `$HOME`, as the script reads it).
-    static let defaultVenv = (ProcessInfo.processInfo.environment["HOME"] ?? FileManager.default.homeDirectoryForCurrentUser.path)
-        + "/.cache/fleet-token-store/openapi-python-client-venv"
-
-    static let tool = ThirdPartyTool("openapi-python-client", variable: "FLEET_OPENAPI_PYTHON_CLIENT",
-                                     candidates: ["\(defaultVenv)/bin/openapi-python-client"]
-                                         + (ProcessInfo.processInfo.environment["PATH"] ?? "").split(separator: ":")
-                                             .map { "\($0)/openapi-python-client" },
-                                     installHint: ".ci/run installs it in \(defaultVenv)")
+    static let tool = ThirdPartyTool.inVirtualEnvironment("openapi-python-client", executable: "openapi-python-client",
+                                                           venv: "openapi-python-client-venv", variable: "FLEET_OPENAPI_PYTHON_CLIENT")
     /// Run when installed, or when required (then its absence fails the test).
     static var shouldRun: Bool { tool.shouldRun }
     static func require() throws -> String { try tool.require() }
@@ -162,7 +155,7 @@ enum OpenAPIPythonClient {
            FileManager.default.isExecutableFile(atPath: String(interpreter)) {
             return String(interpreter)
         }
-        throw ProcessFailure(message: "no Python beside \(generator) nor on its #! line: install openapi-python-client in a virtual environment (\(defaultVenv))")
+        throw ProcessFailure(message: "no Python beside \(generator) nor on its #! line: install openapi-python-client in a virtual environment (\(tool.installHint))")
     }
 }
 

@@ -51,14 +51,8 @@ struct OpenAPIConformanceTests {
 
 /// Where Schemathesis is, and how it is run.
 enum Schemathesis {
-    /// The virtual environment .ci/run creates (under `$HOME`, as the script reads it).
-    static let defaultVenv = (ProcessInfo.processInfo.environment["HOME"] ?? FileManager.default.homeDirectoryForCurrentUser.path)
-        + "/.cache/fleet-token-store/schemathesis-venv"
-
-    static let tool = ThirdPartyTool("Schemathesis", variable: "FLEET_SCHEMATHESIS",
-                                     candidates: ["\(defaultVenv)/bin/schemathesis"]
-                                         + (ProcessInfo.processInfo.environment["PATH"] ?? "").split(separator: ":").map { "\($0)/schemathesis" },
-                                     installHint: ".ci/run installs it in \(defaultVenv)")
+    static let tool = ThirdPartyTool.inVirtualEnvironment("Schemathesis", executable: "schemathesis",
+                                                           venv: "schemathesis-venv", variable: "FLEET_SCHEMATHESIS")
     /// Run when installed, or when required (then its absence fails the test).
     static var shouldRun: Bool { tool.shouldRun }
     static func require() throws -> String { try tool.require() }
