@@ -89,12 +89,14 @@ struct ServiceManagerTests {
         let scratch = Scratch()
         let issuer = try await IssuerProcess(scratch: scratch)
         let missing = scratch.file("no-such-dir/notify.sock")
-        let agent = try Self.agent(scratch, issuer, ["--vehicle", "a", "--json"],
+        let agent = try Self.agent(scratch, issuer, ["--vehicle", "a", "--json", "--log-level", "debug"],
                                    environment: ["NOTIFY_SOCKET": missing, "WATCHDOG_USEC": "200000"])
         defer { agent.signal(SIGKILL) }
         #expect(await agent.waitForOutput(#""event":"refreshed""#, within: 30), "\(agent.stderr)")
-        // Watchdog pets every 0.1 s fail too: still one warning, not one per pet.
-        try await Task.sleep(for: .seconds(1))
+        // Watchdog pets every 0.1 s fail too (each a debug line): after five of them, still one
+        // warning, not one per pet.
+        let failedNotifications = { agent.stderr.components(separatedBy: "cannot notify the service manager").count - 1 }
+        #expect(await eventually(within: 30) { failedNotifications() >= 6 }, "\(agent.stderr)")
         #expect(agent.isRunning)
         let warnings = agent.stderr.split(separator: "\n").filter { $0.contains("warning") && $0.contains(missing) }
         #expect(warnings.count == 1, "\(agent.stderr)")

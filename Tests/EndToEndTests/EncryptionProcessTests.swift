@@ -810,7 +810,7 @@ func fileSize(_ path: String) -> Int? {
 /// Waits (at most about two seconds) until the wall clock is in a later whole second than `date`.
 func nextWholeSecond(after date: Date) async {
     let target = date.timeIntervalSince1970.rounded(.down) + 1
-    while Date().timeIntervalSince1970 < target { try? await Task.sleep(for: .milliseconds(20)) }
+    _ = await eventually(within: 3) { Date().timeIntervalSince1970 >= target }
 }
 
 /// A store's files as bytes (the -wal and -shm when present).

@@ -33,16 +33,11 @@ struct RetentionProcessTests {
         // Watched until gone: the old schedule's second sweep came 65 s after start, well after
         // this bound; the rows must still be there until the retention period has passed.
         var lastSeen: Date?
-        var gone = false
-        let deadline = Date().addingTimeInterval(40)
-        while Date() < deadline {
+        let gone = await eventually(within: 40) {
             let seenAt = Date()
-            if (try? sqlite3(db, trips, readOnly: true)) == "0" {
-                gone = true
-                break
-            }
+            if (try? sqlite3(db, trips, readOnly: true)) == "0" { return true }
             lastSeen = seenAt
-            try await Task.sleep(for: .milliseconds(200))
+            return false
         }
         #expect(gone, "rows eligible since 13 s after start still stored 40 s after it: \(agent.stderr)")
         // Kept until eligible (a bound, with a second for the clocks' grain).

@@ -2,6 +2,7 @@ import FleetTokenStoreTesting
 import FleetTokenStore
 import Foundation
 import Logging
+import Synchronization
 import Testing
 import TestSupportKit
 #if canImport(Glibc)
@@ -305,20 +306,23 @@ struct TokenCtlTests {
         #expect(await eventually(within: 10) { v3Refreshes() >= 1 })
         let refreshesBefore = v3Refreshes()
 
-        let deadline = Date().addingTimeInterval(4)
+        // The loops run from before the purge (each has listed once) until the refetch is seen.
+        let stop = EndFlag()
+        let listed = ListCount()
         async let loops: [Int32] = withTaskGroup(of: [Int32].self) { group in
             for _ in 0..<3 {
                 group.addTask {
                     var statuses: [Int32] = []
-                    while Date() < deadline {
+                    while !stop.isSet && !Task.isCancelled {
                         statuses.append((try? await tokenctl(["--db", db, "list", "--json"], scratch).status) ?? -1)
+                        listed.add()
                     }
                     return statuses
                 }
             }
             return await group.reduce(into: []) { $0 += $1 }
         }
-        try await Task.sleep(for: .milliseconds(500))
+        #expect(await eventually(within: 30) { listed.count >= 3 }, "the list loops did not get going")
         let purged = try await tokenctl(["--db", db, "purge", "--vehicle", "v3"], scratch)
         #expect(purged.status == 0, "\(purged.stderr)")
         #expect(purged.stdout.contains("purged 1 entry"))
@@ -331,6 +335,7 @@ struct TokenCtlTests {
         }
         #expect(refetched, "agent stderr: \(agent.stderr)")
         #expect(Date().timeIntervalSince(purgedAt) < 10)
+        stop.set()
         let statuses = await loops
         #expect(!statuses.isEmpty && statuses.allSatisfy { $0 == 0 }, "\(statuses)")
         #expect(!agent.stderr.contains("locked"))
@@ -338,4 +343,11 @@ struct TokenCtlTests {
         agent.signal(SIGTERM)
         #expect(await agent.wait(upTo: 5) == 0)
     }
+}
+
+/// How many `tokenctl list` runs have ended, counted from the loops' tasks.
+private final class ListCount: Sendable {
+    private let value = Mutex(0)
+    func add() { value.withLock { $0 += 1 } }
+    var count: Int { value.withLock { $0 } }
 }

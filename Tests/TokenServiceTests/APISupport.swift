@@ -72,10 +72,8 @@ struct APIAgent {
         if tcp { all += ["--listen", "127.0.0.1:0"] }
         let process = try RunningProcess("token-agent", all, in: scratch)
         let expected = tcp ? 2 : 1
-        let deadline = Date().addingTimeInterval(30)
-        while Date() < deadline && process.isRunning
-                && process.stderr.components(separatedBy: "token API listening").count - 1 < expected {
-            try await Task.sleep(for: .milliseconds(25))
+        _ = await eventually(within: 30) {
+            !process.isRunning || process.stderr.components(separatedBy: "token API listening").count - 1 >= expected
         }
         guard process.stderr.components(separatedBy: "token API listening").count - 1 >= expected else {
             throw ProcessFailure(message: "token-agent did not start listening: \(process.stderr)")

@@ -130,7 +130,9 @@ struct FileSinkTests {
         let file = scratch.file("sink/vehicle/v-1.jwt")
         #expect(await eventually(within: 20) { FileManager.default.fileExists(atPath: file) }, "\(agent.stderr)")
         let first = try #require(Self.contents(file))
-        try await Task.sleep(for: .seconds(1.1)) // the next token's iat is a later second: a different JWT
+        // The next token's iat must be a later second, so that it is a different JWT.
+        let firstSecond = Int(Date().timeIntervalSince1970)
+        #expect(await eventually(within: 5) { Int(Date().timeIntervalSince1970) > firstSecond })
 
         let purge = try await runToEnd("tokenctl", ["--db", scratch.file("tokens.sqlite"), "purge", "--vehicle", "v-1"], in: scratch)
         #expect(purge.status == 0, "\(purge.stderr)")
@@ -141,13 +143,18 @@ struct FileSinkTests {
         #expect(second == (try await Self.revealed(scratch, "vehicle", "v-1")), "the file holds the refetched, stored token")
         #expect(agent.stdout.contains(#""event":"removed""#))
 
-        // The provider goes away: the purged subject has no token, so no file.
+        // The provider goes away: the purged subject has no token, so no file, once the agent has
+        // tried and reported the failed fetch (the event a wrongly written file would follow).
         issuer.process.signal(SIGKILL)
         _ = await issuer.process.wait(upTo: 5)
+        let failures = {
+            agent.stdout.split(separator: "\n").filter { $0.contains(#""event":"failed""#) && $0.contains(#""id":"v-1""#) }.count
+        }
+        let failuresBefore = failures()
         let again = try await runToEnd("tokenctl", ["--db", scratch.file("tokens.sqlite"), "purge", "--vehicle", "v-1"], in: scratch)
         #expect(again.status == 0, "\(again.stderr)")
         #expect(await eventually(within: 5) { !FileManager.default.fileExists(atPath: file) })
-        try await Task.sleep(for: .seconds(1.5))
+        #expect(await eventually(within: 30) { failures() > failuresBefore }, "no failed fetch reported: \(agent.stdout.suffix(2000))")
         #expect(!FileManager.default.fileExists(atPath: file), "no token, no file")
         #expect(agent.isRunning, "a failing provider does not stop the agent")
         agent.signal(SIGTERM)

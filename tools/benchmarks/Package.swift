@@ -121,6 +121,19 @@ let package = Package(
             ],
             path: "Sources/PostgresMeasurements"
         ),
+        // Lifecycle figures: close() with a pending integrity check and beside a reader, and a
+        // release token-agent's `--once` on the leases of a killed agent. Prints JSON like the above.
+        .executableTarget(
+            name: "token-store-lifecycle-measurements",
+            dependencies: [
+                "BenchmarkSupport",
+                .product(name: "FleetTokenStore", package: "FleetTokenStore"),
+                .product(name: "DevTokenIssuer", package: "FleetTokenStore"),
+                .product(name: "GRDBSQLite", package: "GRDB.swift"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            path: "Sources/LifecycleMeasurements"
+        ),
         // One path in a loop, for counting its instructions under valgrind's callgrind.
         .executableTarget(
             name: "token-store-profile",

@@ -88,20 +88,20 @@ struct CrossProcessTests {
         #expect(try await store.entry(for: try .trip("b"))?.token?.value == "replaced.by.shell")
     }
 
-    @Test("close() beside another process reading the store returns at once, without a warning")
+    // A close() that waited for the reader's lock (to checkpoint) would wait out the busy
+    // timeout, set here far past the 30 s safety bound; how long close() takes is the
+    // benchmarks' `lifecycle.close_beside_reader_ms`, not a goal of this test.
+    @Test("close() beside another process reading the store returns without waiting for its lock, without a warning")
     func closeBesideReader() async throws {
         let log = LogRecorder()
-        let store = try openStore(path, logger: log.logger)
+        let store = try openStore(path, configure: { $0.busyTimeout = 600 }, logger: log.logger)
         try await store.upsert(token(try .vehicle("truck-7"), expiresIn: 600))
         let shell = try SQLiteShell(path: path)
         defer { shell.quit() }
         // Another process holds a read transaction on the snapshot before our next write.
         _ = try shell.execute("BEGIN; SELECT count(*) FROM tokens;")
         try await store.upsert(token(try .vehicle("truck-8"), expiresIn: 600))
-        let started = ContinuousClock.now
-        store.close()
-        let took = ContinuousClock.now - started
-        #expect(took < .seconds(1), "close() took \(took)")
+        #expect(await store.closeReturns(within: 30), "close() waited for the reader's lock")
         #expect(log.messages(at: .warning).isEmpty, "\(log.messages(at: .warning))")
         _ = try shell.execute("COMMIT;")
         #expect(try sqlite3(path, "SELECT count(*) FROM tokens") == "2")

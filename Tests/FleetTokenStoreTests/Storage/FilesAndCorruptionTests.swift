@@ -169,8 +169,10 @@ struct FilesAndCorruptionTests {
     }
 
     // Issue 12 item 8: `tokenctl purge` and `migrate` took 2.3 s because close() waited out the
-    // background check's start delay. The bound is generous (the delay is 2 s): it measures
-    // close() alone, and a loaded machine closes a small store in milliseconds.
+    // background check's start delay. Here the delay runs on a clock that never moves, with the
+    // store's background work running, so a close() that waited for the pending check would never
+    // return; the 30 s bound is a safety net, not a goal (close()'s time is the benchmarks'
+    // `lifecycle.close_with_pending_check_ms`).
     @Test("close() does not wait for a background check that has not started yet")
     func closeDoesNotWaitForPendingCheck() async throws {
         let dir = Scratch()
@@ -180,12 +182,13 @@ struct FilesAndCorruptionTests {
         seed.close()
 
         for mode in [StoreOpenMode.agent, .adminReadWrite, .migrate] {
-            let store = try openStore(path, mode: mode)
+            let store = try openStore(path, mode: mode, pollClock: ManualClock())
             #expect(!store.openReport.checkedBeforeOpening, "the check ran at start-up, so none is pending")
-            let clock = ContinuousClock()
-            let took = clock.measure { store.close() }
-            #expect(took < .seconds(1), "close() with mode \(mode) took \(took)")
+            let work = Task { await store.runBackgroundWork() }
+            #expect(await store.closeReturns(within: 30), "close() with mode \(mode) waited for the pending check")
             #expect(!store.backgroundCheckHasRun)
+            work.cancel()
+            await work.value
         }
 
         // Left open past the delay, the check still runs to its end.

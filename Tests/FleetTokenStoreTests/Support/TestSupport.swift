@@ -35,6 +35,15 @@ extension SQLiteTokenRepository {
         return backgroundIntegrityFinding()
     }
 
+    /// Calls close() on a thread of its own and reports whether it returned within `seconds`.
+    /// The bound is a safety net for a close() that hangs, not a timing goal: how long close()
+    /// takes is a figure of the benchmarks (`lifecycle.close_*` in tools/benchmarks).
+    func closeReturns(within seconds: Double = 30) async -> Bool {
+        let closed = EndFlag()
+        Thread.detachNewThread { self.close(); closed.set() }
+        return await eventually(within: seconds) { closed.isSet }
+    }
+
     /// Moves `clock` (this store's change-feed poll clock) on one poll interval at a time, up
     /// to one second of clock time, until `delivered` holds: the README's "seen within 1 s",
     /// checked on the feed's own clock, so a loaded machine cannot make it fail or pass.

@@ -21,10 +21,16 @@ struct RetentionTimingTests {
         let running = h.start()
         defer { running.cancel() }
         #expect(await eventually { await h.engine.isRunning })
+        // The engine's loops asleep on the test clock: once as many sleep again after the clock
+        // moved, a sweep it woke up for has run (instead of sleeping for "long enough").
+        #expect(await h.engine.settle())
+        let asleep = h.time.clock.sleeperCount
+        #expect(asleep >= 1, "the retention sweeper waits on the test clock")
+        let backAsleep = { await h.engine.isSettled && h.time.clock.sleeperCount >= asleep }
 
         // Not before they are eligible (30 s + 90 s after start).
         for _ in 0..<110 { await h.time.advance(by: 1) }
-        try await Task.sleep(for: .milliseconds(300))
+        #expect(await eventually(within: 20) { await backAsleep() }, "the engine did not go back to sleep (\(asleep) sleepers before)")
         #expect(try await h.store.count(TokenFilter(kind: .trip)) == 20, "rows deleted before the retention period passed")
 
         // Eligible at 120 s: gone well before the old schedule's next sweep (5 s + 2 × 90 s).
@@ -37,7 +43,7 @@ struct RetentionTimingTests {
         let later = try (0..<5).map { try TokenKey.trip("later-\($0)") }
         try await h.store.upsert(later.map { token($0, expiresIn: 10, now: h.time.now) }, clearFailure: true)
         for _ in 150..<240 { await h.time.advance(by: 1) }
-        try await Task.sleep(for: .milliseconds(300))
+        #expect(await eventually(within: 20) { await backAsleep() }, "the engine did not go back to sleep (\(asleep) sleepers before)")
         #expect(try await h.store.count(TokenFilter(kind: .trip)) == 5, "rows deleted before the retention period passed")
         for _ in 240..<265 { await h.time.advance(by: 1) }
         #expect(await eventually(within: 20) { (try? await h.store.count(TokenFilter(kind: .trip))) == 0 },
