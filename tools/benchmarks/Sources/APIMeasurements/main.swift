@@ -40,12 +40,6 @@ import Glibc
 
 // MARK: - Clock and statistics
 
-@inline(__always) func monotonicNanoseconds() -> UInt64 {
-    var now = timespec()
-    clock_gettime(CLOCK_MONOTONIC, &now)
-    return UInt64(now.tv_sec) * 1_000_000_000 + UInt64(now.tv_nsec)
-}
-
 func median(_ values: [Double]) -> Double {
     let sorted = values.sorted()
     guard !sorted.isEmpty else { return .nan }
@@ -57,115 +51,8 @@ func rounded(_ value: Double, _ places: Int = 3) -> Double {
     return (value * scale).rounded() / scale
 }
 
-struct MeasurementError: Error, CustomStringConvertible {
-    let description: String
-    init(_ description: String) { self.description = description }
-}
-
-func note(_ text: String) {
-    FileHandle.standardError.write(Data("token-api-measurements: \(text)\n".utf8))
-}
-
 // MARK: - Child processes
 
-/// A process started with posix_spawn; stdout and stderr go to `log`.
-final class Child {
-    let pid: pid_t
-    let log: String
-    private(set) var exitStatus: Int32?
-
-    init(_ executable: String, _ arguments: [String], log: String) throws {
-        self.log = log
-        var actions = posix_spawn_file_actions_t()
-        posix_spawn_file_actions_init(&actions)
-        defer { posix_spawn_file_actions_destroy(&actions) }
-        posix_spawn_file_actions_addopen(&actions, 1, log, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
-        posix_spawn_file_actions_adddup2(&actions, 1, 2)
-        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
-        // The child starts with default handlers and nothing blocked, whatever this process set.
-        var attributes = posix_spawnattr_t()
-        posix_spawnattr_init(&attributes)
-        defer { posix_spawnattr_destroy(&attributes) }
-        var defaults = sigset_t()
-        sigemptyset(&defaults)
-        for signal in [SIGTERM, SIGINT, SIGHUP, SIGPIPE, SIGCHLD] { sigaddset(&defaults, signal) }
-        posix_spawnattr_setsigdefault(&attributes, &defaults)
-        var unblocked = sigset_t()
-        sigemptyset(&unblocked)
-        posix_spawnattr_setsigmask(&attributes, &unblocked)
-        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK))
-
-        let argv: [UnsafeMutablePointer<CChar>?] = ([executable] + arguments).map { strdup($0) } + [nil]
-        let envp: [UnsafeMutablePointer<CChar>?] = ProcessInfo.processInfo.environment.map { strdup("\($0.key)=\($0.value)") } + [nil]
-        defer { for pointer in argv + envp { free(pointer) } }
-        var pid: pid_t = 0
-        let code = posix_spawn(&pid, executable, &actions, &attributes, argv, envp)
-        guard code == 0 else { throw MeasurementError("cannot start \(executable): \(String(cString: strerror(code)))") }
-        self.pid = pid
-        Child.running.insert(pid)
-    }
-
-    /// Pids started here and not yet reaped, for stopping them when a measurement fails.
-    nonisolated(unsafe) static var running: Set<pid_t> = []
-
-    /// True until the process has exited (and is reaped).
-    var isRunning: Bool {
-        guard exitStatus == nil else { return false }
-        var status: Int32 = 0
-        if waitpid(pid, &status, WNOHANG) == pid {
-            exitStatus = status
-            Child.running.remove(pid)
-            return false
-        }
-        return true
-    }
-
-    /// SIGTERM, then SIGKILL after `timeout` seconds; waits for the exit.
-    func stop(timeout: Double = 15) {
-        guard isRunning else { return }
-        kill(pid, SIGTERM)
-        let deadline = monotonicNanoseconds() + UInt64(timeout * 1e9)
-        while isRunning {
-            if monotonicNanoseconds() > deadline {
-                note("pid \(pid) ignored SIGTERM for \(timeout) s; killing it")
-                kill(pid, SIGKILL)
-                var status: Int32 = 0
-                waitpid(pid, &status, 0)
-                exitStatus = status
-                Child.running.remove(pid)
-                return
-            }
-            usleep(2000)
-        }
-    }
-
-    /// The last lines of the log, for an error message.
-    var logTail: String {
-        let text = (try? String(contentsOfFile: log, encoding: .utf8)) ?? ""
-        return text.split(separator: "\n").suffix(15).joined(separator: "\n")
-    }
-
-    /// CPU time used so far (user and system), in seconds.
-    func cpuSeconds() -> Double {
-        let stat = (try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8)) ?? ""
-        // The fields after the command name, which is in parentheses and may hold spaces.
-        guard let close = stat.lastIndex(of: ")") else { return 0 }
-        let fields = stat[stat.index(after: close)...].split(separator: " ")
-        guard fields.count > 12, let user = Double(fields[11]), let system = Double(fields[12]) else { return 0 }
-        return (user + system) / Double(sysconf(Int32(_SC_CLK_TCK)))
-    }
-
-    /// Resident memory now, in KiB (VmRSS), its peak (VmHWM), and the current split between
-    /// anonymous memory (RssAnon: heap, stacks) and mapped files (RssFile: the binary, libraries).
-    func residentKiB() -> (current: Int, peak: Int, anonymous: Int, files: Int) {
-        let status = (try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)) ?? ""
-        func field(_ name: String) -> Int {
-            guard let line = status.split(separator: "\n").first(where: { $0.hasPrefix(name + ":") }) else { return 0 }
-            return Int(line.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first ?? "") ?? 0
-        }
-        return (field("VmRSS"), field("VmHWM"), field("RssAnon"), field("RssFile"))
-    }
-}
 
 /// Runs `executable` to the end and returns its output.
 func output(of executable: String, _ arguments: [String], scratch: String) throws -> String {

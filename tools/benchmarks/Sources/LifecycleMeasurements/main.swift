@@ -27,11 +27,6 @@ import Logging
 import Glibc
 #endif
 
-struct MeasurementError: Error, CustomStringConvertible {
-    let description: String
-    init(_ description: String) { self.description = description }
-}
-
 func option(_ flag: String) -> String? {
     let arguments = CommandLine.arguments
     return arguments.firstIndex(of: flag).flatMap { $0 + 1 < arguments.count ? arguments[$0 + 1] : nil }
@@ -133,39 +128,6 @@ func closeBesideReader(rounds: Int) async throws -> [Double] {
 
 // MARK: - A killed agent's leases
 
-/// A process started with posix_spawn, stdout and stderr into `log`.
-final class Child {
-    let pid: pid_t
-    let log: String
-
-    init(_ executable: String, _ arguments: [String], log: String) throws {
-        self.log = log
-        var actions = posix_spawn_file_actions_t()
-        posix_spawn_file_actions_init(&actions)
-        defer { posix_spawn_file_actions_destroy(&actions) }
-        posix_spawn_file_actions_addopen(&actions, 1, log, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
-        posix_spawn_file_actions_adddup2(&actions, 1, 2)
-        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
-        let argv: [UnsafeMutablePointer<CChar>?] = ([executable] + arguments).map { strdup($0) } + [nil]
-        let envp: [UnsafeMutablePointer<CChar>?] = ProcessInfo.processInfo.environment.map { strdup("\($0.key)=\($0.value)") } + [nil]
-        defer { for pointer in argv + envp { free(pointer) } }
-        var pid: pid_t = 0
-        let code = posix_spawn(&pid, executable, &actions, nil, argv, envp)
-        guard code == 0 else { throw MeasurementError("cannot start \(executable): \(String(cString: strerror(code)))") }
-        self.pid = pid
-    }
-
-    /// Waits for the exit (reaping it); the exit code, or 128 + the signal.
-    @discardableResult
-    func wait() -> Int32 {
-        var status: Int32 = 0
-        while waitpid(pid, &status, 0) == -1 && errno == EINTR {}
-        let signal = status & 0x7f
-        return signal == 0 ? (status >> 8) & 0xff : 128 + signal
-    }
-
-    var output: String { (try? String(contentsOfFile: log, encoding: .utf8)) ?? "" }
-}
 
 /// A TCP listener on loopback that never accepts: connections complete in its backlog and a
 /// request sent on them is never answered, so an agent's fetch hangs until its request timeout.
