@@ -1,6 +1,6 @@
-// Sync layer: what the coordinator and its flights share: memory, the schedule, the lease, the
-// fetch slots, the group commit, the clocks and the reporting. Plain references, no logic of
-// its own beyond the few memory operations both sides perform.
+// Sync layer: the engine's collaborators (memory, the schedule, the lease, the fetch slots, the
+// group commit, the clocks and the reporting), the concrete implementation of the effects its
+// flights and coordinator ask for (RefreshEffects, CoordinatorEffects). Neither sees this list.
 import CoreMetrics
 import Foundation
 import Logging
@@ -17,27 +17,10 @@ final class ShutdownFlag: Sendable {
     func set() { flag.store(true, ordering: .releasing) }
 }
 
-/// Where each running flight is, for tests that must wait for a flight to reach a step (say,
-/// waiting on another process's lease) instead of sleeping.
-final class FlightPhases: Sendable {
-    private let phases = Mutex<[TokenKey: RefreshDecision.State]>([:])
-
-    init() {}
-
-    func set(_ key: TokenKey, _ state: RefreshDecision.State) {
-        phases.withLock { $0[key] = state }
-    }
-
-    func remove(_ key: TokenKey) {
-        phases.withLock { _ = $0.removeValue(forKey: key) }
-    }
-
-    func phase(of key: TokenKey) -> RefreshDecision.State? {
-        phases.withLock { $0[key] }
-    }
-}
-
-/// The engine's collaborators, shared by ``RefreshCoordinator`` and each ``RefreshFlight``.
+/// The engine's collaborators, held by ``RefreshCoordinator`` as its effects. A
+/// ``RefreshFlight`` sees them only as its ``RefreshEffects`` (EngineParts+RefreshEffects.swift),
+/// the coordinator only as ``CoordinatorEffects`` (EngineParts+CoordinatorEffects.swift): what
+/// each may do is those protocols, not this list.
 struct EngineParts: Sendable {
     let policy: RefreshPolicy
     let memory: TokenMemory
@@ -56,7 +39,6 @@ struct EngineParts: Sendable {
     let now: @Sendable () -> Date
     let random: @Sendable () -> Double
     let shutdown: ShutdownFlag
-    let phases = FlightPhases()
 
     /// The refresh rules (memory's, so both sides decide alike).
     var machine: RefreshMachine { memory.machine }
@@ -78,11 +60,14 @@ struct EngineParts: Sendable {
     /// the key's invalidation waits for the store: the stored token is then the invalidated one.
     @discardableResult
     func adoptIfNewer(_ token: StoredToken, failure: RefreshFailureState?) -> Bool {
-        guard machine.adopts(token, over: memory.entry(token.key)?.token, at: moment.corrected),
-              !committer.isRemovalPending(token.key) else { return false }
+        // Decided on the key's whole state (memory's token, a pending invalidation) at one
+        // moment: asked first, so that only a token to be adopted teaches the clock offset, and
+        // again as it is installed, in case memory changed meanwhile.
+        let corrected = moment.corrected
+        guard memory.wouldAdopt(token, at: corrected) else { return false }
         // Until the provider answers us, the token's own times tell its clock (see load).
         skew.learnFromStored([token])
-        memory.install(token, source: .otherProcess, failure: judged(failure))
+        guard memory.adopt(token, failure: judged(failure), at: corrected) else { return false }
         slots.endWait(for: token.key)
         logger.info("adopted a token another process stored", metadata: [
             "key": .string(token.key.description), "fingerprint": .string(token.fingerprint.description),
@@ -124,14 +109,7 @@ struct EngineParts: Sendable {
         skew.learnFromStored(found.values.lazy.compactMap(\.token))
         let corrected = moment.corrected
         for key in keys where memory.entry(key) == nil {
-            let entry = admitted(found[key])
-            if let token = entry?.token, machine.isAboveFloor(token, at: corrected),
-               !committer.isRemovalPending(key) {
-                memory.install(token, source: .store, failure: entry?.failure)
-                metrics.storeReuses.increment()
-            } else {
-                memory.installEmpty(key, failure: entry?.failure)
-            }
+            if memory.load(key, stored: admitted(found[key]), at: corrected) { metrics.storeReuses.increment() }
         }
     }
 }

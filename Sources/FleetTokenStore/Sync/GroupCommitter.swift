@@ -18,7 +18,10 @@ import Synchronization
 /// task of its own, which ``drain()`` and the engine's shutdown await.
 ///
 /// Its state sits behind a `Mutex`, not in an actor, so that the coordinator can ask whether a
-/// key's commit is pending in the same step as it changes memory.
+/// key's commit is pending in the same step as it changes memory. Whether a key's removal waits
+/// for the store is the refresh machine's to judge (no adoption meanwhile): each change of it is
+/// reported to `invalidationPending` while this lock is held, so the key's state in memory
+/// changes in the same order as this queue.
 final class GroupCommitter: Sendable {
     /// Delay between attempts to write results after the store failed.
     static let storeRetryDelay: TimeInterval = 2
@@ -65,15 +68,18 @@ final class GroupCommitter: Sendable {
     private let logger: Logger
     private let clock: any Clock<Duration>
     private let committed: @Sendable ([TokenKey]) async -> Void
+    private let invalidationPending: @Sendable (TokenKey, Bool) -> Void
 
     init(repository: any TokenRepository, health: StoreHealth, events: EventBroadcaster<TokenSyncEvent>, logger: Logger,
-         clock: any Clock<Duration>, committed: @escaping @Sendable ([TokenKey]) async -> Void) {
+         clock: any Clock<Duration>, committed: @escaping @Sendable ([TokenKey]) async -> Void,
+         invalidationPending: @escaping @Sendable (TokenKey, Bool) -> Void) {
         self.repository = repository
         self.health = health
         self.events = events
         self.logger = logger
         self.clock = clock
         self.committed = committed
+        self.invalidationPending = invalidationPending
     }
 
     /// Queues `token` for the next batch (replacing an older pending write of its key).
@@ -90,7 +96,9 @@ final class GroupCommitter: Sendable {
 
     private func enqueue(_ key: TokenKey, _ write: Write) {
         let looping = state.withLock { state in
+            let wasRemoving = Self.isRemovalPending(key, in: state)
             state.pending[key] = write
+            reportRemoval(of: key, in: state, was: wasRemoving)
             if !state.looping && !state.writing {
                 state.writing = true
                 state.oneOff = Task { await self.writeBatches() }
@@ -113,11 +121,15 @@ final class GroupCommitter: Sendable {
     /// Whether the removal of `key`'s stored token waits for its commit: until it is done, a
     /// token of the key read from the store is the invalidated one (or older), never to be
     /// served again.
-    func isRemovalPending(_ key: TokenKey) -> Bool {
-        state.withLock { state in
-            if case .removal = state.pending[key] { return true }
-            return state.inFlightRemovals.contains(key)
-        }
+    private static func isRemovalPending(_ key: TokenKey, in state: State) -> Bool {
+        if case .removal = state.pending[key] { return true }
+        return state.inFlightRemovals.contains(key)
+    }
+
+    /// Reports a change of whether `key`'s removal is pending (it was `was`), under the lock.
+    private func reportRemoval(of key: TokenKey, in state: State, was: Bool) {
+        let now = Self.isRemovalPending(key, in: state)
+        if now != was { invalidationPending(key, now) }
     }
 
     /// The keys whose write has not reached the store (for the shutdown's report).
@@ -185,7 +197,9 @@ final class GroupCommitter: Sendable {
                     for token in batch.tokens where state.pending[token.key] == nil { state.pending[token.key] = .token(token) }
                     for key in batch.removals where state.pending[key] == nil { state.pending[key] = .removal }
                     state.inFlight.removeAll(keepingCapacity: state.inFlight.count <= Self.keptCapacity)
+                    let unwritten = state.inFlightRemovals
                     state.inFlightRemovals.removeAll()
+                    for key in unwritten { reportRemoval(of: key, in: state, was: true) }
                     return state.stopping
                 }
                 if stopping || Task.isCancelled || state.withLock({ $0.stopping }) { return finishWriting() }
@@ -222,6 +236,7 @@ final class GroupCommitter: Sendable {
             state.withLock { state in
                 state.inFlight.remove(key)
                 state.inFlightRemovals.remove(key)
+                reportRemoval(of: key, in: state, was: true)
             }
             health.writeSucceeded()
             // A token of the key handed to this commit before the invalidation replaced it
@@ -245,8 +260,10 @@ final class GroupCommitter: Sendable {
                     case .removal: batch.removals.append(key)
                     }
                 }
+                let removing = state.inFlightRemovals
                 state.inFlight = Set(state.pending.keys)
                 state.inFlightRemovals = Set(batch.removals)
+                for key in removing where !state.inFlightRemovals.contains(key) { reportRemoval(of: key, in: state, was: true) }
                 return (batch, [])
             }
             return (nil, Self.endLoop(&state))

@@ -8,11 +8,12 @@ import Synchronization
 /// Starts and joins flights (one per key; a ``RefreshFlight`` each), keeps the tracked keys
 /// scheduled, follows other processes' changes, and runs the engine's long-running work as
 /// child tasks of ``runUntilCancelled()``: the scheduler loop, the change follower, the group
-/// commit and the retention sweep.
-actor RefreshCoordinator {
-    typealias Outcome = RefreshFlight.Outcome
+/// commit and the retention sweep. Everything else it does goes through its `Effects`
+/// (``CoordinatorEffects``: small protocols, one per job); the engine's are ``EngineParts``.
+actor RefreshCoordinator<Effects: CoordinatorEffects> {
+    typealias Outcome = RefreshOutcome
 
-    nonisolated let parts: EngineParts
+    nonisolated let effects: Effects
     private let sweeper: RetentionSweeper
     private var inFlight: [TokenKey: Task<Outcome, Never>] = [:]
     private var tracked: Set<TokenKey> = [] {
@@ -32,27 +33,12 @@ actor RefreshCoordinator {
     private var schedulerRunning = false
     private var followingChanges = false
 
-    init(repository: any TokenRepository, leases: any RefreshLeaseStore, fetcher: any TokenFetcher,
-         policy: RefreshPolicy, logger: Logger, clock: any Clock<Duration>, now: @escaping @Sendable () -> Date,
-         random: @escaping @Sendable () -> Double, metrics: SyncMetrics, memory: TokenMemory) {
-        let events = EventBroadcaster<TokenSyncEvent>()
-        let health = StoreHealth(events: events, metrics: metrics, logger: logger)
-        let lease = CrossProcessLease(store: leases, changes: { repository.changes() },
-                                      driveChanges: { await repository.followChanges() }, duration: policy.leaseDuration,
-                                      clock: clock, now: now, logger: logger)
-        let committer = GroupCommitter(repository: repository, health: health, events: events, logger: logger, clock: clock,
-                                       committed: { await lease.releaseHandedOver($0) })
-        let shutdown = ShutdownFlag()
-        parts = EngineParts(
-            policy: policy, memory: memory, repository: repository, fetcher: fetcher, validator: TokenValidator(policy: policy),
-            lease: lease, slots: FetchSlots(limit: policy.maxConcurrentFetches), scheduler: RefreshScheduler(clock: clock),
-            committer: committer, skew: ClockSkewTracker(policy: policy, memory: memory, logger: logger, clock: clock, now: now),
-            health: health, events: events, metrics: metrics, logger: logger, now: now, random: random, shutdown: shutdown)
-        sweeper = RetentionSweeper(repository: repository, retention: policy.retention, clock: clock, now: now,
-                                   logger: logger, shutdown: shutdown)
+    init(effects: Effects, sweeper: RetentionSweeper) {
+        self.effects = effects
+        self.sweeper = sweeper
     }
 
-    nonisolated var events: EventBroadcaster<TokenSyncEvent> { parts.events }
+    nonisolated var events: EventBroadcaster<TokenSyncEvent> { effects.events }
 
     // MARK: - Entry points
 
@@ -85,8 +71,8 @@ actor RefreshCoordinator {
     /// flight runs or is on its way, nothing waits to be committed, and the scheduler (when
     /// running) sleeps with nothing due. Tests wait for this instead of sleeping.
     var isSettled: Bool {
-        startsInTransit.load(ordering: .relaxed) == 0 && inFlight.isEmpty && parts.committer.isIdle
-            && (!schedulerRunning || parts.scheduler.isParked)
+        startsInTransit.load(ordering: .relaxed) == 0 && inFlight.isEmpty && effects.commitsIdle
+            && (!schedulerRunning || effects.isSchedulerParked)
     }
 
     /// Whether ``runUntilCancelled()`` is under way: the scheduler loop runs and the store's
@@ -95,13 +81,13 @@ actor RefreshCoordinator {
 
     /// Where the flight of `key` is, while one runs.
     nonisolated func phase(of key: TokenKey) -> RefreshDecision.State? {
-        parts.phases.phase(of: key)
+        effects.flightPhase(of: key)
     }
 
     func track(_ keys: [TokenKey]) async {
         tracked.formUnion(keys)
-        await parts.load(keys.filter { parts.memory.entry($0) == nil })
-        for key in keys { parts.scheduleNextRefresh(key) }
+        await effects.load(keys.filter { effects.held($0) == nil })
+        for key in keys { effects.scheduleNextRefresh(key) }
     }
 
     /// The keys kept fresh proactively.
@@ -117,22 +103,17 @@ actor RefreshCoordinator {
         // still waiting for its commit (whose lease its own commit then releases), follows a
         // write of the key already under way, and waits for the store without holding up the
         // caller, who is answered from memory.
-        parts.committer.enqueueRemoval(key)
-        switch parts.machine.invalidate(held: parts.memory.entry(key), tracked: tracked.contains(key)) {
-        case .dropToken(let failure): parts.memory.installEmpty(key, failure: failure)
-        case .nothingHeld: break
-        }
-        parts.scheduler.cancel(key)
-        parts.logger.info("token invalidated; the next request fetches a new one", metadata: ["key": .string(key.description)])
-        if wantsProactiveRefresh(key) { parts.scheduleNextRefresh(key) }
+        effects.queueRemoval(key)
+        effects.dropForInvalidation(key, tracked: tracked.contains(key))
+        effects.unschedule(key)
+        effects.reportInvalidated(key)
+        if wantsProactiveRefresh(key) { effects.scheduleNextRefresh(key) }
     }
 
     /// Gives every key in backoff its next attempt now (see ``TokenSyncEngine/retryFailedNow()``).
     func retryFailedNow() -> Int {
-        let keys = parts.memory.endBackoffs(at: parts.now(), configurationDigest: parts.fetcher.configurationDigest)
-        let due = parts.moment.corrected
-        for key in keys { parts.scheduler.schedule(key, at: due) }
-        parts.scheduler.wake()
+        let keys = effects.endBackoffs()
+        effects.scheduleNow(keys)
         return keys.count
     }
 
@@ -140,9 +121,9 @@ actor RefreshCoordinator {
 
     private func flight(_ key: TokenKey, _ request: RefreshDecision.Request, background: Bool = false) -> Task<Outcome, Never> {
         if let task = inFlight[key] { return task }
-        let parts = self.parts
+        let effects = self.effects
         let task = Task {
-            var flight = RefreshFlight(key: key, request: request, parts: parts)
+            var flight = RefreshFlight(key: key, request: request, effects: effects)
             let outcome = await flight.run()
             self.flightEnded(key, background: background, thenRefresh: flight.wantsBackgroundRefresh)
             return outcome
@@ -153,20 +134,18 @@ actor RefreshCoordinator {
 
     private func flightEnded(_ key: TokenKey, background: Bool, thenRefresh: Bool) {
         inFlight[key] = nil
-        parts.phases.remove(key)
-        parts.memory.finishRefreshRequest(key)
+        effects.flightEnded(key)
         if thenRefresh { _ = flight(key, .background) }
         // The scheduler skips a key whose flight runs; a deadline set meanwhile (say, by
         // retryFailedNow) may have been dropped that way, so a key kept fresh gets one again.
-        if parts.scheduler.deadline(of: key) == nil && wantsProactiveRefresh(key) { parts.scheduleNextRefresh(key) }
+        if !effects.isScheduled(key) && wantsProactiveRefresh(key) { effects.scheduleNextRefresh(key) }
         guard background else { return }
         backgroundFlights -= 1
-        parts.scheduler.wake()
+        effects.wakeScheduler()
     }
 
     private func wantsProactiveRefresh(_ key: TokenKey) -> Bool {
-        parts.machine.wantsProactiveRefresh(tracked: tracked.contains(key), held: parts.memory.entry(key),
-                                            at: parts.moment.corrected)
+        effects.wantsProactiveRefresh(key, tracked: tracked.contains(key))
     }
 
     // MARK: - Long-running work
@@ -176,12 +155,12 @@ actor RefreshCoordinator {
     /// cancelled; all of them end together.
     func runUntilCancelled() async {
         await withTaskGroup(of: Void.self) { group in
-            let lease = parts.lease
-            lease.feedIsDriven.store(true, ordering: .relaxed)
-            defer { lease.feedIsDriven.store(false, ordering: .relaxed) }
-            group.addTask { await self.parts.repository.runBackgroundWork() }
+            let effects = self.effects
+            effects.setFeedDriven(true)
+            defer { effects.setFeedDriven(false) }
+            group.addTask { await effects.runStoreWork() }
             group.addTask { await self.followStoreChanges() }
-            group.addTask { await self.parts.committer.run() }
+            group.addTask { await effects.runCommits() }
             group.addTask { await self.sweeper.run(unused: { await self.unused($0) }) }
             await scheduleUntilCancelled()
             group.cancelAll()
@@ -192,32 +171,27 @@ actor RefreshCoordinator {
     /// ``RefreshScheduler/maximumSleep``, so wall-clock steps are noticed) or until woken by an
     /// earlier deadline or a finished flight.
     private func scheduleUntilCancelled() async {
-        let scheduler = parts.scheduler
-        let limit = parts.policy.maxConcurrentFetches
+        let limit = effects.policy.maxConcurrentFetches
         schedulerRunning = true
         defer { schedulerRunning = false }
-        while !Task.isCancelled && !parts.shutdown.isSet {
-            let untilHeartbeat = scheduler.beatIfDue()
-            // The wall clock moved more or less than time passed: it was stepped (NTP, an
-            // operator). Deadlines are kept in corrected time, retries in local time: recompute.
-            if parts.skew.observeSteps() {
-                for key in parts.memory.keys where scheduler.deadline(of: key) != nil { parts.scheduleNextRefresh(key) }
-            }
-            let now = parts.moment
+        while !Task.isCancelled && !effects.isShuttingDown {
+            let untilHeartbeat = effects.beatIfDue()
+            effects.rescheduleAfterClockStep()
+            let now = effects.moment
             let slots = max(0, limit - backgroundFlights)
-            for key in scheduler.popDue(at: now.corrected, limit: slots) { startDue(key) }
-            if scheduler.takeWakeRequest() { continue }
+            for key in effects.popDue(at: now.corrected, limit: slots) { startDue(key) }
+            if effects.takeWakeRequest() { continue }
             // While a provider offset applies, a wall-clock step must be noticed within a second:
             // until then tokens are judged on the old offset.
-            var delay = parts.skew.correcting ? 1 : RefreshScheduler.maximumSleep
-            if slots > 0 || backgroundFlights < limit, let earliest = scheduler.earliest {
+            var delay = effects.isCorrectingClock ? 1 : RefreshScheduler.maximumSleep
+            if slots > 0 || backgroundFlights < limit, let earliest = effects.earliestDeadline {
                 delay = min(delay, max(0, earliest.timeIntervalSince(now.corrected)))
             }
             if let untilHeartbeat {
                 delay = min(delay, Double(untilHeartbeat.components.seconds) + Double(untilHeartbeat.components.attoseconds) * 1e-18)
             }
             if delay <= 0 { continue }
-            await scheduler.sleep(seconds: delay)
+            await effects.sleepScheduler(seconds: delay)
         }
     }
 
@@ -226,7 +200,7 @@ actor RefreshCoordinator {
         guard wantsProactiveRefresh(key) else {
             // Idle and untracked (a finished trip): stop refreshing it and free its memory; a
             // later request reads the store again.
-            if !parts.committer.isPending(key) { parts.memory.remove(key) }
+            if !effects.isCommitPending(key) { effects.evict(key) }
             return
         }
         backgroundFlights += 1
@@ -236,7 +210,7 @@ actor RefreshCoordinator {
     /// The retention sweep's candidates that nobody here tracks, holds, fetches or commits.
     private func unused(_ keys: [TokenKey]) -> [TokenKey] {
         keys.filter {
-            !tracked.contains($0) && parts.memory.entry($0) == nil && inFlight[$0] == nil && !parts.committer.isPending($0)
+            !tracked.contains($0) && effects.held($0) == nil && inFlight[$0] == nil && !effects.isCommitPending($0)
         }
     }
 
@@ -244,7 +218,7 @@ actor RefreshCoordinator {
     /// (what `track()` loaded may have changed before the subscription), then each batch of
     /// changes gathered meanwhile in one read (see ``PendingReread``).
     private func followStoreChanges() async {
-        let reader = StoreChangeReader(parts.repository.changes())
+        let reader = StoreChangeReader(effects.storeChanges())
         followingChanges = true
         defer { followingChanges = false }
         await withTaskGroup(of: Void.self) { group in
@@ -252,7 +226,7 @@ actor RefreshCoordinator {
             while let reread = await reader.next() {
                 switch reread {
                 case .keys(let keys): await reconcile(keys)
-                case .everything: await reconcile(parts.memory.keys)
+                case .everything: await reconcile(effects.heldKeys)
                 }
             }
             group.cancelAll()
@@ -265,7 +239,7 @@ actor RefreshCoordinator {
         // In reads of at most `reconcileChunk` keys: re-reading all 10,000 held entries in one
         // read allocated every stored token at once, and glibc kept those pages (the agent's
         // resident size at 10,000 tracked subjects went from 64 to 74 MiB).
-        let held = keys.filter { parts.memory.entry($0) != nil }
+        let held = keys.filter { effects.held($0) != nil }
         var start = 0
         while start < held.count {
             let end = min(start + Self.reconcileChunk, held.count)
@@ -275,30 +249,26 @@ actor RefreshCoordinator {
     }
 
     /// Most keys one re-read of the store asks for.
-    static let reconcileChunk = 100
+    static var reconcileChunk: Int { 100 }
 
     private func reconcileHeld(_ held: [TokenKey]) async {
         let stored: [TokenKey: TokenEntry]
         do {
-            stored = try await parts.repository.entries(for: held)
+            stored = try await effects.readStored(held)
         } catch {
-            parts.logger.warning("could not read another process's changes", metadata: ["error": .string(error.description)])
+            effects.reportChangesUnreadable(error)
             return
         }
         for key in held {
-            guard let entry = parts.memory.entry(key) else { continue }
-            switch parts.machine.storeChanged(held: entry, stored: parts.admitted(stored[key]),
-                                              commitPending: parts.committer.isPending(key), at: parts.moment.corrected) {
+            guard let entry = effects.held(key) else { continue }
+            switch effects.storeChanged(entry, stored: stored[key], commitPending: effects.isCommitPending(key)) {
             case .adopt(let token, let failure):
-                parts.adoptIfNewer(token, failure: failure)
+                effects.adoptIfNewer(token, failure: failure)
             case .removed(let failure):
                 // Only the token judged: a flight may have installed a new one meanwhile.
-                guard parts.memory.installEmpty(key, failure: failure, ifHolding: entry.token) else { continue }
-                parts.logger.notice("another process removed a token; it will be fetched again when needed", metadata: [
-                    "key": .string(key.description),
-                ])
-                parts.events.emit(.removedExternally(key: key))
-                if wantsProactiveRefresh(key) { parts.scheduleNextRefresh(key) }
+                guard effects.dropRemoved(key, failure: failure, ifHolding: entry.token) else { continue }
+                effects.reportRemovedExternally(key)
+                if wantsProactiveRefresh(key) { effects.scheduleNextRefresh(key) }
             case .none:
                 break
             }
@@ -311,20 +281,44 @@ actor RefreshCoordinator {
     /// The waiting is shielded from the caller's cancellation and bounded (see
     /// ``ShieldedShutdown``); what is left undone is logged.
     func shutDown() async {
-        parts.shutdown.set()
-        parts.scheduler.wake()
-        // Flights queued for a fetch slot end without one (they see the shutdown and return).
-        parts.slots.close()
+        effects.beginShutdown()
         for task in inFlight.values { task.cancel() }
         let flights = Array(inFlight.values)
-        let parts = self.parts
+        let effects = self.effects
         let finished = await ShieldedShutdown.run {
             for task in flights { _ = await task.value }
-            await parts.committer.stop()
-            await parts.lease.releaseAll()
+            await effects.drainForShutdown()
         }
-        ShieldedShutdown.report(finished: finished, unwritten: parts.committer.unwrittenKeys, unreleased: parts.lease.heldKeys,
-                                leaseDuration: parts.policy.leaseDuration, logger: parts.logger)
-        parts.events.finish()
+        effects.endShutdown(finished: finished)
+    }
+}
+
+extension RefreshCoordinator where Effects == EngineParts {
+    /// The engine's coordinator: its collaborators built and held as ``EngineParts``.
+    init(repository: any TokenRepository, leases: any RefreshLeaseStore, fetcher: any TokenFetcher,
+         policy: RefreshPolicy, logger: Logger, clock: any Clock<Duration>, now: @escaping @Sendable () -> Date,
+         random: @escaping @Sendable () -> Double, metrics: SyncMetrics, memory: TokenMemory) {
+        let events = EventBroadcaster<TokenSyncEvent>()
+        let health = StoreHealth(events: events, metrics: metrics, logger: logger)
+        let lease = CrossProcessLease(store: leases, changes: { repository.changes() },
+                                      driveChanges: { await repository.followChanges() }, duration: policy.leaseDuration,
+                                      clock: clock, now: now, logger: logger)
+        let committer = GroupCommitter(repository: repository, health: health, events: events, logger: logger, clock: clock,
+                                       committed: { await lease.releaseHandedOver($0) },
+                                       invalidationPending: { memory.setInvalidationPending($0, $1) })
+        let shutdown = ShutdownFlag()
+        let parts = EngineParts(
+            policy: policy, memory: memory, repository: repository, fetcher: fetcher, validator: TokenValidator(policy: policy),
+            lease: lease, slots: FetchSlots(limit: policy.maxConcurrentFetches), scheduler: RefreshScheduler(clock: clock),
+            committer: committer, skew: ClockSkewTracker(policy: policy, memory: memory, logger: logger, clock: clock, now: now),
+            health: health, events: events, metrics: metrics, logger: logger, now: now, random: random, shutdown: shutdown)
+        let sweeper = RetentionSweeper(repository: repository, retention: policy.retention, clock: clock, now: now,
+                                       logger: logger, shutdown: shutdown)
+        self.init(effects: parts, sweeper: sweeper)
+    }
+
+    /// Calls `beat` from the scheduler's loop at least every `interval` (the watchdog's heartbeat).
+    nonisolated func setHeartbeat(every interval: Duration, _ beat: @escaping @Sendable () -> Void) {
+        effects.setHeartbeat(every: interval, beat)
     }
 }

@@ -1,20 +1,13 @@
-// Sync layer: one key's flight, doing the I/O that its RefreshDecision asks for: the fetch
-// slot, the lease, the provider, validation, memory, the store and the events.
-import CoreMetrics
+// Sync layer: one key's flight, doing the steps that its RefreshDecision asks for through its
+// RefreshEffects: the fetch slot, the lease, the provider, memory, the store and the reporting.
 import Foundation
-import Logging
 
 /// Drives a ``RefreshDecision`` to its end: reports each event with memory's entry as it is
-/// then, performs each action, and releases the slot and lease the decision lets go of.
-struct RefreshFlight {
-    /// How a flight ended.
-    enum Outcome: Sendable {
-        case token(StoredToken)
-        case failed(TokenUnavailable.Reason, nextAttemptAt: Date?)
-    }
-
+/// then, performs each action through `Effects`, and releases the slot and lease the decision
+/// lets go of. Everything it may do is a requirement of ``RefreshEffects``.
+struct RefreshFlight<Effects: RefreshEffects> {
     let key: TokenKey
-    let parts: EngineParts
+    let effects: Effects
     /// A caller was served a token past its soft point: once this flight has ended, a
     /// background flight of the key must start (the owner starts it; this one still runs).
     private(set) var wantsBackgroundRefresh = false
@@ -22,69 +15,69 @@ struct RefreshFlight {
     /// Whether this flight holds a fetch slot now (the decision says when to give it back).
     private var holdsSlot = false
 
-    init(key: TokenKey, request: RefreshDecision.Request, parts: EngineParts) {
+    init(key: TokenKey, request: RefreshDecision.Request, effects: Effects) {
         self.key = key
-        self.parts = parts
-        decision = RefreshDecision(request: request, policy: parts.policy)
+        self.effects = effects
+        decision = RefreshDecision(request: request, policy: effects.policy)
     }
 
-    private var held: MemoryEntry? { parts.memory.entry(key) }
+    private var held: MemoryEntry? { effects.held(key) }
 
-    mutating func run() async -> Outcome {
-        if parts.shutdown.isSet { return .failed(.shuttingDown, nextAttemptAt: nil) }
-        if held == nil { await parts.load([key]) }
-        var action = decision.start(held: held, at: parts.moment)
+    mutating func run() async -> RefreshOutcome {
+        if effects.isShuttingDown { return .failed(.shuttingDown, nextAttemptAt: nil) }
+        if held == nil { await effects.load([key]) }
+        var action = decision.start(held: held, at: effects.moment)
         while true {
-            parts.phases.set(key, decision.state)
+            effects.flightReached(key, decision.state)
             settleSlot()
-            if parts.shutdown.isSet || Task.isCancelled, !Self.isTerminal(action) {
+            if effects.isShuttingDown || Task.isCancelled, !Self.isTerminal(action) {
                 action = decision.shutdown()
             }
             switch action {
             case .serve(let token, let markUsed):
-                if markUsed { parts.memory.markUsed(key, at: parts.moment.corrected) }
-                parts.scheduleNextRefresh(key)
+                if markUsed { effects.markUsed(key) }
+                effects.scheduleNextRefresh(key)
                 return await end(.token(token))
             case .serveAndRefreshInBackground(let token):
-                parts.memory.markUsed(key, at: parts.moment.corrected)
+                effects.markUsed(key)
                 // Not left to the scheduler, which runs only inside run().
                 wantsBackgroundRefresh = true
                 return await end(.token(token))
             case .fail(let reason, let next):
-                if reason.code == .provider { parts.scheduleNextRefresh(key) }
+                if reason.code == .provider { effects.scheduleNextRefresh(key) }
                 return await end(.failed(reason, nextAttemptAt: next))
             case .acquireFetchSlot:
-                let (flight, parts, key) = (decision, parts, key)
-                if await parts.slots.acquire(for: key, unless: { flight.isServed(by: parts.memory.entry(key), at: parts.moment) }) {
+                let (flight, effects, key) = (decision, effects, key)
+                if await effects.acquireFetchSlot(for: key, unless: { flight.isServed(by: effects.held(key), at: effects.moment) }) {
                     holdsSlot = true
-                    action = decision.slotGranted(held: held, at: parts.moment)
+                    action = decision.slotGranted(held: held, at: effects.moment)
                 } else {
-                    action = decision.slotWaitEnded(held: held, at: parts.moment)
+                    action = decision.slotWaitEnded(held: held, at: effects.moment)
                 }
             case .takeLease:
-                action = report(await parts.lease.take(key))
+                action = report(await effects.takeLease(key))
             case .takeOverLease(let deadHolder):
-                action = report(await parts.lease.takeOver(key, from: deadHolder))
+                action = report(await effects.takeOverLease(key, from: deadHolder))
             case .adopt(let token, let failure):
-                parts.adoptIfNewer(token, failure: failure)
-                action = decision.adopted(held: held, at: parts.moment)
+                effects.adoptIfNewer(token, failure: failure)
+                action = decision.adopted(held: held, at: effects.moment)
             case .failedElsewhere(let failure):
                 let error = RefreshDecision.persistedError(failure)
-                parts.memory.recordFailure(key, failure: failure, error: error)
-                parts.scheduleNextRefresh(key)
+                effects.recordFailure(key, failure: failure, error: error)
+                effects.scheduleNextRefresh(key)
                 return await end(.failed(.provider(error), nextAttemptAt: failure.nextAttemptAt))
             case .waitForHolder(let seconds):
-                let mentioned = await parts.lease.waitForChange(of: key, seconds: seconds)
-                action = decision.holderWaitEnded(feedMentionedKey: mentioned, held: held, at: parts.moment)
+                let mentioned = await effects.waitForHolder(of: key, seconds: seconds)
+                action = decision.holderWaitEnded(feedMentionedKey: mentioned, held: held, at: effects.moment)
             case .readStoredEntry:
-                let stored = try? await parts.repository.entry(for: key)
-                action = decision.storedEntryRead(parts.admitted(stored ?? nil), held: held, at: parts.moment)
+                let stored = await effects.readStoredEntry(key)
+                action = decision.storedEntryRead(stored, held: held, at: effects.moment)
             case .fetch(let previous):
                 action = await fetch(previous: previous)
             case .accept(let token, let markUsed):
-                return accept(token, markUsed: markUsed)
+                return .token(effects.accept(token, for: key, markUsed: markUsed))
             case .backOff(let failure, let error):
-                await backOff(failure, error)
+                await effects.backOff(key, failure: failure, error: error)
                 return await end(.failed(.provider(error), nextAttemptAt: failure.nextAttemptAt))
             }
         }
@@ -93,113 +86,41 @@ struct RefreshFlight {
     private mutating func report(_ answer: CrossProcessLease.Answer) -> RefreshDecision.Action {
         switch answer {
         case .granted(let current):
-            decision.leaseGranted(current: parts.admitted(current), held: held, at: parts.moment)
+            decision.leaseGranted(current: current, held: held, at: effects.moment)
         case .busy(let holder, let dead, let until, let current):
-            decision.leaseBusy(holder: holder, holderIsDead: dead, until: until,
-                               current: parts.admitted(current), held: held, at: parts.moment)
+            decision.leaseBusy(holder: holder, holderIsDead: dead, until: until, current: current, held: held, at: effects.moment)
         case .unavailable:
             decision.leaseUnavailable(held: held)
         }
     }
 
-    /// Fetches (renewing the lease when held), gives the slot back, and validates the answer:
-    /// fetcher, then validation, then the engine; nothing flows back.
+    /// Fetches through the effects and reports what the fetch came to.
     private mutating func fetch(previous: StoredToken?) async -> RefreshDecision.Action {
-        let fetcher = parts.fetcher
-        let key = self.key
-        let started = ContinuousClock.now
-        // Before the request: a failure is bound to the configuration that made it.
-        let digest = fetcher.configurationDigest
-        let result: Result<FetchedToken, TokenProviderError> = await parts.lease.renewing(key) {
-            do throws(TokenProviderError) { return .success(try await fetcher.fetchToken(for: key)) } catch { return .failure(error) }
+        switch await effects.fetch(key, previous: previous) {
+        case .interrupted:
+            return decision.shutdown()
+        case .fetched(let token):
+            return decision.fetchSucceeded(token)
+        case .failed(let error, let digest):
+            return decision.fetchFailed(error, held: held, at: effects.moment, random: effects.jitter(), configurationDigest: digest)
         }
-        parts.metrics.fetchLatency.recordNanoseconds(Int64((ContinuousClock.now - started) / .nanoseconds(1)))
-        if parts.shutdown.isSet || Task.isCancelled { return decision.shutdown() }
-        switch result {
-        case .failure(let error):
-            return decision.fetchFailed(error, held: held, at: parts.moment, random: parts.random(), configurationDigest: digest)
-        case .success(let fetched):
-            let answer = ProviderAnswer(fetched)
-            // A wall-clock step this answer saw first must still reach the scheduler's deadlines.
-            if parts.skew.learn(providerDate: fetched.providerDate, issuedAt: fetched.providerDate == nil ? answer.issuedAt : nil) {
-                parts.scheduler.wake()
-            }
-            do throws(TokenValidationError) {
-                let moment = parts.moment
-                var token = try parts.validator.validate(answer, for: key, now: moment.corrected, previous: previous)
-                // Received by our own clock: after a restart, `iat` minus this shows how far ahead
-                // the provider's clock at least was (ProviderClockOffset.learnFromStored). A token
-                // without `iat` keeps the provider's time: its lifetime is measured from it.
-                if token.issuedAt != nil { token.fetchedAt = moment.local }
-                return decision.fetchSucceeded(token)
-            } catch {
-                return decision.fetchFailed(.invalidToken(error), held: held, at: parts.moment, random: parts.random(),
-                                            configurationDigest: digest)
-            }
-        }
-    }
-
-    private func accept(_ fetched: StoredToken, markUsed: Bool) -> Outcome {
-        let corrected = parts.moment.corrected
-        var token = fetched
-        token.lastUsedAt = markUsed ? corrected : held?.lastUsed.nonDistant
-        // Queued for the commit before memory holds it: whoever sees the new token in memory
-        // also sees its commit pending (the change follower must not drop it as removed).
-        parts.lease.handOver(key)
-        parts.committer.enqueue(token)
-        parts.memory.install(token, source: .provider, lastUsed: markUsed ? corrected : nil)
-        parts.metrics.refreshes.increment()
-        // Debug, not info: thousands of keys refresh every hour; events() reports them.
-        parts.logger.debug("token refreshed", metadata: [
-            "key": .string(key.description), "fingerprint": .string(token.fingerprint.description),
-            "expires_at": .string(token.expiresAt.formatted(.iso8601)),
-        ])
-        parts.scheduleNextRefresh(key)
-        return .token(token)
-    }
-
-    private func backOff(_ failure: RefreshFailureState, _ error: TokenProviderError) async {
-        parts.memory.recordFailure(key, failure: failure, error: error)
-        parts.metrics.failure(kind: error.kind)
-        parts.logger.warning("token refresh failed; backing off", metadata: [
-            "key": .string(key.description), "error": .string(error.description),
-            "failures": .stringConvertible(failure.consecutiveFailures),
-            "next_attempt_at": .string(failure.nextAttemptAt.formatted(.iso8601)),
-        ])
-        if let entry = held, let token = parts.machine.usableToken(of: entry, at: parts.moment.corrected) {
-            parts.logger.notice("serving the current token while the provider fails (offline mode)", metadata: [
-                "key": .string(key.description), "fingerprint": .string(token.fingerprint.description),
-                "usable_until": .string(entry.usableUntil.formatted(.iso8601)),
-            ])
-        }
-        do {
-            try await parts.repository.recordFailure(failure, for: key)
-            parts.health.writeSucceeded()
-        } catch {
-            parts.health.writeFailed(error)
-        }
-        // Stored first: a process waiting on the lease then finds the failure and shares it.
-        await parts.lease.release(key)
-        parts.events.emit(.refreshFailed(key: key, error: error, consecutiveFailures: failure.consecutiveFailures,
-                                         nextAttemptAt: failure.nextAttemptAt))
-        parts.scheduleNextRefresh(key)
     }
 
     /// Gives the fetch slot back once the decision no longer holds it.
     private mutating func settleSlot() {
         if holdsSlot && !decision.holdsSlot {
-            parts.slots.release()
+            effects.releaseFetchSlot()
             holdsSlot = false
         }
     }
 
     /// Releases what the flight still holds (after the final action's own I/O).
-    private mutating func end(_ outcome: Outcome) async -> Outcome {
+    private mutating func end(_ outcome: RefreshOutcome) async -> RefreshOutcome {
         if holdsSlot {
-            parts.slots.release()
+            effects.releaseFetchSlot()
             holdsSlot = false
         }
-        if decision.holdsLease { await parts.lease.release(key) }
+        if decision.holdsLease { await effects.releaseLease(key) }
         return outcome
     }
 
@@ -211,7 +132,8 @@ struct RefreshFlight {
     }
 }
 
-private extension Date {
-    /// nil for `distantPast` (the "never" marker in memory entries).
-    var nonDistant: Date? { self == .distantPast ? nil : self }
+/// How a flight ended.
+enum RefreshOutcome: Sendable {
+    case token(StoredToken)
+    case failed(TokenUnavailable.Reason, nextAttemptAt: Date?)
 }

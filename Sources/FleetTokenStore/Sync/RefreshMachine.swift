@@ -183,6 +183,35 @@ struct RefreshMachine: Sendable {
         token.value != mine?.value && token.expiresAt > (mine?.expiresAt ?? .distantPast) && isAboveFloor(token, at: now)
     }
 
+    /// Whether `token`, read from the store, replaces what the key's `state` holds at
+    /// provider-corrected `now`: never while the key's invalidation waits for the store (the
+    /// stored token is then the invalidated one), else as ``adopts(_:over:at:)`` says.
+    func adopts(_ token: StoredToken, into state: KeyRefreshState, at now: Date) -> Bool {
+        !state.invalidationPending && adopts(token, over: state.held?.token, at: now)
+    }
+
+    /// What memory does with a key's stored entry read because it held nothing of the key.
+    enum LoadAction: Sendable, Equatable {
+        /// Memory already holds the key (a flight or the change follower was first): keep it.
+        case keep
+        /// Hold the stored token, with the stored failure.
+        case install(StoredToken, failure: RefreshFailureState?)
+        /// Hold no token, keeping the stored failure, so a miss does not read the store again.
+        case empty(failure: RefreshFailureState?)
+    }
+
+    /// What the key's `stored` entry (nil: no row) becomes in memory when its `state` holds no
+    /// entry: its token while above the floor at provider-corrected `now`, unless the key's
+    /// invalidation waits for the store (the stored token is the invalidated one); else no
+    /// token, keeping the stored failure.
+    func loaded(_ stored: TokenEntry?, into state: KeyRefreshState, at now: Date) -> LoadAction {
+        guard state.held == nil else { return .keep }
+        if let token = stored?.token, isAboveFloor(token, at: now), !state.invalidationPending {
+            return .install(token, failure: stored?.failure)
+        }
+        return .empty(failure: stored?.failure)
+    }
+
     /// What another process's change to the store means for a key held in memory.
     enum StoreChange: Sendable, Equatable {
         /// Install the stored token (it is newer than memory's).

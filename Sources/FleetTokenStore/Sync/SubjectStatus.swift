@@ -1,13 +1,13 @@
 // Sync layer: what the engine holds for one subject, for status pages and readiness checks.
 
-public import Foundation
+package import Foundation
 import Synchronization
 
 /// What the engine holds for one subject, for status pages and readiness checks: never the
 /// token value. Read from memory only (no I/O).
-public struct SubjectStatus: Sendable, Equatable {
+package struct SubjectStatus: Sendable, Equatable {
     /// How the subject stands.
-    public enum State: String, Sendable, Equatable {
+    package enum State: String, Sendable, Equatable {
         /// A token before its soft point.
         case valid
         /// A usable token past its soft point: a refresh is due or running.
@@ -19,22 +19,22 @@ public struct SubjectStatus: Sendable, Equatable {
     }
 
     /// The subject.
-    public let key: TokenKey
+    package let key: TokenKey
     /// Kept fresh proactively (``TokenSyncEngine/track(_:)``), not only while used.
-    public let tracked: Bool
+    package let tracked: Bool
     /// How it stands now.
-    public let state: State
+    package let state: State
     /// The held token's expiry, if one is held.
-    public let expiresAt: Date?
+    package let expiresAt: Date?
     /// The held token's fingerprint, if one is held.
-    public let fingerprint: TokenFingerprint?
+    package let fingerprint: TokenFingerprint?
     /// Where the held token came from.
-    public let source: TokenSource?
+    package let source: TokenSource?
     /// The failure state while refreshes fail.
-    public let failure: RefreshFailureState?
+    package let failure: RefreshFailureState?
 
-    /// Creates a status (the engine makes them; public for tests and other front ends).
-    public init(key: TokenKey, tracked: Bool, state: State, expiresAt: Date?, fingerprint: TokenFingerprint?,
+    /// Creates a status (the engine makes them; package-wide for tests and the token API).
+    package init(key: TokenKey, tracked: Bool, state: State, expiresAt: Date?, fingerprint: TokenFingerprint?,
                 source: TokenSource?, failure: RefreshFailureState?) {
         self.key = key
         self.tracked = tracked
@@ -46,7 +46,7 @@ public struct SubjectStatus: Sendable, Equatable {
     }
 
     /// True when a token can be handed out now (one above the floor is held).
-    public var isUsable: Bool { expiresAt != nil }
+    package var isUsable: Bool { expiresAt != nil }
 }
 
 extension TokenMemory {

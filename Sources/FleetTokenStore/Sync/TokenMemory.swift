@@ -3,63 +3,45 @@
 import Foundation
 import Synchronization
 
-/// What the engine holds for one key in memory: the state ``RefreshMachine`` decides on.
-struct MemoryEntry: Sendable {
-    var token: StoredToken?
-    var source: TokenSource
-    /// Past this (provider-corrected) time a refresh is due; jitter already applied.
-    var softPoint: Date
-    /// Past this time the token is never handed out (expiry minus the floor).
-    var usableUntil: Date
-    var failure: RefreshFailureState?
-    var lastError: TokenProviderError?
-    var lastUsed: Date
-    /// A background refresh was requested and has not finished.
-    var refreshRequested: Bool
-}
-
-extension MemoryEntry {
-    /// No usable token any more (none stored, expired, removed); `failure` stays.
-    mutating func clearToken(keeping failure: RefreshFailureState?) {
-        token = nil
-        softPoint = .distantPast
-        usableUntil = .distantPast
-        self.failure = failure
-        refreshRequested = false
-    }
-}
-
-/// One key's entry in a box, so the hot path reads and stamps it where it lies.
-///
-/// `@unchecked Sendable`: a slot is only created, read and changed while holding the lock of the
-/// ``TokenMemory`` that owns it, and never handed out (callers get ``MemoryEntry`` copies).
-final class MemorySlot: @unchecked Sendable {
-    var entry: MemoryEntry
-    init(_ entry: MemoryEntry) { self.entry = entry }
-}
-
-/// The result of the hot-path lookup.
-enum MemoryLookup: Sendable {
-    case fresh(StoredToken)
-    /// Past the soft point: `startRefresh` tells the first caller to start the refresh;
-    /// `offline` says refreshes are failing (the token is served in offline mode).
-    case stale(StoredToken, startRefresh: Bool, offline: Bool)
-    case miss
-}
-
 /// The in-memory front cache: plain data behind one `Mutex`, so a fresh hit costs a lock, a
 /// hash lookup and two comparisons, with no allocation and no actor hop.
 final class TokenMemory: Sendable {
     struct State: Sendable {
         var slots: [TokenKey: MemorySlot] = [:]
+        /// How many slots hold an entry (the others keep only a flight phase or a pending
+        /// invalidation): ``TokenMemory/count`` without walking the table.
+        var heldCount = 0
 
-        /// The entry of `key` by value; setting nil forgets the key.
+        /// The held entry of `key` by value; setting nil lets the token state go (the key's
+        /// slot too, unless a flight or an invalidation still needs it).
         subscript(entry key: TokenKey) -> MemoryEntry? {
-            get { slots[key]?.entry }
-            set {
-                guard let newValue else { slots.removeValue(forKey: key); return }
-                if let slot = slots[key] { slot.entry = newValue } else { slots[key] = MemorySlot(newValue) }
+            get { slots[key]?.keyState.held }
+            set { update(key) { $0.held = newValue } }
+        }
+
+        /// Changes the whole state of `key` (created empty when there is none), keeping the
+        /// held count, and drops the slot once nothing is left in it.
+        mutating func update<R>(_ key: TokenKey, _ change: (inout KeyRefreshState) -> R) -> R {
+            if let slot = slots[key] {
+                let wasHeld = slot.keyState.held != nil
+                let result = change(&slot.keyState)
+                let isHeld = slot.keyState.held != nil
+                if wasHeld != isHeld { heldCount += isHeld ? 1 : -1 }
+                if slot.keyState.isEmpty { slots.removeValue(forKey: key) }
+                return result
             }
+            var state = KeyRefreshState()
+            let result = change(&state)
+            if !state.isEmpty {
+                slots[key] = MemorySlot(state)
+                if state.held != nil { heldCount += 1 }
+            }
+            return result
+        }
+
+        /// The whole state of `key` by value (empty when memory keeps none).
+        func keyState(_ key: TokenKey) -> KeyRefreshState {
+            slots[key]?.keyState ?? KeyRefreshState()
         }
         /// Provider clock minus local clock, applied when it exceeds the skew threshold.
         var clockOffset: TimeInterval = 0
@@ -89,10 +71,10 @@ final class TokenMemory: Sendable {
             // The boxed entry is read and stamped in place. Copying a whole entry out of the
             // dictionary (retaining every string in it), or editing it through the dictionary's
             // modify accessor (which allocates), was most of a hit's cost when profiled.
-            guard let slot = state.slots[key] else { return nil }
+            guard let slot = state.slots[key], let softPoint = slot.keyState.held?.softPoint else { return nil }
             let now = localNow.addingTimeInterval(state.clockOffset)
-            guard RefreshMachine.isFresh(softPoint: slot.entry.softPoint, at: now), let token = slot.entry.token else { return nil }
-            slot.entry.lastUsed = now
+            guard RefreshMachine.isFresh(softPoint: softPoint, at: now), let token = slot.keyState.held?.token else { return nil }
+            slot.keyState.held?.lastUsed = now
             return token
         }
     }
@@ -102,8 +84,8 @@ final class TokenMemory: Sendable {
     func lookup(_ key: TokenKey, localNow: Date) -> MemoryLookup {
         state.withLock { state in
             let now = localNow.addingTimeInterval(state.clockOffset)
-            guard let slot = state.slots[key] else { return .miss }
-            return machine.hit(&slot.entry, at: RefreshMoment(corrected: now, local: localNow))
+            guard let slot = state.slots[key], slot.keyState.held != nil else { return .miss }
+            return machine.hit(&slot.keyState.held!, at: RefreshMoment(corrected: now, local: localNow))
         }
     }
 
@@ -184,34 +166,114 @@ final class TokenMemory: Sendable {
     func endBackoffs(at now: Date, configurationDigest: String? = nil) -> [TokenKey] {
         state.withLock { state in
             var ended: [TokenKey] = []
-            for (key, slot) in state.slots where machine.retryNow(&slot.entry, at: now, configurationDigest: configurationDigest) {
+            for (key, slot) in state.slots where slot.keyState.held != nil && machine.retryNow(&slot.keyState.held!, at: now, configurationDigest: configurationDigest) {
                 ended.append(key)
             }
             return ended
         }
     }
 
-    func finishRefreshRequest(_ key: TokenKey) {
-        state.withLock { $0[entry: key]?.refreshRequested = false }
+    // MARK: - Flight and invalidation
+
+    /// The whole state of `key` (empty when memory keeps none).
+    func keyState(_ key: TokenKey) -> KeyRefreshState {
+        state.withLock { $0.keyState(key) }
     }
 
-    /// Forgets `key` (an idle untracked subject). When the table has shrunk to a quarter of
-    /// its storage, the storage is rebuilt at its current size: a dictionary otherwise keeps the
-    /// largest storage it ever had (2 MiB after 30,000 trips, for good).
+    /// Records where the flight of `key` is.
+    func setFlightPhase(_ key: TokenKey, _ phase: RefreshDecision.State) {
+        state.withLock { state in state.update(key) { $0.flight = phase } }
+    }
+
+    /// Where the flight of `key` is; nil when none runs.
+    func flightPhase(of key: TokenKey) -> RefreshDecision.State? {
+        state.withLock { $0.slots[key]?.keyState.flight }
+    }
+
+    /// The flight of `key` ended: no phase, and the next hit past the soft point may ask for a
+    /// background refresh again.
+    func flightEnded(_ key: TokenKey) {
+        state.withLock { state in
+            state.update(key) {
+                $0.flight = nil
+                $0.held?.refreshRequested = false
+            }
+        }
+    }
+
+    /// Records whether the removal of `key`'s stored token waits for the store (the group
+    /// commit calls this whenever that changes).
+    func setInvalidationPending(_ key: TokenKey, _ pending: Bool) {
+        state.withLock { state in state.update(key) { $0.invalidationPending = pending } }
+    }
+
+    // MARK: - Another process's token
+
+    /// Installs `token`, which another process stored, when ``RefreshMachine/adopts(_:into:at:)``
+    /// says so for the key's state at provider-corrected `now`, in the same step as it decides;
+    /// returns whether it did.
+    func adopt(_ token: StoredToken, failure: RefreshFailureState?, at now: Date) -> Bool {
+        let jitter = random()
+        return state.withLock { state in
+            guard machine.adopts(token, into: state.keyState(token.key), at: now) else { return false }
+            let previous = state[entry: token.key]
+            state[entry: token.key] = machine.installing(
+                token, source: .otherProcess, failure: failure, lastError: previous?.lastError,
+                lastUsed: previous?.lastUsed ?? token.lastUsedAt ?? .distantPast, jitter: jitter)
+            return true
+        }
+    }
+
+    /// Whether `token` would be adopted now (see ``adopt(_:failure:at:)``), without installing it.
+    func wouldAdopt(_ token: StoredToken, at now: Date) -> Bool {
+        state.withLock { machine.adopts(token, into: $0.keyState(token.key), at: now) }
+    }
+
+    /// Brings the stored `entry` of `key` into memory when memory holds nothing of it, as
+    /// ``RefreshMachine/loaded(_:into:at:)`` decides; returns whether a stored token was installed.
+    func load(_ key: TokenKey, stored entry: TokenEntry?, at now: Date) -> Bool {
+        let jitter = random()
+        return state.withLock { state in
+            switch machine.loaded(entry, into: state.keyState(key), at: now) {
+            case .keep:
+                return false
+            case .install(let token, let failure):
+                state[entry: key] = machine.installing(
+                    token, source: .store, failure: failure, lastError: nil,
+                    lastUsed: token.lastUsedAt ?? .distantPast, jitter: jitter)
+                return true
+            case .empty(let failure):
+                var empty = MemoryEntry(
+                    token: nil, source: .store, softPoint: .distantPast, usableUntil: .distantPast,
+                    failure: nil, lastError: nil, lastUsed: .distantPast, refreshRequested: false)
+                empty.clearToken(keeping: failure)
+                state[entry: key] = empty
+                return false
+            }
+        }
+    }
+
+    // MARK: - Keys
+
+    /// Forgets what memory holds of `key` (an idle untracked subject). When the table has
+    /// shrunk to a quarter of its storage, the storage is rebuilt at its current size: a
+    /// dictionary otherwise keeps the largest storage it ever had (2 MiB after 30,000 trips, for
+    /// good).
     func remove(_ key: TokenKey) {
         state.withLock {
-            _ = $0.slots.removeValue(forKey: key)
+            $0[entry: key] = nil
             $0.slots.releaseStorageIfSparse()
         }
     }
 
-    var keys: [TokenKey] { state.withLock { Array($0.slots.keys) } }
+    /// The keys memory holds an entry for.
+    var keys: [TokenKey] { state.withLock { $0.slots.compactMap { $0.value.keyState.held == nil ? nil : $0.key } } }
 
     /// How many keys have an entry.
-    var count: Int { state.withLock { $0.slots.count } }
+    var count: Int { state.withLock { $0.heldCount } }
 
     /// True when `key` has an entry.
-    func holds(_ key: TokenKey) -> Bool { state.withLock { $0.slots[key] != nil } }
+    func holds(_ key: TokenKey) -> Bool { state.withLock { $0.slots[key]?.keyState.held != nil } }
 }
 
 

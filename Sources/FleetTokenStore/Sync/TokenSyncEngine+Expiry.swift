@@ -12,7 +12,7 @@ extension TokenSyncEngine {
     /// dropped) counts as expiring at the Unix epoch: it is the case an operator must hear of,
     /// not one to leave out. Nil when nothing is tracked. No I/O; the memory lock is taken per
     /// few hundred subjects, so the hot path never waits for a whole scan.
-    public func earliestTrackedExpiry() -> Date? {
+    package func earliestTrackedExpiry() -> Date? {
         let keys = tracked.keys
         guard !keys.isEmpty else { return nil }
         return memory.earliestExpiry(of: keys)
@@ -46,7 +46,7 @@ extension TokenMemory {
             let found: Date? = state.withLock { state in
                 var chunkEarliest = Date.distantFuture
                 for key in chunk {
-                    guard let token = state.slots[key]?.entry.token else { return nil }
+                    guard let token = state.slots[key]?.keyState.held?.token else { return nil }
                     chunkEarliest = min(chunkEarliest, token.expiresAt.addingTimeInterval(-state.clockOffset))
                 }
                 return chunkEarliest

@@ -26,7 +26,7 @@ public final class TokenSyncEngine: Service, Sendable {
     public let policy: RefreshPolicy
 
     let memory: TokenMemory
-    let coordinator: RefreshCoordinator
+    let coordinator: RefreshCoordinator<EngineParts>
     let metrics: SyncMetrics
     let wallClock: @Sendable () -> Date
     let logger: Logger
@@ -155,7 +155,7 @@ public final class TokenSyncEngine: Service, Sendable {
 
     /// Like ``token(for:)``, also saying where the token came from.
     /// - Throws: ``TokenUnavailable``.
-    public func tokenWithSource(for key: TokenKey) async throws(TokenUnavailable) -> (token: StoredToken, source: TokenSource) {
+    package func tokenWithSource(for key: TokenKey) async throws(TokenUnavailable) -> (token: StoredToken, source: TokenSource) {
         if let token = tokenFromMemory(key) { return (token, memory.entry(key)?.source ?? .store) }
         let token = try await tokenAfterMiss(key)
         return (token, memory.entry(key)?.source ?? .provider)
@@ -165,21 +165,21 @@ public final class TokenSyncEngine: Service, Sendable {
     /// past it is refreshed first (one fetch attempt, none while backing off). If that fails,
     /// the held token is returned while above the floor. For one-shot runs (`token-agent --once`).
     /// - Throws: ``TokenUnavailable``.
-    public func freshToken(for key: TokenKey) async throws(TokenUnavailable) -> (token: StoredToken, source: TokenSource) {
+    package func freshToken(for key: TokenKey) async throws(TokenUnavailable) -> (token: StoredToken, source: TokenSource) {
         let token = try await waitForToken(key, fresh: true)
         return (token, memory.entry(key)?.source ?? .provider)
     }
 
     /// The usable token held in memory for `key`, with its source, without any I/O or fetch;
     /// nil when none is held (not loaded, missing, or below the floor).
-    public func heldToken(for key: TokenKey) -> (token: StoredToken, source: TokenSource)? {
+    package func heldToken(for key: TokenKey) -> (token: StoredToken, source: TokenSource)? {
         guard let token = memory.usableToken(key, localNow: wallClock()) else { return nil }
         return (token, memory.entry(key)?.source ?? .store)
     }
 
     /// What memory holds for each subject the engine knows: the tracked ones and those in use,
     /// sorted by key. No I/O and no token values.
-    public func subjects() async -> [SubjectStatus] {
+    package func subjects() async -> [SubjectStatus] {
         let tracked = await coordinator.trackedKeys
         let local = wallClock()
         return Set(memory.keys).union(tracked).sorted().map { key in
@@ -191,7 +191,7 @@ public final class TokenSyncEngine: Service, Sendable {
 
     /// One page of ``subjects()``: at most `limit` subjects after `after` in key order, of those
     /// `included` lets through (a caller's grants, say: the page is full of what it may see).
-    public func subjects(after: TokenKey?, limit: Int, where included: (TokenKey) -> Bool = { _ in true }) async -> [SubjectStatus] {
+    package func subjects(after: TokenKey?, limit: Int, where included: (TokenKey) -> Bool = { _ in true }) async -> [SubjectStatus] {
         let tracked = self.tracked.keys
         let local = wallClock()
         var keys = Set(memory.keys).union(tracked)
@@ -206,14 +206,14 @@ public final class TokenSyncEngine: Service, Sendable {
 
     /// True when memory holds an entry for `key` (a token, or a failure being backed off): no
     /// I/O, nothing created.
-    public func holds(_ key: TokenKey) -> Bool { memory.holds(key) }
+    package func holds(_ key: TokenKey) -> Bool { memory.holds(key) }
 
     /// How many subjects memory holds entries for: tracked ones and those used within the idle
     /// window. No I/O.
-    public var heldCount: Int { memory.count }
+    package var heldCount: Int { memory.count }
 
     /// The status of one subject from memory; `.unavailable` when nothing is held for it.
-    public func status(of key: TokenKey) -> SubjectStatus {
+    package func status(of key: TokenKey) -> SubjectStatus {
         memory.status(key, tracked: false, localNow: wallClock())
             ?? SubjectStatus(key: key, tracked: false, state: .unavailable, expiresAt: nil, fingerprint: nil, source: nil, failure: nil)
     }
@@ -252,7 +252,7 @@ public final class TokenSyncEngine: Service, Sendable {
     }
 
     /// Whether `key` is kept fresh proactively (see ``track(_:)``): one lock and a hash lookup.
-    public func isTracked(_ key: TokenKey) -> Bool {
+    package func isTracked(_ key: TokenKey) -> Bool {
         coordinator.trackedSnapshot.withLock { $0.keys.contains(key) }
     }
 
@@ -293,8 +293,8 @@ public final class TokenSyncEngine: Service, Sendable {
     /// runs (for systemd's watchdog: `WATCHDOG=1` at half of `WATCHDOG_USEC`). An engine whose
     /// loop is wedged stops calling it, so the supervisor can restart the process. `beat` runs
     /// on the engine's actor: it must be quick and must not wait.
-    public func setHeartbeat(every interval: Duration, _ beat: @escaping @Sendable () -> Void) async {
-        coordinator.parts.scheduler.setHeartbeat(every: interval, beat)
+    package func setHeartbeat(every interval: Duration, _ beat: @escaping @Sendable () -> Void) async {
+        coordinator.setHeartbeat(every: interval, beat)
     }
 
     // MARK: - Test support

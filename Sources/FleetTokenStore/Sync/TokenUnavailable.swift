@@ -40,11 +40,11 @@ public struct TokenUnavailable: Error, Sendable, Equatable, CustomStringConverti
         }
 
         /// The provider's last answer (possibly from an earlier attempt, when in backoff).
-        public static func provider(_ error: TokenProviderError) -> Self { Self(.provider, providerError: error) }
+        package static func provider(_ error: TokenProviderError) -> Self { Self(.provider, providerError: error) }
         /// The store failed and no token is held in memory.
-        public static func store(_ error: TokenStoreError) -> Self { Self(.store, storeError: error) }
+        package static func store(_ error: TokenStoreError) -> Self { Self(.store, storeError: error) }
         /// The engine is shutting down.
-        public static let shuttingDown = Self(.shuttingDown)
+        package static let shuttingDown = Self(.shuttingDown)
 
         /// The cause, for an operator: the provider's or store's message, or the shutdown.
         public var description: String {
@@ -64,7 +64,7 @@ public struct TokenUnavailable: Error, Sendable, Equatable, CustomStringConverti
     public let nextAttemptAt: Date?
 
     /// Creates the error.
-    public init(key: TokenKey, reason: Reason, nextAttemptAt: Date?) {
+    package init(key: TokenKey, reason: Reason, nextAttemptAt: Date?) {
         self.key = key
         self.reason = reason
         self.nextAttemptAt = nextAttemptAt

@@ -12,7 +12,7 @@ public struct TrackedKeys: Sendable, Equatable {
     public let generation: UInt64
 
     /// No keys, generation 0.
-    public init() {
+    package init() {
         keys = []
         generation = 0
     }

@@ -15,6 +15,9 @@ private final class GatedWrites: TokenRepository, RefreshLeaseStore, Sendable {
     private let gate = Mutex<[CheckedContinuation<Void, Never>]?>(nil)
     private let feeds = Mutex<[AsyncStream<TokenStoreChange>.Continuation]>([])
     let writesWaiting = Atomic<Int>(0)
+    /// Reads answered so far (counted once the answer is ready): the engine's re-read is the
+    /// event the test waits for.
+    let readsAnswered = Atomic<Int>(0)
 
     func closeGate() { gate.withLock { $0 = $0 ?? [] } }
     func openGate() {
@@ -34,8 +37,14 @@ private final class GatedWrites: TokenRepository, RefreshLeaseStore, Sendable {
         }
     }
 
-    func entry(for key: TokenKey) async throws(TokenStoreError) -> TokenEntry? { try await base.entry(for: key) }
-    func entries(for keys: [TokenKey]) async throws(TokenStoreError) -> [TokenKey: TokenEntry] { try await base.entries(for: keys) }
+    func entry(for key: TokenKey) async throws(TokenStoreError) -> TokenEntry? {
+        defer { readsAnswered.add(1, ordering: .relaxed) }
+        return try await base.entry(for: key)
+    }
+    func entries(for keys: [TokenKey]) async throws(TokenStoreError) -> [TokenKey: TokenEntry] {
+        defer { readsAnswered.add(1, ordering: .relaxed) }
+        return try await base.entries(for: keys)
+    }
     func upsert(_ token: StoredToken, clearFailure: Bool) async throws(TokenStoreError) {
         await passGate()
         try await base.upsert(token, clearFailure: clearFailure)
@@ -89,14 +98,18 @@ struct CommitRaceTests {
         let token = try await engine.token(for: key)
         #expect(await eventually(within: 10) { store.writesWaiting.load(ordering: .relaxed) == 1 }, "the write reached the store")
 
+        let readsBefore = store.readsAnswered.load(ordering: .relaxed)
         store.reportUnknown()
-        // The engine re-reads what it holds; give it the time to (wrongly) act.
-        try await Task.sleep(for: .milliseconds(300))
+        // The engine re-reads what it holds: wait for that read's answer (which cannot hold the
+        // gated write). A wrong judgement made on that answer, however late, also shows at the
+        // end: a removedExternally event and a second fetch.
+        #expect(await eventually(within: 10) { store.readsAnswered.load(ordering: .relaxed) > readsBefore }, "the engine re-read the store")
         #expect(!events.elements.contains(.removedExternally(key: key)))
         #expect(engine.heldToken(for: key)?.token == token)
         store.openGate()
         #expect(await eventually(within: 10) { (try? await store.entry(for: key))?.token == token })
         #expect(await engine.settle())
+        #expect(!events.elements.contains(.removedExternally(key: key)))
         #expect(fetcher.count(key) == 1)
     }
 }

@@ -51,7 +51,7 @@ struct PromiseTests {
         }
         #expect(await eventually(within: 20) { providerA.waitingAtGate + providerB.waitingAtGate >= policy.maxConcurrentFetches })
         // Three lease lengths pass while the provider holds every answer; each fetch keeps its lease.
-        let fetching = [(providerA, a.coordinator.parts.lease.holder), (providerB, b.coordinator.parts.lease.holder)]
+        let fetching = [(providerA, a.coordinator.effects.lease.holder), (providerB, b.coordinator.effects.lease.holder)]
         var renewed = true
         for _ in 0..<12 {
             await time.advance(by: 0.25)

@@ -214,6 +214,38 @@ struct RefreshMachineTests {
         #expect(!machine.adopts(short, over: nil, at: t0.addingTimeInterval(19)), "a token below its floor is not adopted")
     }
 
+    @Test("no token read from the store is adopted while the key's invalidation waits for the store")
+    func noAdoptionWhileInvalidating() {
+        let mine = token(age: 600, "mine")
+        let theirs = token(age: 10, "theirs")
+        var state = KeyRefreshState(held: held(mine))
+        #expect(machine.adopts(theirs, into: state, at: t0))
+        state.invalidationPending = true
+        #expect(!machine.adopts(theirs, into: state, at: t0), "the stored token is the invalidated one, or older")
+        state.held = held(nil)
+        #expect(!machine.adopts(theirs, into: state, at: t0), "not even into a key holding nothing")
+        state.invalidationPending = false
+        #expect(machine.adopts(theirs, into: state, at: t0), "once the removal is stored, a later token is another process's")
+        state.flight = .waitingForHolder(until: t0)
+        #expect(machine.adopts(theirs, into: state, at: t0), "a flight in progress does not stop an adoption")
+    }
+
+    @Test("a key memory holds nothing of is loaded from the store: its token above the floor, unless its invalidation waits")
+    func loading() {
+        let stored = token(age: 600, "stored")
+        let backoff = failure(next: 60)
+        let entry = TokenEntry(key: key, token: stored, failure: backoff)
+        #expect(machine.loaded(entry, into: KeyRefreshState(), at: t0) == .install(stored, failure: backoff))
+        #expect(machine.loaded(TokenEntry(key: key, token: token(age: 3575), failure: backoff), into: KeyRefreshState(), at: t0)
+            == .empty(failure: backoff), "below the floor: no token, the backoff kept")
+        #expect(machine.loaded(nil, into: KeyRefreshState(), at: t0) == .empty(failure: nil),
+                "nothing stored is remembered, so a miss does not read the store again")
+        let invalidating = KeyRefreshState(flight: .queuedForSlot, invalidationPending: true)
+        #expect(machine.loaded(entry, into: invalidating, at: t0) == .empty(failure: backoff),
+                "the stored token of a key whose invalidation waits for the store is the invalidated one")
+        #expect(machine.loaded(entry, into: KeyRefreshState(held: held(nil)), at: t0) == .keep, "what memory holds stays")
+    }
+
     @Test("another process's change: a newer token is adopted, a removal keeps the newer failure, our pending commit wins")
     func storeChanges() {
         let mine = token(age: 600, "mine")
@@ -264,11 +296,12 @@ struct RefreshMachineTests {
 
 /// The machine under random event sequences, driven as the engine drives it: memory's entry,
 /// at most one flight (a ``RefreshDecision``; a second request joins the running one, as in
-/// the coordinator), another process writing the store, the scheduler, invalidation, retry-now,
-/// configuration changes and wall-clock steps. Every event checks the invariants.
+/// the coordinator), another process writing the store, the scheduler, invalidation (its removal
+/// reaching the store later, as the group commit writes it), retry-now, configuration changes
+/// and wall-clock steps. Every event checks the invariants.
 @Suite("RefreshMachine under generated event sequences")
 struct RefreshMachineGeneratedTests {
-    @Test("2,000 seeded sequences of 50 events: never served past the floor, one fetch at a time, no retry before the backoff")
+    @Test("2,000 seeded sequences of 50 events: never served past the floor or once invalidated, one fetch at a time, no retry before the backoff")
     func invariants() async {
         // A new seed each run, printed with any failure; REFRESH_MACHINE_SEED replays one.
         let seed = ProcessInfo.processInfo.environment["REFRESH_MACHINE_SEED"].flatMap { UInt64($0) }
@@ -311,6 +344,10 @@ private struct KeySimulation {
     /// Provider clock minus ours, as the skew tracker applies it.
     var offset: TimeInterval = 0
     var entry: MemoryEntry?
+    /// An invalidation's removal waits for the group commit (the store still holds the token).
+    var invalidationPending = false
+    /// The values of the tokens invalidated so far: never to be served again.
+    var invalidated: Set<String> = []
     /// What the store holds (another process writes it too).
     var store: TokenEntry?
     var flight: RefreshDecision?
@@ -334,6 +371,11 @@ private struct KeySimulation {
 
     var now: RefreshMoment { RefreshMoment(corrected: local.addingTimeInterval(offset), local: local) }
 
+    /// The key's whole state, as TokenMemory keeps it.
+    var keyState: KeyRefreshState {
+        KeyRefreshState(held: entry, flight: flight?.state, invalidationPending: invalidationPending)
+    }
+
     mutating func chance(_ percent: Int) -> Bool { Int.random(in: 0..<100, using: &random) < percent }
 
     mutating func step() -> String? {
@@ -345,7 +387,8 @@ private struct KeySimulation {
         case 42..<72: violation = advanceFlight()
         case 72..<80: trace.append("deadline"); violation = deadline()
         case 80..<86: trace.append("store"); otherProcessWrites(); violation = nil
-        case 86..<90: trace.append("invalidate"); invalidate(); violation = nil
+        case 86..<89: trace.append("invalidate"); invalidate(); violation = nil
+        case 89: trace.append("removalCommitted"); removalCommitted(); violation = nil
         case 90..<93: trace.append("retryNow"); retryNow(); violation = nil
         case 93..<96: trace.append("config"); changeConfiguration(); violation = nil
         default: trace.append("clockStep"); stepClock(); violation = nil
@@ -359,6 +402,7 @@ private struct KeySimulation {
     /// A token handed out must have more than its floor left: judged here from the policy's
     /// numbers, not by the machine.
     func served(_ token: StoredToken, _ how: String) -> String? {
+        if invalidated.contains(token.value) { return "\(how) served an invalidated token" }
         let floor = min(policy.floorSeconds, policy.floorFraction * token.lifetime)
         guard now.corrected < token.expiresAt.addingTimeInterval(-floor) else {
             return "\(how) served a token \(token.expiresAt.timeIntervalSince(now.corrected)) s before expiry, floor \(floor) s"
@@ -418,12 +462,22 @@ private struct KeySimulation {
         }
     }
 
+    /// The removal is queued for the group commit; the store keeps the token until it is written.
     mutating func invalidate() {
-        store?.token = nil
+        if let value = entry?.token?.value { invalidated.insert(value) }
+        if let value = store?.token?.value { invalidated.insert(value) }
+        invalidationPending = true
         switch machine.invalidate(held: entry, tracked: true) {
         case .dropToken(let failure): makeEntry(); entry?.clearToken(keeping: failure)
         case .nothingHeld: break
         }
+    }
+
+    /// The group commit wrote the invalidation's removal.
+    mutating func removalCommitted() {
+        guard invalidationPending else { return }
+        store?.token = nil
+        invalidationPending = false
     }
 
     mutating func retryNow() {
@@ -525,7 +579,10 @@ private struct KeySimulation {
             return endFlight()
         case .accept(let token, _):
             install(token, source: .provider, failure: nil)
+            // The new token's commit replaces a removal still waiting (the committer keeps one
+            // write per key, the newest).
             store = TokenEntry(key: key, token: token, failure: nil)
+            invalidationPending = false
             return endFlight()
         case .backOff(let failure, let error):
             let violation = checkBackoff(failure, error)
@@ -533,6 +590,14 @@ private struct KeySimulation {
             store = TokenEntry(key: key, token: store?.token, failure: failure)
             earlyRetryAllowed = false
             return violation ?? endFlight()
+        case .adopt(let token, let failure):
+            // RefreshFlight offers a stored token to memory right after the read that found it,
+            // with no suspension point between: one step here.
+            guard var decision = flight else { return "an adoption without a flight" }
+            adoptIfNewer(token, failure: failure)
+            let next = decision.adopted(held: entry, at: now)
+            flight = decision
+            return perform(next)
         case .fetch:
             if fetchesInFlight > 0 { return "a second fetch started while one runs" }
             fetchesInFlight += 1
@@ -602,17 +667,15 @@ private struct KeySimulation {
     }
 
     mutating func load() {
-        let stored = admitted(store)
-        if let token = stored?.token, machine.isAboveFloor(token, at: now.corrected) {
-            install(token, source: .store, failure: stored?.failure)
-        } else {
-            makeEntry()
-            entry?.clearToken(keeping: stored?.failure)
+        switch machine.loaded(admitted(store), into: keyState, at: now.corrected) {
+        case .keep: break
+        case .install(let token, let failure): install(token, source: .store, failure: failure)
+        case .empty(let failure): makeEntry(); entry?.clearToken(keeping: failure)
         }
     }
 
     mutating func adoptIfNewer(_ token: StoredToken, failure: RefreshFailureState?) {
-        guard machine.adopts(token, over: entry?.token, at: now.corrected) else { return }
+        guard machine.adopts(token, into: keyState, at: now.corrected) else { return }
         install(token, source: .otherProcess, failure: machine.judged(failure, under: digest, at: local))
     }
 
