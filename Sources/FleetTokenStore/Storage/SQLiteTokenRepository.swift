@@ -1,8 +1,9 @@
-// Storage layer: SQLiteTokenRepository, the SQLite token store: opening and closing it, and its
-// TokenRepository conformance, forwarding to SQLiteTokenTable (leases and administration: the
-// +Leases and +Admin files). Every read and write runs through one SQLiteTransactionRunner.
+// Storage layer: SQLiteTokenRepository, the SQLite token store: opening and closing it, and the
+// change feed's part of TokenRepository. Each protocol is conformed to where its table's work is
+// done: +Tokens (TokenRepository), +Leases (RefreshLeaseStore), +Admin (TokenStoreAdmin),
+// +Sealing (TokenSealingStore). Every read and write runs through one SQLiteTransactionRunner.
 import FleetTokenMigrations
-public import Foundation
+package import Foundation
 import GRDB
 public import Logging
 
@@ -20,7 +21,7 @@ public import Logging
 /// let store = try SQLiteTokenRepository(path: "/var/lib/agent/tokens.sqlite", logger: logger)
 /// if let report = store.openReport.quarantinedTo { logger.error("moved corrupt store to \(report)") }
 /// ```
-public final class SQLiteTokenRepository: TokenRepository, RefreshLeaseStore, TokenStoreAdmin {
+public final class SQLiteTokenRepository: Sendable {
     /// The store file's absolute path.
     public let path: String
     /// What opening did: creation, migration, quarantine.
@@ -35,11 +36,8 @@ public final class SQLiteTokenRepository: TokenRepository, RefreshLeaseStore, To
     let backgroundCheck: BackgroundIntegrityCheck?
     /// Paces the change feed's polling and the deferred integrity check's start.
     private let pollClock: any Clock<Duration>
-    /// The write path (inline when the lock is free) and reads, shared by the three below.
+    /// The write path (inline when the lock is free) and reads, shared by every conformance.
     let runner: SQLiteTransactionRunner
-    let tokenTable: SQLiteTokenTable
-    let leaseTable: SQLiteLeaseTable
-    let adminQueries: SQLiteAdminQueries
 
     /// Opens (and, as `mode` allows, creates, migrates or repairs) the store at `path`.
     ///
@@ -77,9 +75,6 @@ public final class SQLiteTokenRepository: TokenRepository, RefreshLeaseStore, To
         self.monitor = monitor
         let runner = SQLiteTransactionRunner(pool: opened.pool, path: files.path, monitor: monitor, configuration: configuration)
         self.runner = runner
-        self.tokenTable = SQLiteTokenTable(runner: runner)
-        self.leaseTable = SQLiteLeaseTable(runner: runner)
-        self.adminQueries = SQLiteAdminQueries(runner: runner, files: files)
         // Start-up skipped the full check (the last run closed cleanly): run it now, beside serving.
         let deferCheck = configuration.integrityCheck == .whenNeeded && !opened.report.checkedBeforeOpening
             && !opened.report.created && !mode.readOnly
@@ -95,7 +90,7 @@ public final class SQLiteTokenRepository: TokenRepository, RefreshLeaseStore, To
     /// ``IntegrityCheckTiming/whenNeeded``; it runs inside ``runBackgroundWork()``), once it has
     /// finished; nil while it runs, when the store is sound, or when no such check ran. Blocks
     /// the calling thread up to `timeout` while the check is to come or runs: not for async code.
-    public func backgroundIntegrityFinding(waitingUpTo timeout: TimeInterval = 0) -> String? {
+    package func backgroundIntegrityFinding(waitingUpTo timeout: TimeInterval = 0) -> String? {
         guard let backgroundCheck else { return nil }
         _ = backgroundCheck.waitUntilFinished(timeout: timeout)
         return backgroundCheck.finding
@@ -131,14 +126,14 @@ public final class SQLiteTokenRepository: TokenRepository, RefreshLeaseStore, To
     /// Frees what SQLite caches (page caches, idle reader connections), waiting for accesses in
     /// progress. For after a bulk load such as tracking thousands of subjects at start-up: the
     /// pages read then are rarely read again, since the engine serves from memory.
-    public func releaseMemory() {
+    package func releaseMemory() {
         pool.releaseMemory()
     }
 
     /// Closes the store: ends ``changes()`` streams, folds the write-ahead log into the store
     /// file (so a clean shutdown leaves one self-contained file), and closes the connections.
     /// A background integrity check that has not begun is cancelled and a running one
-    /// interrupted; neither is waited for. Later calls throw ``TokenStoreError/closed(path:)``.
+    /// interrupted; neither is waited for. Later calls throw ``TokenStoreError/Code/closed``.
     public func close() {
         runner.stopInlineWrites()
         backgroundCheck?.stop()
@@ -146,69 +141,11 @@ public final class SQLiteTokenRepository: TokenRepository, RefreshLeaseStore, To
         runner.close(logger: logger)
     }
 
-    // MARK: - Engine reads
-
-    /// The entry for `key`, or nil.
-    /// - Throws: ``TokenStoreError`` when the store cannot be read.
-    public func entry(for key: TokenKey) async throws(TokenStoreError) -> TokenEntry? {
-        try await tokenTable.entry(for: key)
-    }
-
-    /// The entries for `keys`, in one read (batches of 500 keys per statement).
-    /// - Throws: ``TokenStoreError`` when the store cannot be read.
-    public func entries(for keys: [TokenKey]) async throws(TokenStoreError) -> [TokenKey: TokenEntry] {
-        try await tokenTable.entries(for: keys)
-    }
-
-    /// Keys dead since before `cutoff` (see ``TokenRepository/retiredKeys(before:after:limit:)``).
-    /// - Throws: ``TokenStoreError`` when the store cannot be read.
-    public func retiredKeys(before cutoff: Date, after: TokenKey?, limit: Int) async throws(TokenStoreError) -> [TokenKey] {
-        try await tokenTable.retiredKeys(before: cutoff, after: after, limit: limit)
-    }
-
-    /// When the earliest entry that died at `notBefore` or later died (see
-    /// ``TokenRepository/earliestDeath(notBefore:)``).
-    /// - Throws: ``TokenStoreError`` when the store cannot be read.
-    public func earliestDeath(notBefore: Date?) async throws(TokenStoreError) -> Date? {
-        try await tokenTable.earliestDeath(notBefore: notBefore)
-    }
+    // MARK: - The change feed (the rest of TokenRepository: +Tokens)
 
     /// Changes to tokens committed by other connections or processes (not by this repository),
     /// within about ``StoreConfiguration/changePollInterval`` of their commit.
     public func changes() -> AsyncStream<TokenStoreChange> {
         monitor.subscribe()
-    }
-
-    // MARK: - Engine writes
-
-    /// Stores `token` in one transaction, replacing the key's previous token unless that one
-    /// expires later.
-    /// - Throws: ``TokenStoreError``; on failure nothing was written.
-    public func upsert(_ token: StoredToken, clearFailure: Bool = true) async throws(TokenStoreError) {
-        try await tokenTable.upsert(token, clearFailure: clearFailure)
-    }
-
-    /// Stores `tokens` in one transaction (group commit): all or nothing.
-    /// - Throws: ``TokenStoreError``; on failure nothing was written.
-    public func upsert(_ tokens: [StoredToken], clearFailure: Bool = true) async throws(TokenStoreError) {
-        try await tokenTable.upsert(tokens, clearFailure: clearFailure)
-    }
-
-    /// Removes the token of `key`, keeping its failure state.
-    /// - Throws: ``TokenStoreError``; on failure nothing was changed.
-    public func removeToken(for key: TokenKey) async throws(TokenStoreError) {
-        try await tokenTable.removeToken(for: key)
-    }
-
-    /// Records a failed refresh of `key`.
-    /// - Throws: ``TokenStoreError``; on failure nothing was written.
-    public func recordFailure(_ failure: RefreshFailureState, for key: TokenKey) async throws(TokenStoreError) {
-        try await tokenTable.recordFailure(failure, for: key)
-    }
-
-    /// Deletes the entries of `keys` still dead since before `cutoff`, in one transaction.
-    /// - Throws: ``TokenStoreError``; on failure nothing was deleted.
-    public func deleteRetired(_ keys: [TokenKey], before cutoff: Date) async throws(TokenStoreError) -> Int {
-        try await tokenTable.deleteRetired(keys, before: cutoff)
     }
 }

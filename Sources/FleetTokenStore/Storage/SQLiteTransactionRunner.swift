@@ -48,7 +48,7 @@ final class SQLiteTransactionRunner: Sendable {
     /// Anything that would wait for the queue or another process's lock, big batches and the
     /// change log's pruning go through GRDB's queue with the full busy timeout, so a caller's
     /// thread never waits on a lock. Purges run inline too (see
-    /// ``SQLiteAdminQueries/purge(_:scope:)``). An inline write still does the occasional WAL
+    /// ``SQLiteTokenRepository/purge(_:scope:)``). An inline write still does the occasional WAL
     /// checkpoint SQLite runs at commit, as any SQLite commit would.
     ///
     /// The inline path steps BEGIN and COMMIT through the C API (``WriterStatements``), outside GRDB's

@@ -25,38 +25,38 @@ import Darwin
 /// check.writableByGroupOrOthers  // true
 /// check.ownedByAnotherUser       // true
 /// ```
-public struct SteeringFileCheck: Sendable, Equatable {
+package struct SteeringFileCheck: Sendable, Equatable {
     /// The file's permission bits (`st_mode & 0o7777`).
-    public let mode: UInt32
+    package let mode: UInt32
     /// The file's owner (`st_uid`).
-    public let ownerID: UInt32
+    package let ownerID: UInt32
     /// The user the agent runs as (its effective uid).
-    public let userID: UInt32
+    package let userID: UInt32
 
     /// Judges a file from its `stat` fields and the agent's effective uid.
-    public init(mode: UInt32, ownerID: UInt32, userID: UInt32) {
+    package init(mode: UInt32, ownerID: UInt32, userID: UInt32) {
         self.mode = mode & 0o7777
         self.ownerID = ownerID
         self.userID = userID
     }
 
     /// True when group or others may write to the file.
-    public var writableByGroupOrOthers: Bool { mode & 0o022 != 0 }
+    package var writableByGroupOrOthers: Bool { mode & 0o022 != 0 }
 
     /// True when the file belongs to neither the agent's user nor root.
-    public var ownedByAnotherUser: Bool { ownerID != userID && ownerID != 0 }
+    package var ownedByAnotherUser: Bool { ownerID != userID && ownerID != 0 }
 
     /// True when only the agent's user (or root) can have written the file.
-    public var isSafe: Bool { !writableByGroupOrOthers && !ownedByAnotherUser }
+    package var isSafe: Bool { !writableByGroupOrOthers && !ownedByAnotherUser }
 
     /// True when the sticky bit is set: in such a directory only an entry's owner (and the
     /// directory's owner, and root) may rename or remove it, as in `/tmp`.
-    public var isSticky: Bool { mode & 0o1000 != 0 }
+    package var isSticky: Bool { mode & 0o1000 != 0 }
 
     /// True when, judged as a directory on the way to a file, only the agent's user (or root)
     /// can replace what it holds: it belongs to one of them, and group and others may not write
     /// to it unless it is sticky (`/tmp`, root's and mode 1777, passes).
-    public var isSafeDirectory: Bool { !ownedByAnotherUser && (!writableByGroupOrOthers || isSticky) }
+    package var isSafeDirectory: Bool { !ownedByAnotherUser && (!writableByGroupOrOthers || isSticky) }
 
     /// `belongs to uid 65534 (nobody), neither to this user (uid 1001) nor to root`: the
     /// owner part of the file's and the directory's reasons.
@@ -67,7 +67,7 @@ public struct SteeringFileCheck: Sendable, Equatable {
 
     /// What is wrong and how to fix it, for a message that names the file before it: `is
     /// writable by group or others (mode 0666): … run `chmod go-w PATH``. Nil when sound.
-    public func reason(path: String) -> String? {
+    package func reason(path: String) -> String? {
         guard !isSafe else { return nil }
         let shown = Self.shellQuoted(path)
         let owner = ownership
@@ -85,7 +85,7 @@ public struct SteeringFileCheck: Sendable, Equatable {
     /// What is wrong with this directory on the way to a file, and how to fix it, for a message
     /// that names the file before it: `is under /srv/shared, a directory writable by group or
     /// others (mode 0777) and not sticky: … run `chmod go-w /srv/shared`…`. Nil when sound.
-    public func directoryReason(directory: String) -> String? {
+    package func directoryReason(directory: String) -> String? {
         guard !isSafeDirectory else { return nil }
         let shown = Self.shellQuoted(directory)
         let owner = ownership
@@ -124,39 +124,39 @@ public struct SteeringFileCheck: Sendable, Equatable {
 /// A file refused because another user could have written it, or could have replaced it
 /// through a directory on the way: which file, what is wrong (with the file or with which
 /// directory), and the command that fixes it. Never the file's content.
-public struct SteeringFileError: Error, Sendable, Equatable, CustomStringConvertible {
+package struct SteeringFileError: Error, Sendable, Equatable, CustomStringConvertible {
     /// What is wrong. More codes may come: match them with `==`, keep a `default`.
-    public struct Code: Hashable, Sendable, CustomStringConvertible {
+    package struct Code: Hashable, Sendable, CustomStringConvertible {
         fileprivate let name: String
         /// The file belongs to a user other than the agent's and root (whatever its mode).
-        public static let ownedByAnotherUser = Code(name: "ownedByAnotherUser")
+        package static let ownedByAnotherUser = Code(name: "ownedByAnotherUser")
         /// Group or others may write to the file.
-        public static let writableByGroupOrOthers = Code(name: "writableByGroupOrOthers")
+        package static let writableByGroupOrOthers = Code(name: "writableByGroupOrOthers")
         /// The code's stable name.
-        public var description: String { name }
+        package var description: String { name }
     }
 
     /// What is wrong: ``Code/ownedByAnotherUser`` when the owner is wrong (the mode may be too),
     /// else ``Code/writableByGroupOrOthers``; of the file, or of ``directory`` when it is set.
-    public var code: Code { check.ownedByAnotherUser ? .ownedByAnotherUser : .writableByGroupOrOthers }
+    package var code: Code { check.ownedByAnotherUser ? .ownedByAnotherUser : .writableByGroupOrOthers }
     /// The file.
-    public let path: String
+    package let path: String
     /// How messages name the file: `config file`, `subjects file`, `CA file`, ….
-    public let role: String
+    package let role: String
     /// The mode and owner of the file (or of ``directory``), and the agent's user.
-    public let check: SteeringFileCheck
+    package let check: SteeringFileCheck
     /// The directory on the way to the file that another user could write to (so replace the
     /// file), judged by ``check``; nil when the file itself is at fault.
-    public let directory: String?
+    package let directory: String?
 
     /// A refusal of the file at `path`, judged by `check`.
-    public init(path: String, role: String, check: SteeringFileCheck) {
+    package init(path: String, role: String, check: SteeringFileCheck) {
         self.init(path: path, role: role, check: check, directory: nil)
     }
 
     /// A refusal of the file at `path` because of `directory` on the way to it, judged by
     /// `check` (nil: the file itself, judged by `check`).
-    public init(path: String, role: String, check: SteeringFileCheck, directory: String?) {
+    package init(path: String, role: String, check: SteeringFileCheck, directory: String?) {
         self.path = path
         self.role = role
         self.check = check
@@ -165,11 +165,11 @@ public struct SteeringFileError: Error, Sendable, Equatable, CustomStringConvert
 
     /// What is wrong and the fix, without the role and path: `is writable by group or others
     /// (mode 0666): …; run `chmod go-w PATH``, or `is under DIR, a directory …; run `chmod go-w DIR`…`.
-    public var reason: String {
+    package var reason: String {
         guard let directory else { return check.reason(path: path) ?? "is sound" }
         return check.directoryReason(directory: directory) ?? "is sound"
     }
 
     /// `the config file /etc/token-agent.yaml is writable by group or others (mode 0666): …`.
-    public var description: String { "the \(role) \(path) \(reason)" }
+    package var description: String { "the \(role) \(path) \(reason)" }
 }

@@ -3,7 +3,7 @@
 // from the same descriptor. A check by path followed by a read by path let anyone who can
 // write a directory on the way swap the file in between.
 
-public import Foundation
+package import Foundation
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Darwin)
@@ -12,7 +12,7 @@ import Darwin
 
 extension SteeringFileCheck {
     /// The largest file ``read(path:role:maximumSize:)`` reads unless told otherwise: 16 MiB.
-    public static let defaultMaximumSize = 16 << 20
+    package static let defaultMaximumSize = 16 << 20
 
     /// Judges the file at `path` as it would be read now, without reading it: a symbolic link
     /// is followed to the file it names, and the directories on the way (those of the path as
@@ -25,7 +25,7 @@ extension SteeringFileCheck {
     /// - Throws: ``SteeringFileReadError``: ``SteeringFileReadError/Code/refused`` naming the
     ///   file (or directory), what is wrong and the command that fixes it; or why it cannot be
     ///   examined.
-    public static func check(path: String, role: String) throws(SteeringFileReadError) {
+    package static func check(path: String, role: String) throws(SteeringFileReadError) {
         var info = stat()
         guard stat(path, &info) == 0 else {
             let error = errno
@@ -45,7 +45,7 @@ extension SteeringFileCheck {
     /// - Throws: ``SteeringFileReadError`` saying what is wrong: the file is missing, cannot be
     ///   read, is not a regular file, is too large, was replaced while being judged, or another
     ///   user could have written it (``SteeringFileReadError/refusal``, with the fix).
-    public static func read(path: String, role: String, maximumSize: Int = defaultMaximumSize) throws(SteeringFileReadError) -> Data {
+    package static func read(path: String, role: String, maximumSize: Int = defaultMaximumSize) throws(SteeringFileReadError) -> Data {
         // O_NONBLOCK: a FIFO put in the file's place must not hang the open (it is refused as
         // not a regular file); it changes nothing for a regular file.
         let descriptor = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK)
@@ -145,38 +145,38 @@ private let systemRead = Darwin.read
 /// A steering file that cannot be used: refused by the rule (``refusal``), or missing,
 /// unreadable, not a regular file, too large, or replaced while it was judged. Names the file,
 /// never its content.
-public struct SteeringFileReadError: Error, Sendable, Equatable, CustomStringConvertible {
+package struct SteeringFileReadError: Error, Sendable, Equatable, CustomStringConvertible {
     /// What is wrong. More codes may come: match them with `==`, keep a `default`.
-    public struct Code: Hashable, Sendable, CustomStringConvertible {
+    package struct Code: Hashable, Sendable, CustomStringConvertible {
         fileprivate let name: String
         /// Another user could have written the file, or replaced it: ``SteeringFileReadError/refusal`` says how.
-        public static let refused = Code(name: "refused")
+        package static let refused = Code(name: "refused")
         /// There is no such file.
-        public static let missing = Code(name: "missing")
+        package static let missing = Code(name: "missing")
         /// The file cannot be opened, examined or read (``SteeringFileReadError/systemError`` says why).
-        public static let unreadable = Code(name: "unreadable")
+        package static let unreadable = Code(name: "unreadable")
         /// Not a regular file (a directory, a device, a FIFO, a socket).
-        public static let notARegularFile = Code(name: "notARegularFile")
+        package static let notARegularFile = Code(name: "notARegularFile")
         /// Larger than the reader takes.
-        public static let tooLarge = Code(name: "tooLarge")
+        package static let tooLarge = Code(name: "tooLarge")
         /// The path led to another file while it was being judged: it was replaced meanwhile.
-        public static let changed = Code(name: "changed")
+        package static let changed = Code(name: "changed")
         /// The code's stable name.
-        public var description: String { name }
+        package var description: String { name }
     }
 
     /// What is wrong.
-    public let code: Code
+    package let code: Code
     /// The file.
-    public let path: String
+    package let path: String
     /// How messages name the file: `config file`, `subjects file`, `CA file`, ….
-    public let role: String
+    package let role: String
     /// With ``Code/refused``: the file or directory at fault and the fix.
-    public let refusal: SteeringFileError?
+    package let refusal: SteeringFileError?
     /// With ``Code/missing`` and ``Code/unreadable``: the `errno` of the failed call.
-    public let systemError: Int32?
+    package let systemError: Int32?
     /// With ``Code/tooLarge``: the largest size taken, in bytes.
-    public let maximumSize: Int?
+    package let maximumSize: Int?
 
     init(code: Code, path: String, role: String, systemError: Int32? = nil, maximumSize: Int? = nil) {
         self.code = code
@@ -188,7 +188,7 @@ public struct SteeringFileReadError: Error, Sendable, Equatable, CustomStringCon
     }
 
     /// A file refused by the rule.
-    public init(refusal: SteeringFileError) {
+    package init(refusal: SteeringFileError) {
         code = .refused
         path = refusal.path
         role = refusal.role
@@ -198,11 +198,11 @@ public struct SteeringFileReadError: Error, Sendable, Equatable, CustomStringCon
     }
 
     /// The system's words for ``systemError``: `Permission denied`.
-    public var systemMessage: String? { systemError.map { String(cString: strerror($0)) } }
+    package var systemMessage: String? { systemError.map { String(cString: strerror($0)) } }
 
     /// What is wrong, without the role and path: `is writable by group or others (mode 0666):
     /// …; run `chmod go-w PATH``, `cannot be read (Permission denied)`, ….
-    public var reason: String {
+    package var reason: String {
         switch code {
         case .refused: refusal?.reason ?? "could have been written by another user"
         case .missing: "does not exist"
@@ -215,5 +215,5 @@ public struct SteeringFileReadError: Error, Sendable, Equatable, CustomStringCon
     }
 
     /// `the config file /etc/token-agent.yaml is writable by group or others (mode 0666): …`.
-    public var description: String { "the \(role) \(path) \(reason)" }
+    package var description: String { "the \(role) \(path) \(reason)" }
 }

@@ -20,13 +20,13 @@ public struct StoreCheckReport: Sendable, Equatable {
     public var backgroundIntegrityFinding: String?
     /// The store's files (owners, modes, what is wrong with them), judged before opening; nil
     /// for a store without files.
-    public var files: StoreFileReport?
+    package var files: StoreFileReport?
     /// Everything wrong, worded for the operator: file problems first, then what opening,
     /// reading or the integrity checks found. Empty when the store is healthy.
     public var problems: [String]
 
     /// Creates a report.
-    public init(storePath: String, buildSchemaVersion: Int, schemaVersion: Int?, integrityProblems: [String]?,
+    package init(storePath: String, buildSchemaVersion: Int, schemaVersion: Int?, integrityProblems: [String]?,
                 backgroundIntegrityFinding: String?, files: StoreFileReport?, problems: [String]) {
         self.storePath = storePath
         self.buildSchemaVersion = buildSchemaVersion

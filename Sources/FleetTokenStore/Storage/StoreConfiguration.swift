@@ -13,7 +13,7 @@ public struct StoreOpenMode: Sendable, Equatable {
     /// Apply pending migrations. When false, a store older than this build is refused.
     public var applyMigrations: Bool
     /// Move a corrupt store aside (`<name>.corrupt-<UTC time>`) and start a fresh one,
-    /// instead of failing with ``TokenStoreError/corrupt(path:detail:)``.
+    /// instead of failing with ``TokenStoreError/Code/corrupt``.
     public var quarantineCorrupt: Bool
     /// Open without the right to write: no file, mode or schema is changed.
     public var readOnly: Bool
@@ -61,7 +61,7 @@ public enum IntegrityCheckTiming: Sendable, Equatable {
 /// Tuning of a token store connection. The defaults suit agents and admin tools alike.
 public struct StoreConfiguration: Sendable, Equatable {
     /// How long a write waits for another process's write lock before failing with
-    /// ``TokenStoreError/busy(path:timeoutSeconds:)``. Default 5 s.
+    /// ``TokenStoreError/Code/busy``. Default 5 s.
     public var busyTimeout: TimeInterval = 5
     /// When every page of the store is checked (`PRAGMA integrity_check`; `quick_check` misses
     /// indexes that disagree with their tables). A file that is not a database, has a damaged
@@ -77,7 +77,7 @@ public struct StoreConfiguration: Sendable, Equatable {
     public var createParentDirectories: Bool = true
     /// Accept a store path whose last component is a symbolic link, and use the file it points
     /// to as the store (its side files live beside that file, and its owner and mode are
-    /// checked). Default false: a link is refused with ``TokenStoreError/symbolicLink(path:file:target:)``,
+    /// checked). Default false: a link is refused with ``TokenStoreError/Code/symbolicLink``,
     /// since whoever can change it decides where tokens are written. Links among the parent
     /// directories are followed either way.
     public var allowsSymlinkedStore: Bool = false

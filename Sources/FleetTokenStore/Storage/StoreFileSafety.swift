@@ -12,28 +12,28 @@ import Darwin
 
 /// The store's files as the library judges them before opening: who owns them, their modes,
 /// and what would make the store refuse to open. Nothing is opened or changed to find out.
-public struct StoreFileReport: Sendable, Equatable {
+package struct StoreFileReport: Sendable, Equatable {
     /// One existing file among the store and its `-wal`/`-shm` side files.
-    public struct File: Sendable, Equatable {
+    package struct File: Sendable, Equatable {
         /// The file's path.
-        public let path: String
+        package let path: String
         /// Its permission bits (0600 for a private file).
-        public let mode: Int
+        package let mode: Int
         /// The user id that owns it.
-        public let ownerID: UInt32
+        package let ownerID: UInt32
         let device: UInt64
         let inode: UInt64
     }
 
     /// The store file the library opens: the path given, or with
     /// ``StoreConfiguration/allowsSymlinkedStore`` the file a link there points to.
-    public let storePath: String
+    package let storePath: String
     /// The store and side files that exist, as regular files (links are never followed here).
-    public let files: [File]
+    package let files: [File]
     /// What is wrong, worded for the operator: symbolic links, files that are not regular
     /// files, files another user owns, and modes looser than 0600 (which a writable open
     /// tightens and a read-only one only reports). Empty for a sound store and for a missing one.
-    public let problems: [TokenStoreError]
+    package let problems: [TokenStoreError]
 
     /// True when opening would be refused (anything but a mode the opener may still tighten).
     var refusal: TokenStoreError? {
@@ -49,7 +49,7 @@ extension SQLiteTokenRepository {
     /// `-wal` and `-shm` files when they exist; the store may be a symbolic link only with
     /// ``StoreConfiguration/allowsSymlinkedStore`` (side files never); every file should be
     /// 0600 (a writable open sets it, and refuses the store when it cannot).
-    public static func inspectFiles(at path: String, configuration: StoreConfiguration = StoreConfiguration()) -> StoreFileReport {
+    package static func inspectFiles(at path: String, configuration: StoreConfiguration = StoreConfiguration()) -> StoreFileReport {
         StoreFiles(path: path, allowsSymlink: configuration.allowsSymlinkedStore).inspect()
     }
 }

@@ -76,34 +76,34 @@ public struct TokenStoreError: Error, Sendable, Equatable, CustomStringConvertib
     public let reason: String?
     /// The schema version recorded in the store (``Code/storeNewerThanBuild``,
     /// ``Code/storeOlderThanBuild``).
-    public let storeVersion: Int?
+    package let storeVersion: Int?
     /// The schema version this build migrates to (``Code/storeNewerThanBuild``,
     /// ``Code/storeOlderThanBuild``).
-    public let buildVersion: Int?
+    package let buildVersion: Int?
     /// What SQLite or the integrity check found (``Code/corrupt``).
     public let detail: String?
     /// The migration that failed (``Code/migrationFailed``).
-    public let migrationIdentifier: String?
+    package let migrationIdentifier: String?
     /// The busy timeout that passed, in seconds (``Code/busy``).
-    public let timeoutSeconds: Double?
+    package let timeoutSeconds: Double?
     /// SQLite's extended result code, or -1 for a failure outside SQLite (``Code/sqlite``).
-    public let sqliteCode: Int32?
+    package let sqliteCode: Int32?
     /// SQLite's own message (``Code/sqlite``); never statement arguments.
-    public let sqliteMessage: String?
+    package let sqliteMessage: String?
     /// Where the symbolic link points (``Code/symbolicLink``).
-    public let target: String?
+    package let target: String?
     /// The uid owning ``file`` (``Code/notOwnedByUser``).
-    public let ownerID: UInt32?
+    package let ownerID: UInt32?
     /// The uid of this process (``Code/notOwnedByUser``).
-    public let userID: UInt32?
+    package let userID: UInt32?
     /// The permission bits of ``file`` (``Code/fileModeTooOpen``).
-    public let mode: Int?
+    package let mode: Int?
     /// The server's SQLSTATE code (``Code/database``), e.g. `42P01`.
-    public let sqlState: String?
+    package let sqlState: String?
     /// The ids of the keys the store needs and was not given (``Code/encryptionKeyMissing``).
-    public let keyIDs: [String]?
+    package let keyIDs: [String]?
     /// How many stored token values are sealed with those keys (``Code/encryptionKeyMissing``).
-    public let valueCount: Int?
+    package let valueCount: Int?
 
     private init(_ code: Code, path: String, file: String? = nil, reason: String? = nil, storeVersion: Int? = nil,
                  buildVersion: Int? = nil, detail: String? = nil, migrationIdentifier: String? = nil,
@@ -131,75 +131,75 @@ public struct TokenStoreError: Error, Sendable, Equatable, CustomStringConvertib
     }
 
     /// The store's directory does not exist and the store was not allowed to create it.
-    public static func directoryMissing(path: String) -> Self { Self(.directoryMissing, path: path) }
+    package static func directoryMissing(path: String) -> Self { Self(.directoryMissing, path: path) }
     /// The store's directory (or one the store had to create) cannot be written.
-    public static func directoryNotWritable(path: String, reason: String) -> Self {
+    package static func directoryNotWritable(path: String, reason: String) -> Self {
         Self(.directoryNotWritable, path: path, reason: reason)
     }
     /// The path names a directory (or other non-file), not a store file.
-    public static func notAFile(path: String) -> Self { Self(.notAFile, path: path) }
+    package static func notAFile(path: String) -> Self { Self(.notAFile, path: path) }
     /// There is no store file and the open mode only reads existing stores.
-    public static func storeMissing(path: String) -> Self { Self(.storeMissing, path: path) }
+    package static func storeMissing(path: String) -> Self { Self(.storeMissing, path: path) }
     /// The store was written by a newer release: it records migrations this build does not know.
-    public static func storeNewerThanBuild(path: String, storeVersion: Int, buildVersion: Int) -> Self {
+    package static func storeNewerThanBuild(path: String, storeVersion: Int, buildVersion: Int) -> Self {
         Self(.storeNewerThanBuild, path: path, storeVersion: storeVersion, buildVersion: buildVersion)
     }
     /// The store's schema is older than this build's and the open mode does not migrate.
-    public static func storeOlderThanBuild(path: String, storeVersion: Int, buildVersion: Int) -> Self {
+    package static func storeOlderThanBuild(path: String, storeVersion: Int, buildVersion: Int) -> Self {
         Self(.storeOlderThanBuild, path: path, storeVersion: storeVersion, buildVersion: buildVersion)
     }
     /// The file is not a usable SQLite database, or failed its integrity check.
-    public static func corrupt(path: String, detail: String) -> Self { Self(.corrupt, path: path, detail: detail) }
+    package static func corrupt(path: String, detail: String) -> Self { Self(.corrupt, path: path, detail: detail) }
     /// A migration failed; it was rolled back and the previous schema is intact.
-    public static func migrationFailed(path: String, identifier: String, reason: String) -> Self {
+    package static func migrationFailed(path: String, identifier: String, reason: String) -> Self {
         Self(.migrationFailed, path: path, reason: reason, migrationIdentifier: identifier)
     }
     /// The disk (or the store's size limit) is full; the write was rolled back whole.
-    public static func diskFull(path: String) -> Self { Self(.diskFull, path: path) }
+    package static func diskFull(path: String) -> Self { Self(.diskFull, path: path) }
     /// Another connection held the write lock longer than the busy timeout.
-    public static func busy(path: String, timeoutSeconds: Double) -> Self { Self(.busy, path: path, timeoutSeconds: timeoutSeconds) }
+    package static func busy(path: String, timeoutSeconds: Double) -> Self { Self(.busy, path: path, timeoutSeconds: timeoutSeconds) }
     /// The store file or its directory is read-only for this process.
-    public static func readOnly(path: String) -> Self { Self(.readOnly, path: path) }
+    package static func readOnly(path: String) -> Self { Self(.readOnly, path: path) }
     /// The store was closed.
-    public static func closed(path: String) -> Self { Self(.closed, path: path) }
+    package static func closed(path: String) -> Self { Self(.closed, path: path) }
     /// Any other SQLite failure, with SQLite's own code and message.
-    public static func sqlite(path: String, code: Int32, message: String) -> Self {
+    package static func sqlite(path: String, code: Int32, message: String) -> Self {
         Self(.sqlite, path: path, sqliteCode: code, sqliteMessage: message)
     }
     /// The store (`file` equal to `path`) or one of its `-wal`/`-shm` side files is a symbolic
     /// link, to `target`. Refused unless ``StoreConfiguration/allowsSymlinkedStore`` (for the
     /// store file; side files never are followed): whoever can change a link decides where
     /// tokens are written.
-    public static func symbolicLink(path: String, file: String, target: String) -> Self {
+    package static func symbolicLink(path: String, file: String, target: String) -> Self {
         Self(.symbolicLink, path: path, file: file, target: target)
     }
     /// The store or a side file belongs to another user (`ownerID`), not to the running one
     /// (`userID`): its owner can read every token written to it, whatever its mode.
-    public static func notOwnedByUser(path: String, file: String, ownerID: UInt32, userID: UInt32) -> Self {
+    package static func notOwnedByUser(path: String, file: String, ownerID: UInt32, userID: UInt32) -> Self {
         Self(.notOwnedByUser, path: path, file: file, ownerID: ownerID, userID: userID)
     }
     /// The store or a side file grants access to group or others (`mode`, permission bits).
     /// With a `reason`, setting 0600 failed and the store was refused; without one, it is
     /// reported (read-only opens, ``SQLiteTokenRepository/inspectFiles(at:configuration:)``).
-    public static func fileModeTooOpen(path: String, file: String, mode: Int, reason: String?) -> Self {
+    package static func fileModeTooOpen(path: String, file: String, mode: Int, reason: String?) -> Self {
         Self(.fileModeTooOpen, path: path, file: file, reason: reason, mode: mode)
     }
 
     /// The database server (PostgreSQL) at `path` (its URL without a password) could not be
     /// reached, or did not answer within the statement timeout: `reason` says which.
-    public static func databaseUnavailable(path: String, reason: String) -> Self {
+    package static func databaseUnavailable(path: String, reason: String) -> Self {
         Self(.databaseUnavailable, path: path, reason: reason)
     }
     /// The database server (PostgreSQL) at `path` refused a statement, with its SQLSTATE code
     /// and message (never statement arguments).
-    public static func database(path: String, sqlState: String, message: String) -> Self {
+    package static func database(path: String, sqlState: String, message: String) -> Self {
         Self(.database, path: path, reason: message, sqlState: sqlState)
     }
 
     /// The store at `path` holds `valueCount` token values sealed with the keys `keyIDs`, and
     /// no key given has those ids (`keyGiven` false: no key was given at all). Nothing was
     /// changed: opening it without them would hand out no token and lose none.
-    public static func encryptionKeyMissing(path: String, keyIDs: [String], valueCount: Int, keyGiven: Bool) -> Self {
+    package static func encryptionKeyMissing(path: String, keyIDs: [String], valueCount: Int, keyGiven: Bool) -> Self {
         Self(.encryptionKeyMissing, path: path, reason: keyGiven ? "given keys differ" : nil, keyIDs: keyIDs, valueCount: valueCount)
     }
 

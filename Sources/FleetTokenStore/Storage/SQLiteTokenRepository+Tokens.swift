@@ -1,18 +1,18 @@
-// Storage layer: SQLiteTokenTable, the engine's reads and writes of the `tokens` table (what
-// SQLiteTokenRepository's TokenRepository conformance forwards to).
-import Foundation
+// Storage layer: SQLiteTokenRepository as a TokenRepository: the engine's reads and writes of
+// the `tokens` table (entries by key, upserts alone or as a group commit, failure state and the
+// retention sweep). The change feed's part of the protocol is in SQLiteTokenRepository.swift.
 import GRDB
+public import Foundation
 
-/// The `tokens` table as the engine uses it: entries by key, upserts (alone or as a group
-/// commit), failure state and the retention sweep.
-struct SQLiteTokenTable: Sendable {
-    let runner: SQLiteTransactionRunner
+extension SQLiteTokenRepository: TokenRepository {
     /// Batches up to this size may be written on the caller's thread.
     static let largestInlineBatch = 64
 
-    // MARK: - Reads
+    // MARK: - Engine reads
 
-    func entry(for key: TokenKey) async throws(TokenStoreError) -> TokenEntry? {
+    /// The entry for `key`, or nil.
+    /// - Throws: ``TokenStoreError`` when the store cannot be read.
+    public func entry(for key: TokenKey) async throws(TokenStoreError) -> TokenEntry? {
         try await runner.read { db in
             try Row.fetchOne(db.cachedStatement(sql: "SELECT * FROM tokens WHERE kind = ? AND subject_id = ?"),
                              arguments: [key.kind.rawValue, key.subjectID])
@@ -20,8 +20,9 @@ struct SQLiteTokenTable: Sendable {
         }
     }
 
-    /// One read, 500 keys per statement.
-    func entries(for keys: [TokenKey]) async throws(TokenStoreError) -> [TokenKey: TokenEntry] {
+    /// The entries for `keys`, in one read (batches of 500 keys per statement).
+    /// - Throws: ``TokenStoreError`` when the store cannot be read.
+    public func entries(for keys: [TokenKey]) async throws(TokenStoreError) -> [TokenKey: TokenEntry] {
         guard !keys.isEmpty else { return [:] }
         return try await runner.read { db in
             var found: [TokenKey: TokenEntry] = [:]
@@ -43,7 +44,9 @@ struct SQLiteTokenTable: Sendable {
         }
     }
 
-    func retiredKeys(before cutoff: Date, after: TokenKey?, limit: Int) async throws(TokenStoreError) -> [TokenKey] {
+    /// Keys dead since before `cutoff` (see ``TokenRepository/retiredKeys(before:after:limit:)``).
+    /// - Throws: ``TokenStoreError`` when the store cannot be read.
+    public func retiredKeys(before cutoff: Date, after: TokenKey?, limit: Int) async throws(TokenStoreError) -> [TokenKey] {
         var condition = TokenRow.retiredCondition(before: cutoff)
         if let after { condition.append("(kind, subject_id) > (?, ?)", [after.kind.rawValue, after.subjectID]) }
         let sql = "SELECT kind, subject_id FROM tokens \(condition.whereClause) ORDER BY kind, subject_id LIMIT ?"
@@ -55,9 +58,11 @@ struct SQLiteTokenTable: Sendable {
         }
     }
 
-    /// The earliest death at or after `notBefore` (see ``TokenRepository/earliestDeath(notBefore:)``):
-    /// one aggregate over the table, run once per retention check.
-    func earliestDeath(notBefore: Date?) async throws(TokenStoreError) -> Date? {
+    /// When the earliest entry that died at `notBefore` or later died (see
+    /// ``TokenRepository/earliestDeath(notBefore:)``): one aggregate over the table, run once
+    /// per retention check.
+    /// - Throws: ``TokenStoreError`` when the store cannot be read.
+    public func earliestDeath(notBefore: Date?) async throws(TokenStoreError) -> Date? {
         let died = TokenConditions.diedAt(greatest: "max")
         let sql = "SELECT min(\(died)) FROM tokens" + (notBefore == nil ? "" : " WHERE \(died) >= ?")
         let arguments: StatementArguments = notBefore.map { [$0.timeIntervalSince1970] } ?? []
@@ -66,14 +71,19 @@ struct SQLiteTokenTable: Sendable {
         }
     }
 
-    // MARK: - Writes
+    // MARK: - Engine writes
 
-    func upsert(_ token: StoredToken, clearFailure: Bool) async throws(TokenStoreError) {
+    /// Stores `token` in one transaction, replacing the key's previous token unless that one
+    /// expires later.
+    /// - Throws: ``TokenStoreError``; on failure nothing was written.
+    public func upsert(_ token: StoredToken, clearFailure: Bool = true) async throws(TokenStoreError) {
         let statements = runner.statements
         try await runner.write { db in try TokenRow.upsert(token, clearFailure: clearFailure, db, statements: statements) }
     }
 
-    func upsert(_ tokens: [StoredToken], clearFailure: Bool) async throws(TokenStoreError) {
+    /// Stores `tokens` in one transaction (group commit): all or nothing.
+    /// - Throws: ``TokenStoreError``; on failure nothing was written.
+    public func upsert(_ tokens: [StoredToken], clearFailure: Bool = true) async throws(TokenStoreError) {
         guard !tokens.isEmpty else { return }
         let statements = runner.statements
         try await runner.write(inline: tokens.count <= Self.largestInlineBatch) { db in
@@ -81,15 +91,21 @@ struct SQLiteTokenTable: Sendable {
         }
     }
 
-    func removeToken(for key: TokenKey) async throws(TokenStoreError) {
+    /// Removes the token of `key`, keeping its failure state.
+    /// - Throws: ``TokenStoreError``; on failure nothing was changed.
+    public func removeToken(for key: TokenKey) async throws(TokenStoreError) {
         try await runner.write { db in try TokenRow.removeToken(for: key, db) }
     }
 
-    func recordFailure(_ failure: RefreshFailureState, for key: TokenKey) async throws(TokenStoreError) {
+    /// Records a failed refresh of `key`.
+    /// - Throws: ``TokenStoreError``; on failure nothing was written.
+    public func recordFailure(_ failure: RefreshFailureState, for key: TokenKey) async throws(TokenStoreError) {
         try await runner.write { db in try TokenRow.recordFailure(failure, for: key, db) }
     }
 
-    func deleteRetired(_ keys: [TokenKey], before cutoff: Date) async throws(TokenStoreError) -> Int {
+    /// Deletes the entries of `keys` still dead since before `cutoff`, in one transaction.
+    /// - Throws: ``TokenStoreError``; on failure nothing was deleted.
+    public func deleteRetired(_ keys: [TokenKey], before cutoff: Date) async throws(TokenStoreError) -> Int {
         guard !keys.isEmpty else { return 0 }
         let condition = TokenRow.retiredCondition(before: cutoff)
         let sql = "DELETE FROM tokens \(condition.whereClause) AND kind = ? AND subject_id = ?"
