@@ -100,10 +100,13 @@ let package = Package(
                 .product(name: "SwiftASN1", package: "swift-asn1"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
+                // ConfigurationDigester's SHA-256.
+                .product(name: "Crypto", package: "swift-crypto"),
             ],
             swiftSettings: strictSettings
         ),
-        // The development issuer, usable in-process (demo mode, tests) and standalone.
+        // The local token API an embedder serves beside its engine (Hummingbird): routes, access
+        // rules, listeners and connection caps. token-agent's own parts are TokenAgentRuntime.
         .target(
             name: "FleetTokenService",
             dependencies: [
@@ -152,6 +155,7 @@ let package = Package(
             plugins: ["BuildStampPlugin"]
         ),
         .plugin(name: "BuildStampPlugin", capability: .buildTool()),
+        // The development issuer, usable in-process (demo mode, tests) and standalone.
         .target(
             name: "DevTokenIssuer",
             dependencies: [
@@ -177,10 +181,33 @@ let package = Package(
             path: "tools/dev-token-server/Sources/dev-token-server",
             swiftSettings: strictSettings
         ),
+        // What only token-agent uses beside the token API: its log handler, the systemd
+        // notifier, the subjects file and the file sinks. Internal to the package (no product).
+        .target(
+            name: "TokenAgentRuntime",
+            dependencies: [
+                "FleetTokenStore",
+                "FleetTokenService",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            path: "tools/token-agent/Sources/TokenAgentRuntime",
+            swiftSettings: strictSettings
+        ),
+        // token-agent's environment as tokenctl reads it too: which source sets an option
+        // (TOKEN_AGENT_DB before TOKEN_STORE_DB) and a list variable split as the agent splits it.
+        .target(
+            name: "AgentVariables",
+            dependencies: [.product(name: "Configuration", package: "swift-configuration")],
+            path: "tools/token-agent/Sources/AgentVariables",
+            swiftSettings: strictSettings
+        ),
         .executableTarget(
             name: "token-agent",
             dependencies: [
                 "BuildStamp",
+                "AgentVariables",
+                "TokenAgentRuntime",
                 "FleetTokenStore",
                 "FleetTokenHTTP",
                 "FleetTokenService",
@@ -196,13 +223,14 @@ let package = Package(
                 .product(name: "Yams", package: "Yams"),
                 .product(name: "SystemPackage", package: "swift-system"),
             ],
-            path: "tools/token-agent",
+            path: "tools/token-agent/Sources/token-agent",
             swiftSettings: strictSettings
         ),
         .executableTarget(
             name: "tokenctl",
             dependencies: [
                 "BuildStamp",
+                "AgentVariables",
                 "FleetTokenStore",
                 "FleetTokenPostgres",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
@@ -226,7 +254,19 @@ let package = Package(
         // Test support shared by the test targets, with the repository contract every store runs.
         .target(
             name: "TestSupportKit",
-            dependencies: ["FleetTokenStore", "FleetTokenStoreTesting"],
+            dependencies: [
+                "FleetTokenStore",
+                "FleetTokenStoreTesting",
+                "FleetTokenHTTP",
+                // TransportKit: the TLS token server, the CONNECT proxy and the test PKI, used by
+                // FleetTokenHTTPTests and by the agent's transport tests in AgentOperationsTests.
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "X509", package: "swift-certificates"),
+                .product(name: "Crypto", package: "swift-crypto"),
+            ],
             path: "Tests/TestSupportKit",
             swiftSettings: testSettings
         ),
@@ -255,8 +295,6 @@ let package = Package(
                 "FleetTokenHTTP",
                 "FleetTokenStore",
                 "DevTokenIssuer",
-                "token-agent",
-                "tokenctl",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -276,19 +314,11 @@ let package = Package(
         .testTarget(
             name: "TokenServiceTests",
             dependencies: [
-                "BuildStamp",
                 "TestSupportKit",
                 "FleetTokenStoreTesting",
                 "FleetTokenService",
+                "TokenAgentRuntime",
                 "FleetTokenStore",
-                "DevTokenIssuer",
-                "token-agent",
-                "tokenctl",
-                "dev-token-server",
-                .product(name: "AsyncHTTPClient", package: "async-http-client"),
-                .product(name: "NIOCore", package: "swift-nio"),
-                .product(name: "NIOHTTP1", package: "swift-nio"),
-                .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
@@ -298,13 +328,6 @@ let package = Package(
             name: "EndToEndTests",
             dependencies: [
                 "TestSupportKit",
-                "FleetTokenStoreTesting",
-                "FleetTokenStore",
-                "DevTokenIssuer",
-                "token-agent",
-                "dev-token-server",
-                "tokenctl",
-                .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: testSettings
         ),
@@ -318,24 +341,38 @@ let package = Package(
                 "FleetTokenStore",
                 "FleetTokenPostgres",
                 "FleetTokenMigrations",
-                "token-agent",
                 "tokenctl",
-                "dev-token-server",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: testSettings
         ),
-        // token-agent as a system daemon: config file, environment, reload, systemd notify and
-        // watchdog, permanent-error exit, JSON logs; all through real processes.
+        // Every test that starts token-agent processes, with the one agent fixture: the daemon
+        // (config file, environment, reload, systemd notify and watchdog, JSON logs), its token
+        // API, its stores (SQLite and PostgreSQL) and its transport; all through real processes.
         .testTarget(
             name: "AgentOperationsTests",
             dependencies: [
+                "BuildStamp",
                 "TestSupportKit",
+                "FleetTokenStoreTesting",
                 "FleetTokenStore",
+                "FleetTokenService",
+                "TokenAgentRuntime",
+                "FleetTokenPostgres",
                 "token-agent",
                 "dev-token-server",
                 "tokenctl",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                "DevTokenIssuer",
+                .product(name: "X509", package: "swift-certificates"),
+                .product(name: "_CryptoExtras", package: "swift-crypto"),
+                .product(name: "JWTKit", package: "jwt-kit"),
             ],
             swiftSettings: testSettings
         ),

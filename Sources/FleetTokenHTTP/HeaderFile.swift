@@ -6,7 +6,7 @@ import Foundation
 import Synchronization
 
 /// A header whose value lives in a file, re-read whenever the file's modification time or size
-/// changes. A file another user could have written or replaced (``SteeringFileCheck``) is
+/// changes. A file another user could have written or replaced (`SteeringFileCheck`) is
 /// refused at each re-read: the request fails, naming the file and the fix. The value sent is
 /// read from the file that was judged (one open descriptor).
 final class HeaderFile: Sendable {

@@ -1,10 +1,11 @@
 // Provider layer: how a token provider's JSON answer is read, for any fetcher.
 
+public import FleetTokenStore
 public import Foundation
 
 /// How a token provider's JSON answer is read: the token field for the key's kind and the
 /// expiration field in a given format. Pure (no I/O), so it can be fuzzed, and usable by any
-/// ``TokenFetcher``; FleetTokenHTTP's fetcher reads every answer with it.
+/// `TokenFetcher`; FleetTokenHTTP's fetcher reads every answer with it.
 public struct ProviderResponseFormat: Sendable, Equatable {
     /// How `TOKEN_EXPIRATION` is written. The Fleet Engine samples disagree: the Swift sample
     /// reads absolute Unix seconds, the Objective-C sample seconds from now.
@@ -65,8 +66,8 @@ public struct ProviderResponseFormat: Sendable, Equatable {
     }
 
     /// Reads the provider's answer `data` for `key` at `now`.
-    /// - Throws: ``TokenProviderError/notJSON(detail:)`` when the body is not a JSON object, or
-    ///   ``TokenProviderError/missingData(field:)`` naming the token or expiration field that is
+    /// - Throws: `TokenProviderError.notJSON(detail:)` when the body is not a JSON object, or
+    ///   `TokenProviderError.missingData(field:)` naming the token or expiration field that is
     ///   missing or unreadable. Never quotes the body.
     public func parse(_ data: Data, for key: TokenKey, now: Date, providerDate: Date? = nil) throws(TokenProviderError) -> FetchedToken {
         guard let document = JSONValue.parse(data) else {

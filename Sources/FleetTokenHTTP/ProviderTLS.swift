@@ -16,7 +16,7 @@ import Glibc
 /// Where the fetcher's TLS material comes from: the CAs it trusts and the client certificate it
 /// presents (mutual TLS). All PEM files, re-read when they change on disk; each must belong to
 /// the running user or root and be writable by neither group nor others, nor lie in a directory
-/// another user could write to (``SteeringFileCheck``).
+/// another user could write to (`SteeringFileCheck`).
 public struct ProviderTLSFiles: Sendable, Equatable {
     /// PEM bundles that replace the system's trust roots (a private CA). Empty: system roots.
     public var caFiles: [String] = []
@@ -37,7 +37,7 @@ public struct ProviderTLSFiles: Sendable, Equatable {
 /// The TLS configuration built from ``ProviderTLSFiles``, rebuilt when any of the files changes
 /// (certificates rotate on disk, as header files do). A rebuild that fails (a certificate and a
 /// key that do not match while a rotation is half written, an unreadable file, a file another
-/// user could have written or replaced: ``SteeringFileCheck``) keeps the last good configuration and warns
+/// user could have written or replaced: `SteeringFileCheck`) keeps the last good configuration and warns
 /// once; requests in flight keep their connections.
 final class ProviderTLS: Sendable {
     /// Warned about when the client certificate expires within this. Seven days.

@@ -1,6 +1,7 @@
 // Provider layer: the body of a POST to the token provider, checked once when configured and
 // filled in per key. How values are written is in RequestBodyTemplate+Encoding.swift.
 
+public import FleetTokenStore
 import Foundation
 
 /// The body of a POST to the token provider, with `{kind}` and `{id}` filled in per key
@@ -16,7 +17,7 @@ import Foundation
 ///   form decoder also reads as a space), so `&`, `=`, `+` and `%` in an id stay data.
 /// - `text/plain`: the value as is.
 ///
-/// Only the exact placeholders `{kind}` (``TokenKind``'s raw value, e.g. `deliveryVehicle`) and
+/// Only the exact placeholders `{kind}` (`TokenKind`'s raw value, e.g. `deliveryVehicle`) and
 /// `{id}` are replaced, in one pass: an id containing `{kind}` stays as it is.
 public struct RequestBodyTemplate: Sendable, Equatable {
     /// How placeholders are written into the body.

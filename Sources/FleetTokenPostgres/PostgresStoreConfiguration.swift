@@ -1,8 +1,8 @@
 // FleetTokenPostgres: how the repository talks to the database (timeouts, pool size, the
 // change feed's reconnect pacing), and the postgres-nio client settings made from it.
-public import FleetTokenStore
+import FleetTokenStore
 import FleetTokenMigrations
-public import Foundation
+import Foundation
 import NIOSSL
 import PostgresNIO
 

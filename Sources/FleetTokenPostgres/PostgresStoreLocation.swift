@@ -1,8 +1,8 @@
 // FleetTokenPostgres: where the token database is, read from a libpq-style connection URL
 // (`postgres://user@host:5432/db?sslmode=verify-full&sslrootcert=/path/ca.pem&schema=fleet`).
 // The password never appears in a description, a log or an error.
-public import FleetTokenStore
-public import Foundation
+import FleetTokenStore
+import Foundation
 
 /// Where a PostgreSQL token store lives and how to reach it, from a connection URL.
 ///

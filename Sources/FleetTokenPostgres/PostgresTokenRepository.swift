@@ -5,7 +5,7 @@
 // to its protocol there. Every statement runs through one PostgresStatementRunner, over a
 // postgres-nio client whose run() is a child task of withRepository.
 public import FleetTokenStore
-public import Foundation
+import Foundation
 public import Logging
 import PostgresNIO
 import Synchronization

@@ -2,24 +2,24 @@
 // the rules as written, resolved to uids and gids, and the decision for one caller. Pure values;
 // name resolution is passed in.
 
-public import FleetTokenStore
+package import FleetTokenStore
 #if canImport(Glibc)
-public import Glibc
+package import Glibc
 #endif
 
 /// Who called over a Unix socket, as the kernel says (`SO_PEERCRED`, `SO_PEERGROUPS`).
-public struct PeerIdentity: Sendable, Equatable, CustomStringConvertible {
+package struct PeerIdentity: Sendable, Equatable, CustomStringConvertible {
     /// The caller's effective user id.
-    public let uid: uid_t
+    package let uid: uid_t
     /// The caller's effective group id.
-    public let gid: gid_t
+    package let gid: gid_t
     /// The caller's process id when it connected.
-    public let pid: pid_t
+    package let pid: pid_t
     /// The caller's supplementary groups (may be empty when they could not be read).
-    public let groups: [gid_t]
+    package let groups: [gid_t]
 
     /// An identity from its parts.
-    public init(uid: uid_t, gid: gid_t, pid: pid_t, groups: [gid_t] = []) {
+    package init(uid: uid_t, gid: gid_t, pid: pid_t, groups: [gid_t] = []) {
         self.uid = uid
         self.gid = gid
         self.pid = pid
@@ -27,14 +27,14 @@ public struct PeerIdentity: Sendable, Equatable, CustomStringConvertible {
     }
 
     /// `uid=1001 pid=4242`.
-    public var description: String { "uid=\(uid) pid=\(pid)" }
+    package var description: String { "uid=\(uid) pid=\(pid)" }
 }
 
 /// One `--allow-client` rule: a user or group (by name or number) and a `KIND:GLOB` pattern of
 /// the subjects it grants, e.g. `user:dispatch vehicle:*` or `gid:1002 trip:T-*`.
 public struct ClientRule: Sendable, Equatable, CustomStringConvertible {
     /// Whom the rule is for.
-    public enum Principal: Sendable, Equatable, CustomStringConvertible {
+    package enum Principal: Sendable, Equatable, CustomStringConvertible {
         /// A user by name, resolved to its uid at start and on reload.
         case user(String)
         /// A group by name, resolved to its gid at start and on reload.
@@ -45,7 +45,7 @@ public struct ClientRule: Sendable, Equatable, CustomStringConvertible {
         case gid(gid_t)
 
         /// As written: `user:NAME`, `group:NAME`, `uid:N`, `gid:N`.
-        public var description: String {
+        package var description: String {
             switch self {
             case .user(let name): "user:\(name)"
             case .group(let name): "group:\(name)"
@@ -56,9 +56,9 @@ public struct ClientRule: Sendable, Equatable, CustomStringConvertible {
     }
 
     /// Whom the rule is for.
-    public let principal: Principal
+    package let principal: Principal
     /// The subjects it grants.
-    public let pattern: SubjectAllowList.Pattern
+    package let pattern: SubjectAllowList.Pattern
 
     /// Parses `user:NAME KIND:GLOB` (or `group:`, `uid:`, `gid:`).
     /// - Throws: ``ClientRuleError`` naming what is wrong.
@@ -91,12 +91,12 @@ public struct ClientRule: Sendable, Equatable, CustomStringConvertible {
 }
 
 /// A client rule that cannot be read or resolved: thrown by ``ClientRule/init(parsing:)`` and
-/// ``ClientAccessPolicy/init(rules:user:group:)``.
+/// ``ClientAccessPolicy/init(rules:)``.
 public struct ClientRuleError: Error, Sendable, Equatable, CustomStringConvertible {
     /// The rule as given.
-    public let rule: String
+    package let rule: String
     /// What is wrong and what to write.
-    public let problem: String
+    package let problem: String
 
     init(rule: String, problem: String) {
         self.rule = rule
@@ -117,14 +117,22 @@ public struct ClientAccessPolicy: Sendable, Equatable {
     private var byUID: [uid_t: [SubjectAllowList.Pattern]] = [:]
     private var byGID: [gid_t: [SubjectAllowList.Pattern]] = [:]
     /// The rules as given.
-    public let rules: [ClientRule]
+    package let rules: [ClientRule]
 
     /// True when no rule is given: callers are not told apart.
-    public var isEmpty: Bool { rules.isEmpty }
+    package var isEmpty: Bool { rules.isEmpty }
 
-    /// Resolves `rules`; `user` and `group` look names up (`getpwnam`, `getgrnam` by default).
+    /// Resolves `rules`, looking user and group names up in the host's database (`getpwnam`,
+    /// `getgrnam`).
     /// - Throws: ``ClientRuleError`` for a name that does not exist.
-    public init(rules: [ClientRule], user: (String) -> uid_t? = SystemAccounts.uid(named:),
+    public init(rules: [ClientRule]) throws(ClientRuleError) {
+        try self.init(rules: rules, user: SystemAccounts.uid(named:), group: SystemAccounts.gid(named:))
+    }
+
+    /// Resolves `rules`; `user` and `group` look names up (tests pass their own; `group`
+    /// defaults to `getgrnam`).
+    /// - Throws: ``ClientRuleError`` for a name that does not exist.
+    package init(rules: [ClientRule], user: (String) -> uid_t?,
                 group: (String) -> gid_t? = SystemAccounts.gid(named:)) throws(ClientRuleError) {
         self.rules = rules
         for rule in rules {
@@ -146,7 +154,7 @@ public struct ClientAccessPolicy: Sendable, Equatable {
     }
 
     /// True when a rule for `caller` (its uid, gid or a supplementary group) grants `key`.
-    public func allows(_ key: TokenKey, for caller: PeerIdentity) -> Bool {
+    package func allows(_ key: TokenKey, for caller: PeerIdentity) -> Bool {
         if byUID[caller.uid]?.contains(where: { $0.matches(key) }) == true { return true }
         if byGID[caller.gid]?.contains(where: { $0.matches(key) }) == true { return true }
         return caller.groups.contains { byGID[$0]?.contains(where: { $0.matches(key) }) == true }
@@ -154,9 +162,9 @@ public struct ClientAccessPolicy: Sendable, Equatable {
 }
 
 /// The host's user and group database (`getpwnam_r`, `getgrnam_r`).
-public enum SystemAccounts {
+package enum SystemAccounts {
     /// The uid of the user `name`, or nil when there is none.
-    public static func uid(named name: String) -> uid_t? {
+    package static func uid(named name: String) -> uid_t? {
         var size = 16_384
         // ERANGE: the entry is larger than the buffer (a long list of fields); grow and retry.
         while size <= 16 << 20 {
@@ -171,7 +179,7 @@ public enum SystemAccounts {
     }
 
     /// The gid of the group `name`, or nil when there is none.
-    public static func gid(named name: String) -> gid_t? {
+    package static func gid(named name: String) -> gid_t? {
         var size = 65_536
         // ERANGE: a group with many members does not fit; grow and retry.
         while size <= 64 << 20 {

@@ -16,7 +16,7 @@ package enum JSONText {
     ///
     /// A Swift `String` always holds valid Unicode (invalid UTF-8 or a lone UTF-16 surrogate
     /// became U+FFFD when the string was decoded), so the result is always valid JSON.
-    static func appendQuoted(_ text: String, to output: inout String) {
+    package static func appendQuoted(_ text: String, to output: inout String) {
         output += "\""
         // Tokens are base64url and dots, most log text is plain: nothing to escape, one copy.
         if text.utf8.allSatisfy({ $0 >= 0x20 && $0 != UInt8(ascii: "\"") && $0 != UInt8(ascii: "\\") }) {

@@ -14,9 +14,9 @@ public struct SubjectAllowList: Sendable, Equatable {
     /// One `KIND:GLOB` pattern.
     public struct Pattern: Sendable, Equatable, CustomStringConvertible {
         /// The kind it applies to.
-        public let kind: TokenKind
+        package let kind: TokenKind
         /// The glob over the id, as written.
-        public let glob: String
+        package let glob: String
         /// The glob's literal pieces between `*`s, as UTF-8 bytes: ids match byte for byte, as
         /// keys compare.
         private let pieces: [[UInt8]]
@@ -40,7 +40,7 @@ public struct SubjectAllowList: Sendable, Equatable {
         }
 
         /// True when `key` is of this kind and its id matches the glob.
-        public func matches(_ key: TokenKey) -> Bool {
+        package func matches(_ key: TokenKey) -> Bool {
             key.kind == kind && Self.match(Array(key.subjectID.utf8)[...], pieces[...])
         }
 
@@ -77,9 +77,9 @@ public struct SubjectAllowList: Sendable, Equatable {
     }
 
     /// Subjects always allowed (the agent's configured subjects).
-    public var subjects: Set<TokenKey>
+    package var subjects: Set<TokenKey>
     /// Patterns of further allowed subjects.
-    public var patterns: [Pattern]
+    package var patterns: [Pattern]
 
     /// An allow list of `subjects` and `patterns`.
     public init(subjects: Set<TokenKey> = [], patterns: [Pattern] = []) {
@@ -88,38 +88,38 @@ public struct SubjectAllowList: Sendable, Equatable {
     }
 
     /// True when a client may ask for `key`.
-    public func allows(_ key: TokenKey) -> Bool {
+    package func allows(_ key: TokenKey) -> Bool {
         subjects.contains(key) || patterns.contains { $0.matches(key) }
     }
 }
 
 /// An allow pattern that cannot be read: thrown by ``SubjectAllowList/Pattern/init(parsing:)``.
 ///
-/// Check ``code`` against the static values of ``Code`` (`error.code == .unknownKind`).
+/// Its ``description`` names the pattern and says what is wrong and how to write it.
 public struct SubjectPatternError: Error, Sendable, Equatable, CustomStringConvertible {
     /// What is wrong. More codes may come: match them with `==`, keep a `default`.
-    public struct Code: Hashable, Sendable, CustomStringConvertible {
+    package struct Code: Hashable, Sendable, CustomStringConvertible {
         fileprivate enum Value: String, Sendable { case invalidForm, unknownKind, emptyIDPattern }
 
         fileprivate let value: Value
 
         /// Not `KIND:GLOB` (no colon).
-        public static let invalidForm = Code(value: .invalidForm)
+        package static let invalidForm = Code(value: .invalidForm)
         /// The kind is not one of `TokenKind`'s.
-        public static let unknownKind = Code(value: .unknownKind)
+        package static let unknownKind = Code(value: .unknownKind)
         /// Nothing after the colon.
-        public static let emptyIDPattern = Code(value: .emptyIDPattern)
+        package static let emptyIDPattern = Code(value: .emptyIDPattern)
 
         /// The code's name, e.g. `unknownKind`.
-        public var description: String { value.rawValue }
+        package var description: String { value.rawValue }
     }
 
     /// What is wrong.
-    public let code: Code
+    package let code: Code
     /// The pattern as given.
-    public let pattern: String
+    package let pattern: String
     /// What is wrong and how to write it.
-    public let problem: String
+    package let problem: String
 
     init(_ code: Code, pattern: String, problem: String) {
         self.code = code

@@ -4,7 +4,7 @@
 
 public import FleetTokenStore
 public import Foundation
-public import HTTPTypes
+package import HTTPTypes
 public import Hummingbird
 public import Logging
 import NIOCore
@@ -23,12 +23,12 @@ import Glibc
 /// - `GET /v1/subjects`: what the engine holds, without token values.
 /// - `GET /healthz`, `GET /readyz`, `GET /metrics`.
 ///
-/// Every route but ``publicPaths`` requires `Fleet-Token-Request: true` (so that a local proxy,
-/// a server-side request forgery or an HTML form cannot reach tokens), decided on the route that
-/// matched; a request target not in normal form (empty, `.` or `..` segments, needless escapes)
-/// is `400` before routing; no request may carry `X-Forwarded-For` or `Forwarded`. On TCP, the
-/// `Host` must be `localhost` or a loopback address (`421` otherwise: DNS rebinding) and a
-/// request with an `Origin` header is `403`.
+/// Every route but `/healthz`, `/readyz` and `/metrics` requires `Fleet-Token-Request: true` (so
+/// that a local proxy, a server-side request forgery or an HTML form cannot reach tokens),
+/// decided on the route that matched; a request target not in normal form (empty, `.` or `..`
+/// segments, needless escapes) is `400` before routing; no request may carry `X-Forwarded-For`
+/// or `Forwarded`. On TCP, the `Host` must be `localhost` or a loopback address (`421`
+/// otherwise: DNS rebinding) and a request with an `Origin` header is `403`.
 public struct TokenAPI: Sendable {
     /// What the API serves and how.
     public struct Configuration: Sendable {
@@ -45,7 +45,7 @@ public struct TokenAPI: Sendable {
         /// hold; a request for one more is `503` with `Retry-After`. Default 10,000.
         public var maxDynamicSubjects = 10_000
         /// The most subjects one `GET /v1/subjects` lists when the request names no `limit`.
-        public var subjectsPageSize = 1_000
+        package var subjectsPageSize = 1_000
         /// Prometheus text for `GET /metrics`; nil answers `404`.
         public var metricsText: (@Sendable () -> String)?
 
@@ -57,27 +57,29 @@ public struct TokenAPI: Sendable {
     }
 
     /// The header every token request carries, with the value `true`.
-    public static let requestHeader = HTTPField.Name("Fleet-Token-Request")!
+    package static let requestHeader = HTTPField.Name("Fleet-Token-Request")!
     /// The response header naming the served token's fingerprint (also in the access log).
-    public static let fingerprintHeader = HTTPField.Name("Fleet-Token-Fingerprint")!
+    package static let fingerprintHeader = HTTPField.Name("Fleet-Token-Fingerprint")!
 
     let engine: TokenSyncEngine
     let configuration: Configuration
     /// The allow list and readiness subjects in force (replaced by ``replaceSubjects(_:)``).
     let subjectsInForce: SubjectsInForce
     let limiter: InvalidationLimiter
-    let storeHealth: StoreHealth
+    /// The store's last write problem, for `/readyz`: ``TokenAPIService`` keeps it from the
+    /// engine's events.
+    let storeWrites: StoreWriteState
     let audit: HandoutAudit
     let logger: Logger
 
-    /// An API over `engine`. `storeHealth` is what ``TokenAPIService`` keeps from the engine's events.
-    public init(engine: TokenSyncEngine, configuration: Configuration, storeHealth: StoreHealth = StoreHealth(), logger: Logger) {
+    /// An API over `engine`, serving what `configuration` allows.
+    public init(engine: TokenSyncEngine, configuration: Configuration, logger: Logger) {
         self.engine = engine
         self.configuration = configuration
         self.subjectsInForce = SubjectsInForce(allowList: configuration.allowList, readiness: configuration.readinessSubjects,
                                                clients: configuration.clientPolicy)
         self.limiter = InvalidationLimiter(interval: configuration.invalidateInterval)
-        self.storeHealth = storeHealth
+        self.storeWrites = StoreWriteState()
         self.audit = HandoutAudit(logger: logger)
         self.logger = logger
     }
@@ -86,7 +88,7 @@ public struct TokenAPI: Sendable {
     /// now on, and they are allowed without a pattern. Subjects no longer listed stay allowed
     /// until the process restarts, so that a client still using one keeps getting it (the engine
     /// keeps it fresh while it is used); the allow patterns stay.
-    public func replaceSubjects(_ subjects: [TokenKey]) {
+    package func replaceSubjects(_ subjects: [TokenKey]) {
         subjectsInForce.state.withLock { state in
             state.allowList.subjects.formUnion(subjects)
             state.readiness = subjects
@@ -96,18 +98,18 @@ public struct TokenAPI: Sendable {
     /// Replaces the allow patterns (a reloaded configuration). Unlike removed subjects, a
     /// removed pattern stops matching at once: patterns are an operator's access rule, and
     /// narrowing one must take effect without a restart.
-    public func replaceAllowPatterns(_ patterns: [SubjectAllowList.Pattern]) {
+    package func replaceAllowPatterns(_ patterns: [SubjectAllowList.Pattern]) {
         subjectsInForce.state.withLock { $0.allowList.patterns = patterns }
     }
 
     /// Replaces the client rules (a reloaded configuration): in force for the next request.
-    public func replaceClientPolicy(_ policy: ClientAccessPolicy) {
+    package func replaceClientPolicy(_ policy: ClientAccessPolicy) {
         subjectsInForce.state.withLock { $0.clients = policy }
     }
 
     /// Replaces the allow patterns and the client rules at once (a reloaded configuration), so
     /// that no request is decided on the new patterns with the old rules, or the reverse.
-    public func replaceAccess(patterns: [SubjectAllowList.Pattern], clients: ClientAccessPolicy) {
+    package func replaceAccess(patterns: [SubjectAllowList.Pattern], clients: ClientAccessPolicy) {
         subjectsInForce.state.withLock { state in
             state.allowList.patterns = patterns
             state.clients = clients
@@ -138,7 +140,7 @@ public struct TokenAPI: Sendable {
     }
 
     /// The routes served without the request header: they carry no token.
-    public static let publicPaths: Set<String> = ["/healthz", "/readyz", "/metrics"]
+    package static let publicPaths: Set<String> = ["/healthz", "/readyz", "/metrics"]
 
     // MARK: routes
 
@@ -257,7 +259,7 @@ public struct TokenAPI: Sendable {
 
     func readiness() async -> Response {
         var reasons: [String] = []
-        if let problem = storeHealth.problem { reasons.append("the store cannot be written: \(problem)") }
+        if let problem = storeWrites.problem { reasons.append("the store cannot be written: \(problem)") }
         let (readiness, clients) = subjectsInForce.state.withLock { ($0.readiness, $0.clients) }
         var unusable = 0
         for key in readiness {

@@ -11,7 +11,7 @@ public struct TokenAPIRequestContext: RequestContext {
     /// The connection the request came on (to look its caller up).
     let connection: ObjectIdentifier
     /// The caller's identity, set by the access rules on a Unix socket; nil on TCP.
-    public internal(set) var peer: PeerIdentity?
+    package internal(set) var peer: PeerIdentity?
 
     /// A context for a request arriving on `source`'s channel.
     public init(source: ApplicationRequestContextSource) {

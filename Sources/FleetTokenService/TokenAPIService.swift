@@ -56,10 +56,11 @@ public enum ListenAddress: Sendable, Equatable, CustomStringConvertible {
 /// A token API set-up problem, said for an operator: thrown by
 /// ``ListenAddress/init(parsing:allowNonLoopback:)`` and ``TokenAPIService/prepare()``.
 ///
-/// Check ``code`` against the static values of ``Code`` (`error.code == .socketInUse`).
+/// Its ``description`` says what is wrong and what to do; the tools and tests of this package
+/// also tell the cases apart by `code`.
 public struct TokenAPIError: Error, Sendable, Equatable, CustomStringConvertible {
     /// What is wrong. More codes may come: match them with `==`, keep a `default`.
-    public struct Code: Hashable, Sendable, CustomStringConvertible {
+    package struct Code: Hashable, Sendable, CustomStringConvertible {
         fileprivate enum Value: String, Sendable {
             case invalidAddress, nonLoopbackAddress, socketDirectoryMissing, socketDirectoryUnsafe, notASocket, socketInUse, socketNotPlaced
         }
@@ -67,26 +68,26 @@ public struct TokenAPIError: Error, Sendable, Equatable, CustomStringConvertible
         fileprivate let value: Value
 
         /// The listen address is neither `unix:PATH` nor `HOST:PORT`.
-        public static let invalidAddress = Code(value: .invalidAddress)
+        package static let invalidAddress = Code(value: .invalidAddress)
         /// A TCP address off loopback, not allowed.
-        public static let nonLoopbackAddress = Code(value: .nonLoopbackAddress)
+        package static let nonLoopbackAddress = Code(value: .nonLoopbackAddress)
         /// The socket's directory does not exist.
-        public static let socketDirectoryMissing = Code(value: .socketDirectoryMissing)
+        package static let socketDirectoryMissing = Code(value: .socketDirectoryMissing)
         /// The socket's directory belongs to another user or is writable by everyone.
-        public static let socketDirectoryUnsafe = Code(value: .socketDirectoryUnsafe)
+        package static let socketDirectoryUnsafe = Code(value: .socketDirectoryUnsafe)
         /// Something other than a socket is at the socket's path.
-        public static let notASocket = Code(value: .notASocket)
+        package static let notASocket = Code(value: .notASocket)
         /// Another process answers on the socket.
-        public static let socketInUse = Code(value: .socketInUse)
+        package static let socketInUse = Code(value: .socketInUse)
         /// The socket, bound in private, could not be given its mode or moved to its path.
-        public static let socketNotPlaced = Code(value: .socketNotPlaced)
+        package static let socketNotPlaced = Code(value: .socketNotPlaced)
 
         /// The code's name, e.g. `socketInUse`.
-        public var description: String { value.rawValue }
+        package var description: String { value.rawValue }
     }
 
     /// What is wrong.
-    public let code: Code
+    package let code: Code
     /// The listen address as given, or the socket's path, at fault.
     public let address: String
     /// What is wrong and what to do.
@@ -137,7 +138,7 @@ public struct TokenAPIService: Service {
     /// Serves until graceful shutdown or cancellation.
     public func run() async throws {
         try prepare()
-        let health = api.storeHealth
+        let storeWrites = api.storeWrites
         let events = engine.events()
         // A socket that could not be put in place makes the service fail (and the agent stop)
         // rather than run unreachable.
@@ -149,7 +150,7 @@ public struct TokenAPIService: Service {
                 try await cancelWhenGracefulShutdown { for await failure in placementFailures { throw failure } }
             }
             // Ends at graceful shutdown: the service group stops the engine only after this service.
-            group.addTask { await cancelWhenGracefulShutdown { for await event in events { health.record(event) } } }
+            group.addTask { await cancelWhenGracefulShutdown { for await event in events { storeWrites.record(event) } } }
             // The invalidation limiter forgets a burst while nothing else is asked (state that
             // requests made must not outlive them).
             let limiter = api.limiter

@@ -2,7 +2,7 @@
 // come by the time it begins returns at once, decided under the same lock that `advance` takes,
 // so a sleep that starts late (a loaded machine) never waits for a time that already passed.
 
-public import Foundation
+import Foundation
 import Synchronization
 
 /// A `Clock` whose time moves only through ``advance(by:)``.

@@ -62,7 +62,7 @@ struct AgentOptionTableTests {
         #expect(fromFlag.settings == fromVariable.settings && fromFlag.settings == fromFile.settings)
         #expect(fromFlag.settings.values == fromVariable.settings.values && fromFlag.settings.values == fromFile.settings.values)
         #expect(fromFlag.printed == fromVariable.printed && fromFlag.printed == fromFile.printed)
-        #expect(fromFlag.settings.origins.origin(of: key) == .flag && fromVariable.settings.origins.origin(of: key) == .environment)
+        #expect(fromFlag.settings.origins.origin(of: key) == .flag && fromVariable.settings.origins.origin(of: key) == .environment(option.environmentName))
         #expect(fromFlag.settings.differingOptions(from: AgentSettings()).map(\.key) == [key], "one option set, one option differs")
         if option.shape != .list && option.shape != .text {
             // A value of the wrong shape is refused by every source, naming it as given.

@@ -84,7 +84,7 @@ struct ConfigFileTests {
         let path = scratch.file("token-agent.yaml")
         let text = Self.everyKey(scratch)
         try text.write(toFile: path, atomically: true, encoding: .utf8)
-        let result = try await runToEnd("token-agent", ["--config", path, "--print-config"], in: scratch)
+        let result = try await AgentFixture.run(["--config", path, "--print-config"], in: scratch)
         #expect(result.status == 0, "\(result.stderr)")
         let printed = Self.printed(result.stdout)
         let fileLines = text.split(separator: "\n", omittingEmptySubsequences: false)
@@ -108,7 +108,7 @@ struct ConfigFileTests {
         let json = scratch.file("token-agent.json")
         try #"{"provider-url": "https://auth.example.com/{kind}/{id}", "vehicle": ["a", "b"], "connect-timeout": 3}"#
             .write(toFile: json, atomically: true, encoding: .utf8)
-        let fromJSON = try await runToEnd("token-agent", ["--config", json, "--print-config"], in: scratch)
+        let fromJSON = try await AgentFixture.run(["--config", json, "--print-config"], in: scratch)
         #expect(fromJSON.status == 0, "\(fromJSON.stderr)")
         #expect(Self.printed(fromJSON.stdout)["vehicle"]?.value == #"["a", "b"]"#)
         #expect(Self.printed(fromJSON.stdout)["connect-timeout"]?.origin == "\(json):1 (connect-timeout)")
@@ -130,7 +130,7 @@ struct ConfigFileTests {
             "TOKEN_AGENT_CONFIG": path, "TOKEN_AGENT_LOG_LEVEL": "warning", "TOKEN_AGENT_CONNECT_TIMEOUT": "8",
             "TOKEN_AGENT_VEHICLE": "env-a,env-b", "TOKEN_AGENT_HEADER": "Authorization: Bearer env-secret-value",
         ]
-        let result = try await runToEnd("token-agent", ["--print-config", "--connect-timeout", "9", "--header", "X-Flag: flag-secret-value"],
+        let result = try await AgentFixture.run(["--print-config", "--connect-timeout", "9", "--header", "X-Flag: flag-secret-value"],
                                         environment: environment, in: scratch)
         #expect(result.status == 0, "\(result.stderr)")
         let printed = Self.printed(result.stdout)
@@ -145,7 +145,7 @@ struct ConfigFileTests {
         #expect(result.stdout.contains("Config file: \(path)."))
 
         // Header values may hold commas: in a variable, headers go one a line.
-        let headers = try await runToEnd("token-agent", ["--config", path, "--print-config"],
+        let headers = try await AgentFixture.run(["--config", path, "--print-config"],
                                          environment: ["TOKEN_AGENT_HEADER": "Accept: a, b\nX-Other: c"], in: scratch)
         #expect(headers.status == 0, "\(headers.stderr)")
         #expect(Self.printed(headers.stdout)["header"]?.value == #"["Accept: <redacted>", "X-Other: <redacted>"]"#)
@@ -159,7 +159,7 @@ struct ConfigFileTests {
         let text = try String(contentsOfFile: sample, encoding: .utf8)
         #expect(text.split(separator: "\n").filter { $0.hasPrefix("#") }.count >= 20, "the sample explains itself in comments")
         let scratch = Scratch()
-        let result = try await runToEnd("token-agent", ["--config", sample, "--print-config"], in: scratch)
+        let result = try await AgentFixture.run(["--config", sample, "--print-config"], in: scratch)
         #expect(result.status == 0, "\(result.stderr)")
         let printed = Self.printed(result.stdout)
         #expect(printed["provider-url"]?.origin.hasPrefix(sample) == true)
@@ -186,7 +186,7 @@ struct ConfigFileTests {
     func badFile(_ text: String, _ expected: String) async throws {
         let scratch = Scratch()
         try text.write(toFile: scratch.file("agent.yaml"), atomically: true, encoding: .utf8)
-        let result = try await runToEnd("token-agent", ["--config", scratch.file("agent.yaml")], in: scratch)
+        let result = try await AgentFixture.run(["--config", scratch.file("agent.yaml")], in: scratch)
         #expect(result.status == 64)
         #expect(result.stderr.contains(expected), "\(result.stderr)")
         for secret in Self.secrets { #expect(!result.stderr.contains(secret)) }
@@ -195,19 +195,19 @@ struct ConfigFileTests {
     @Test("a missing config file, an unknown TOKEN_AGENT_ variable and a bad variable value are usage errors")
     func badSources() async throws {
         let scratch = Scratch()
-        let missing = try await runToEnd("token-agent", ["--config", scratch.file("nope.yaml")], in: scratch)
+        let missing = try await AgentFixture.run(["--config", scratch.file("nope.yaml")], in: scratch)
         #expect(missing.status == 64)
         #expect(missing.stderr.contains("config file \(scratch.file("nope.yaml")): cannot be read: No such file or directory"), "\(missing.stderr)")
 
-        let unknown = try await runToEnd("token-agent", ["--vehicle", "a"], environment: ["TOKEN_AGENT_PROVIDR_URL": "https://x/{id}"], in: scratch)
+        let unknown = try await AgentFixture.run(["--vehicle", "a"], environment: ["TOKEN_AGENT_PROVIDR_URL": "https://x/{id}"], in: scratch)
         #expect(unknown.status == 64)
         #expect(unknown.stderr.contains("unknown environment variable TOKEN_AGENT_PROVIDR_URL"), "\(unknown.stderr)")
 
-        let badValue = try await runToEnd("token-agent", ["--vehicle", "a"], environment: ["TOKEN_AGENT_REQUEST_TIMEOUT": "forever"], in: scratch)
+        let badValue = try await AgentFixture.run(["--vehicle", "a"], environment: ["TOKEN_AGENT_REQUEST_TIMEOUT": "forever"], in: scratch)
         #expect(badValue.status == 64)
         #expect(badValue.stderr.contains("TOKEN_AGENT_REQUEST_TIMEOUT: 'forever' is not a number of seconds"), "\(badValue.stderr)")
 
-        let badToggle = try await runToEnd("token-agent", ["--vehicle", "a"], environment: ["TOKEN_AGENT_ONCE": "perhaps"], in: scratch)
+        let badToggle = try await AgentFixture.run(["--vehicle", "a"], environment: ["TOKEN_AGENT_ONCE": "perhaps"], in: scratch)
         #expect(badToggle.status == 64)
         #expect(badToggle.stderr.contains("TOKEN_AGENT_ONCE: 'perhaps' is not true or false"), "\(badToggle.stderr)")
     }

@@ -165,7 +165,7 @@ struct ManualPageTests {
     @Test("--experimental-dump-help is ArgumentParser's ToolInfo (version 0); a bad --generate-completion-script shell is a usage error")
     func dumpHelpAndBadShell() async throws {
         let scratch = Scratch()
-        let dump = try await runToEnd("token-agent", ["--experimental-dump-help"], in: scratch)
+        let dump = try await AgentFixture.run(["--experimental-dump-help"], in: scratch)
         #expect(dump.status == 0)
         let json = try #require(try JSONSerialization.jsonObject(with: Data(dump.stdout.utf8)) as? [String: Any])
         #expect(json["serializationVersion"] as? Int == 0)
@@ -174,7 +174,7 @@ struct ManualPageTests {
         let names = (command["arguments"] as? [[String: Any]] ?? []).compactMap { ($0["preferredName"] as? [String: Any])?["name"] as? String }
         #expect(names == AgentHelp.entries.map(\.key) + ["help"])
 
-        let bad = try await runToEnd("token-agent", ["--generate-completion-script", "tcsh"], in: scratch)
+        let bad = try await AgentFixture.run(["--generate-completion-script", "tcsh"], in: scratch)
         #expect(bad.status == 64)
         #expect(bad.stderr.contains("The value 'tcsh' is invalid for '--generate-completion-script <shell>'"), "\(bad.stderr)")
     }

@@ -13,7 +13,7 @@ struct ServiceManagerTests {
     /// token-agent on its own store against `issuer`, with `arguments` and `environment`.
     static func agent(_ scratch: Scratch, _ issuer: IssuerProcess, _ arguments: [String],
                       environment: [String: String] = [:]) throws -> RunningProcess {
-        try RunningProcess("token-agent", ["--db", scratch.file("tokens.sqlite"), "--provider-url", issuer.template] + arguments,
+        try AgentFixture.launch(["--db", scratch.file("tokens.sqlite"), "--provider-url", issuer.template] + arguments,
                            environment: environment, in: scratch)
     }
 
@@ -75,7 +75,7 @@ struct ServiceManagerTests {
         let receiver = try NotifySocketReceiver(directory: scratch.path)
         defer { receiver.close() }
         // Nothing listens on port 9 of loopback: every attempt fails at once.
-        let agent = try RunningProcess("token-agent", ["--db", scratch.file("tokens.sqlite"), "--provider-url", "http://127.0.0.1:9/{kind}/{id}",
+        let agent = try AgentFixture.launch(["--db", scratch.file("tokens.sqlite"), "--provider-url", "http://127.0.0.1:9/{kind}/{id}",
                                                        "--vehicle", "a"], environment: ["NOTIFY_SOCKET": receiver.notifySocket], in: scratch)
         defer { agent.signal(SIGKILL) }
         let ready = try #require(await receiver.next(timeout: .seconds(30)) { $0.contains("READY=1") }, "\(agent.stderr)")

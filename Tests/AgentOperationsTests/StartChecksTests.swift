@@ -36,14 +36,14 @@ struct StartChecksTests {
         let (name, arguments, message) = Self.badConfigurations[index]
         let scratch = Scratch()
         let db = scratch.file("tokens.sqlite")
-        let checked = try await runToEnd("token-agent", ["--db", db, "--check-config"] + arguments, in: scratch)
+        let checked = try await AgentFixture.run(["--db", db, "--check-config"] + arguments, in: scratch)
         #expect(checked.status == 64, "\(name): \(checked.stderr)")
         #expect(checked.stderr.contains(message), "\(name): \(checked.stderr)")
         #expect(!checked.stdout.contains("configuration OK"))
         #expect(!FileManager.default.fileExists(atPath: db), "\(name): --check-config created the store")
 
         // A real start refuses it with the same message (before it opens the store).
-        let started = try await runToEnd("token-agent", ["--db", db] + arguments, in: scratch, timeout: 30)
+        let started = try await AgentFixture.run(["--db", db] + arguments, in: scratch, timeout: 30)
         #expect(started.status != 0, "\(name): \(started.stderr)")
         #expect(Self.firstLine(started.stderr) == Self.firstLine(checked.stderr), "\(name)")
     }
@@ -59,13 +59,13 @@ struct StartChecksTests {
         vehicle: [truck-7]
         listen: ["unix:\(scratch.file("api.sock"))"]
         """.write(toFile: config, atomically: true, encoding: .utf8)
-        let checked = try await runToEnd("token-agent", ["--config", config, "--check-config"], in: scratch)
+        let checked = try await AgentFixture.run(["--config", config, "--check-config"], in: scratch)
         #expect(checked.status == 0, "\(checked.stderr)")
         #expect(checked.stdout == "token-agent: configuration OK\n")
         #expect(!FileManager.default.fileExists(atPath: db))
         #expect(!FileManager.default.fileExists(atPath: scratch.file("api.sock")))
 
-        let demo = try await runToEnd("token-agent", ["--db", db, "--check-config"], in: scratch)
+        let demo = try await AgentFixture.run(["--db", db, "--check-config"], in: scratch)
         #expect(demo.status == 0, "\(demo.stderr)")
         #expect(demo.stdout == "token-agent: configuration OK\n")
         #expect(!demo.stderr.contains("DEMO MODE"), "no demo issuer was started")
@@ -81,20 +81,20 @@ struct StartChecksTests {
         try "db: \(fromFile)\n".write(toFile: config, atomically: true, encoding: .utf8)
         let environment = ["TOKEN_STORE_DB": fromVariable]
 
-        let printed = try await runToEnd("token-agent", ["--config", config, "--print-config"], environment: environment, in: scratch)
+        let printed = try await AgentFixture.run(["--config", config, "--print-config"], environment: environment, in: scratch)
         #expect(printed.status == 0, "\(printed.stderr)")
         #expect(printed.stdout.contains("db: \"\(fromVariable)\"  # TOKEN_STORE_DB"), "\(printed.stdout)")
 
         // A real start (demo mode, --once) writes the variable's store, not the file's.
-        let once = try await runToEnd("token-agent", ["--config", config, "--once"], environment: environment, in: scratch)
+        let once = try await AgentFixture.run(["--config", config, "--once"], environment: environment, in: scratch)
         #expect(once.status == 0, "\(once.stderr)")
         #expect(FileManager.default.fileExists(atPath: fromVariable))
         #expect(!FileManager.default.fileExists(atPath: fromFile))
 
-        let agentVariable = try await runToEnd("token-agent", ["--config", config, "--print-config"],
+        let agentVariable = try await AgentFixture.run(["--config", config, "--print-config"],
                                                environment: environment.merging(["TOKEN_AGENT_DB": scratch.file("agent.sqlite")]) { $1 }, in: scratch)
         #expect(agentVariable.stdout.contains("db: \"\(scratch.file("agent.sqlite"))\"  # TOKEN_AGENT_DB"), "\(agentVariable.stdout)")
-        let flag = try await runToEnd("token-agent", ["--config", config, "--db", scratch.file("flag.sqlite"), "--print-config"],
+        let flag = try await AgentFixture.run(["--config", config, "--db", scratch.file("flag.sqlite"), "--print-config"],
                                       environment: environment, in: scratch)
         #expect(flag.stdout.contains("db: \"\(scratch.file("flag.sqlite"))\"  # --db"), "\(flag.stdout)")
     }
@@ -112,7 +112,7 @@ struct StartChecksTests {
             """.write(toFile: config, atomically: true, encoding: .utf8)
         }
         try write("a")
-        let agent = try RunningProcess("token-agent", ["--config", config], in: scratch)
+        let agent = try AgentFixture.launch(["--config", config], in: scratch)
         defer { agent.signal(SIGKILL) }
         #expect(await agent.waitForOutput("token API listening", within: 30), "\(agent.stderr)")
         func reloads() -> Int { agent.stderr.components(separatedBy: "configuration reloaded").count - 1 }

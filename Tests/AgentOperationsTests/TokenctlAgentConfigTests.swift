@@ -23,7 +23,7 @@ struct TokenctlAgentConfigTests {
         vehicle: [truck-7]
         log-level: warning
         """.write(toFile: config, atomically: true, encoding: .utf8)
-        let once = try await runToEnd("token-agent", ["--config", config, "--once"], in: scratch)
+        let once = try await AgentFixture.run(["--config", config, "--once"], in: scratch)
         #expect(once.status == 0, "\(once.stderr)")
         return (config, db)
     }
@@ -79,5 +79,27 @@ struct TokenctlAgentConfigTests {
         let shape = try await runToEnd("tokenctl", ["list"], environment: ["TOKEN_AGENT_CONFIG": badShape], in: scratch)
         #expect(shape.status == 64)
         #expect(shape.stderr.contains("agent config file \(badShape):1: 'db' must be a single value"), "\(shape.stderr)")
+    }
+
+    @Test("the agent and tokenctl read the variables alike: an empty TOKEN_STORE_DB is unset, and TOKEN_AGENT_ENCRYPTION_KEY_FILE splits and trims as the agent's does")
+    func variablesReadAlike() async throws {
+        let scratch = Scratch()
+        let (_, db) = try await Self.installedAgent(scratch)
+
+        // Empty counts as unset, as for every TOKEN_AGENT_ variable and in tokenctl (the agent
+        // took "" for the store's path and refused the working directory).
+        let printed = try await AgentFixture.run(["--print-config"], environment: ["TOKEN_STORE_DB": ""], in: scratch)
+        #expect(printed.status == 0, "\(printed.stderr)")
+        #expect(printed.stdout.contains("db: \"./tokens.sqlite\"  # default"), "\(printed.stdout)")
+
+        // A list in a variable is split at commas and each item trimmed of every white space,
+        // a line break included: the same value opens the sealed store in both.
+        let keys = ["TOKEN_AGENT_ENCRYPTION_KEY_FILE": scratch.file("token-store.key") + "\n"]
+        let agent = try await AgentFixture.run(["--db", db, "--vehicle", "truck-7", "--once"], environment: keys, in: scratch)
+        #expect(agent.status == 0, "the agent opens the store with the variable's key: \(agent.stderr)")
+        let revealed = try await runToEnd("tokenctl", ["--db", db, "show", "vehicle", "truck-7", "--reveal", "--json"], environment: keys, in: scratch)
+        #expect(revealed.status == 0, "tokenctl opens it with the same variable: \(revealed.stderr)")
+        let object = (try? JSONSerialization.jsonObject(with: Data(revealed.stdout.utf8))) as? [String: Any]
+        #expect((object?["token"] as? String)?.split(separator: ".").count == 3, "\(revealed.stdout)")
     }
 }

@@ -250,7 +250,7 @@ struct HTTPTokenFetcherTests {
         #expect(throws: HTTPFetcherConfigurationError.invalidURL("ftp://x/{id}")) { try fetcher("ftp://x/{id}") }
         #expect(throws: HTTPFetcherConfigurationError.self) { try fetcher("https://x/{id}") { $0.headers = [(name: "Bad Name", value: "v")] } }
         #expect(throws: HTTPFetcherConfigurationError.self) { try fetcher("https://x/{id}") { $0.headers = [(name: "X", value: "a\r\nInjected: 1")] } }
-        // The library names its own setting; token-agent adds its flag (EndToEndTests).
+        // The library names its own setting; token-agent adds its flag (AgentOperationsTests).
         let message = HTTPFetcherConfigurationError.insecureHTTP(host: "h").description
         #expect(message.contains("allowInsecureHTTP") && !message.contains("--"), "\(message)")
     }

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+@testable import FleetTokenHTTP
 @testable import FleetTokenStore
 
 /// `tokenKey` and `expirationKey` as JSON pointers (RFC 6901) for answers that wrap the token.

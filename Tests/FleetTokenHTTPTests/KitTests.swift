@@ -1,4 +1,4 @@
-// Proves the issue-14 test kit (Kit/: TestPKI, TLSTokenServer, ConnectProxy) with AsyncHTTPClient
+// Proves the issue-14 test kit (TestSupportKit/TransportKit: TestPKI, TLSTokenServer, ConnectProxy) with AsyncHTTPClient
 // directly, before any fetcher code relies on it.
 
 import AsyncHTTPClient

@@ -24,7 +24,7 @@ struct ProviderRequestShapeTests {
     func postBody() async throws {
         let pki = try TestPKI()
         defer { pki.removeFiles() }
-        let server = try TLSTokenServer(pki: pki, answer: AgentTransportTests.anyKindToken { _ in ("task", "task 1/\"x\"") })
+        let server = try TLSTokenServer(pki: pki, answer: TLSTokenServer.anyKindToken { _ in ("task", "task 1/\"x\"") })
         try await server.whileRunning {
             var configuration = configuration("\(server.baseURL)/mint", pki: pki)
             configuration.method = .post
@@ -60,7 +60,7 @@ struct ProviderRequestShapeTests {
         let pki = try TestPKI()
         defer { pki.removeFiles() }
         let proxy = ConnectProxy(username: "gw", password: "pa:ss@word-long-enough")
-        let server = try TLSTokenServer(pki: pki, answer: AgentTransportTests.anyKindToken())
+        let server = try TLSTokenServer(pki: pki, answer: TLSTokenServer.anyKindToken())
         let dead = ConnectProxy()
         let deadPort = try await dead.whileRunning { dead.port }
         try await proxy.whileRunning {

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+@testable import FleetTokenHTTP
 @testable import FleetTokenStore
 
 @Suite("Proxy settings: HTTPS_PROXY, HTTP_PROXY, NO_PROXY and the agent's overrides")

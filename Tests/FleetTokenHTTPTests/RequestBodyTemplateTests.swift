@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+@testable import FleetTokenHTTP
 @testable import FleetTokenStore
 
 @Suite("Request body templates: {kind} and {id} in JSON, form and plain-text bodies")

@@ -2,6 +2,7 @@
 // level that a reload changes under loggers already handed out, and whole lines under concurrency.
 
 @testable import FleetTokenService
+@testable import TokenAgentRuntime
 import Foundation
 import Logging
 import Synchronization

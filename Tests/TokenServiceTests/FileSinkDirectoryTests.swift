@@ -4,6 +4,7 @@
 // Real directories, a real engine (in-memory store, scripted provider), no mocks.
 
 import FleetTokenService
+import TokenAgentRuntime
 import FleetTokenStore
 import FleetTokenStoreTesting
 import Foundation
@@ -65,7 +66,15 @@ struct UnsafeSinkLayout: Sendable, CustomTestStringConvertible {
     ]
 }
 
-extension FileSinkTests {
+// Its own suite since the token-agent sink tests (FileSinkTests) moved to AgentOperationsTests;
+// exclusive as they were there.
+@Suite("token sinks in process: directories checked, then held; tracking followed between checks", .exclusive)
+struct FileSinkDirectoryTests {
+    /// The text of the file at `path`, nil when there is none.
+    static func contents(_ path: String) -> String? {
+        FileManager.default.contents(atPath: path).map { String(decoding: $0, as: UTF8.self) }
+    }
+
     /// A sink under `scratch/sink` of an engine (in-memory store, a provider minting JWTs)
     /// tracking `keys`, checked every 50 ms.
     static func librarySink(_ scratch: Scratch, logger: Logger, keys: [TokenKey] = []) async -> (TokenSyncEngine, TokenFileSink) {
@@ -135,10 +144,13 @@ extension FileSinkTests {
         // An embedder that runs the sink anyway: the trip file shows it works; the link is not followed.
         try await Self.running([engine, sink], logger: logs.logger) {
             #expect(await eventually(within: 10) { FileManager.default.fileExists(atPath: scratch.file("sink/trip/t-1.jwt")) }, "\(logs.allText)")
-            try await Task.sleep(for: .milliseconds(300)) // several checks (every 50 ms)
+            // The sink has dealt with the linked vehicle directory: it logged its refusal.
+            #expect(await eventually(within: 10) {
+                logs.allText.contains(scratch.file("sink/vehicle")) && logs.allText.contains("symbolic link")
+            }, "\(logs.allText)")
         }
         #expect(try FileManager.default.contentsOfDirectory(atPath: target) == ["important.jwt"], "nothing written to or deleted from the target")
-        #expect(FileSinkTests.contents(target + "/important.jwt") == "keep me")
+        #expect(Self.contents(target + "/important.jwt") == "keep me")
         #expect(logs.allText.contains(scratch.file("sink/vehicle")) && logs.allText.contains("symbolic link"), "\(logs.allText)")
 
         // A sink that started safely; then the kind directory is swapped for a link.
@@ -155,7 +167,7 @@ extension FileSinkTests {
             try await Task.sleep(for: .milliseconds(300))
         }
         #expect(try FileManager.default.contentsOfDirectory(atPath: target) == ["important.jwt"], "nothing written to or deleted from the target")
-        #expect(FileSinkTests.contents(target + "/important.jwt") == "keep me")
+        #expect(Self.contents(target + "/important.jwt") == "keep me")
     }
 
     /// Runs `services` in a group around `body`, then shuts them down.
@@ -169,6 +181,51 @@ extension FileSinkTests {
             }
             await group.triggerGracefulShutdown()
             try await tasks.waitForAll()
+        }
+    }
+}
+
+extension FileSinkDirectoryTests {
+    // From FileSinkLoadTests, whose agent test moved to AgentOperationsTests: in-process.
+    @Test("between its checks the sink follows events and tracking changes: an untracked subject's refresh writes nothing, an untracked subject's file goes and a re-tracked one's comes back at the next event; the engine's tracked generation moves only with a change")
+    func followsTrackingBetweenChecks() async throws {
+        let scratch = Scratch()
+        let logs = LogRecorder(label: "sink-test", level: .debug)
+        let time = TestTime(start: Date())
+        let store = InMemoryTokenRepository()
+        let engine = TokenSyncEngine(repository: store, leases: store, fetcher: ScriptedFetcher.minting(time), logger: logs.logger)
+        let v1 = try TokenKey.vehicle("v-1"), v2 = try TokenKey.vehicle("v-2")
+        #expect(engine.tracked == TrackedKeys())
+        await engine.track([v1])
+        #expect(engine.tracked.keys == [v1] && engine.tracked.generation == 1)
+        await engine.track([v1])
+        #expect(engine.tracked.generation == 1, "tracking what is tracked changes nothing")
+        #expect(engine.isTracked(v1) && !engine.isTracked(v2))
+        // No periodic check during the test: only events and tracking changes move files.
+        let sink = TokenFileSink(engine: engine, directory: scratch.file("sink"), checkInterval: .seconds(3600), logger: logs.logger)
+        try sink.prepare()
+        let file1 = scratch.file("sink/vehicle/v-1.jwt"), file2 = scratch.file("sink/vehicle/v-2.jwt")
+
+        try await Self.running([engine, sink], logger: logs.logger) {
+            #expect(await eventually(within: 10) { FileManager.default.fileExists(atPath: file1) }, "\(logs.allText)")
+            // An on-demand (untracked) subject's fetch: an event the sink drops.
+            _ = try await engine.token(for: try .trip("t-1"))
+            // A newly tracked subject is fetched at once; its event writes its file. Events are
+            // handled in order, so the trip's event was handled before.
+            await engine.track([v2])
+            #expect(await eventually(within: 10) { Self.contents(file2) == engine.heldToken(for: v2)?.token.value }, "\(logs.allText)")
+            #expect(!FileManager.default.fileExists(atPath: scratch.file("sink/trip")), "no file for an untracked subject")
+
+            // Untracked: its file goes at the next event (here another on-demand fetch).
+            await engine.untrack([v1])
+            #expect(engine.tracked.keys == [v2] && engine.tracked.generation == 3)
+            _ = try await engine.token(for: try .trip("t-2"))
+            #expect(await eventually(within: 5) { !FileManager.default.fileExists(atPath: file1) }, "\(logs.allText)")
+            // Tracked again: still held (fresh), so nothing is fetched; its file comes back at the next event.
+            await engine.track([v1])
+            _ = try await engine.token(for: try .trip("t-3"))
+            #expect(await eventually(within: 5) { Self.contents(file1) == engine.heldToken(for: v1)?.token.value }, "\(logs.allText)")
+            #expect(!FileManager.default.fileExists(atPath: scratch.file("sink/trip")))
         }
     }
 }

@@ -36,19 +36,19 @@ struct InvalidationSweepTests {
         let group = ServiceGroup(services: [engine, service], logger: logger)
         try await withThrowingTaskGroup(of: Void.self) { tasks in
             tasks.addTask { try await group.run() }
-            try await withAPIClient { client in
-                let client = APIClient.unix(socket, client)
-                #expect(await eventually(within: 10) { listening.withLock { $0 } })
-                for index in 0..<2_000 {
-                    let answer = try await client.send("/v1/invalidate/trip/burst-\(index)", method: .POST)
-                    #expect(answer.status == 204, "\(answer.body)")
-                }
-                // Each invalidation drops at most two expired ones: the last interval's are left.
-                #expect(api.limiter.rememberedCount > 0)
-                // No request from here on: the table must empty by itself.
-                let forgotten = await eventually(within: 10) { api.limiter.rememberedCount == 0 }
-                #expect(forgotten, "the limiter still remembers \(api.limiter.rememberedCount) invalidations 10 s after a burst with a 0.5 s interval")
+            // RawHTTP (one short request per connection), as the token-agent suites' client
+            // lives with them in AgentOperationsTests.
+            #expect(await eventually(within: 10) { listening.withLock { $0 } })
+            for index in 0..<2_000 {
+                let answer = try RawHTTP.send(.unix(socket), "POST", "/v1/invalidate/trip/burst-\(index)",
+                                              headers: [("Fleet-Token-Request", "true")])
+                #expect(answer.status == 204, "\(answer.body)")
             }
+            // Each invalidation drops at most two expired ones: the last interval's are left.
+            #expect(api.limiter.rememberedCount > 0)
+            // No request from here on: the table must empty by itself.
+            let forgotten = await eventually(within: 10) { api.limiter.rememberedCount == 0 }
+            #expect(forgotten, "the limiter still remembers \(api.limiter.rememberedCount) invalidations 10 s after a burst with a 0.5 s interval")
             await group.triggerGracefulShutdown()
             try await tasks.waitForAll()
         }

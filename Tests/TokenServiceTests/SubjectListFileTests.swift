@@ -1,6 +1,7 @@
 // Issue 13: the subject list file of `token-agent --subjects-file` (pure parser and diff).
 
 import FleetTokenService
+import TokenAgentRuntime
 import FleetTokenStore
 import Foundation
 import TestSupportKit

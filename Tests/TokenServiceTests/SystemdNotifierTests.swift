@@ -3,6 +3,7 @@
 
 import FleetTokenStoreTesting
 @testable import FleetTokenService
+@testable import TokenAgentRuntime
 import Foundation
 import Logging
 import TestSupportKit

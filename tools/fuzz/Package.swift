@@ -30,6 +30,7 @@ let package = Package(
             dependencies: [
                 "FuzzSupport",
                 .product(name: "FleetTokenStore", package: "FleetTokenStore"),
+                .product(name: "FleetTokenHTTP", package: "FleetTokenStore"),
             ],
             swiftSettings: strictSettings
         ),
@@ -46,6 +47,7 @@ let package = Package(
             dependencies: [
                 "FuzzSupport",
                 .product(name: "FleetTokenStore", package: "FleetTokenStore"),
+                .product(name: "FleetTokenHTTP", package: "FleetTokenStore"),
             ],
             swiftSettings: strictSettings
         ),
@@ -54,6 +56,7 @@ let package = Package(
             dependencies: [
                 "FuzzSupport",
                 .product(name: "FleetTokenStore", package: "FleetTokenStore"),
+                .product(name: "FleetTokenHTTP", package: "FleetTokenStore"),
             ],
             swiftSettings: strictSettings
         ),

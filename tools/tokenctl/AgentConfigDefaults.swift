@@ -4,8 +4,10 @@
 // precedence is the agent's (README "Config file and environment"): flags, then variables, then
 // the config file, then the default.
 
+import AgentVariables
 import FleetTokenStore
 import Foundation
+import Synchronization
 import Yams
 
 /// The two settings tokenctl takes from the agent's config file: `db` and `encryption-key-file`
@@ -66,27 +68,55 @@ struct StoreSelection: Equatable, Sendable {
     let encryptionKeyFiles: [String]
 
     /// Flags > TOKEN_AGENT_* variables > TOKEN_STORE_DB > the agent's config file > default,
-    /// as the agent resolves its own store.
+    /// as the agent resolves its own store: the agent's order (``AgentVariables/source(flag:variables:file:)``)
+    /// and its split of a list variable.
     init(db flag: String?, encryptionKeyFiles flagKeys: [String], environment: [String: String], file: AgentConfigDefaults?) {
-        func variable(_ name: String) -> String? { environment[name].flatMap { $0.isEmpty ? nil : $0 } }
-        if let flag {
-            (db, dbOrigin) = (flag, "--db")
-        } else if let value = variable("TOKEN_AGENT_DB") {
-            (db, dbOrigin) = (value, "TOKEN_AGENT_DB")
-        } else if let value = variable("TOKEN_STORE_DB") {
-            (db, dbOrigin) = (value, "TOKEN_STORE_DB")
-        } else if let file, let value = file.db {
-            (db, dbOrigin) = (value, "\(file.path) (db)")
-        } else {
+        let variables = AgentVariables(environment)
+        let dbVariables = [AgentVariables.name(of: "db"), AgentVariables.storeVariable]
+        switch variables.source(flag: flag != nil, variables: dbVariables, file: file?.db != nil) {
+        case .flag:
+            (db, dbOrigin) = (flag ?? "", "--db")
+        case .variable(let name):
+            (db, dbOrigin) = (variables.value(name) ?? "", name)
+        case .file:
+            (db, dbOrigin) = (file?.db ?? "", "\(file?.path ?? "") (db)")
+        case nil:
             (db, dbOrigin) = ("./tokens.sqlite", "default")
         }
-        if !flagKeys.isEmpty {
+        let keyVariable = AgentVariables.name(of: "encryption-key-file")
+        switch variables.source(flag: !flagKeys.isEmpty, variables: [keyVariable], file: file != nil) {
+        case .flag:
             encryptionKeyFiles = flagKeys
-        } else if let value = variable("TOKEN_AGENT_ENCRYPTION_KEY_FILE") {
-            encryptionKeyFiles = value.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
-        } else {
+        case .variable(let name):
+            encryptionKeyFiles = variables.list("encryption-key-file", in: name) ?? []
+        case .file:
             encryptionKeyFiles = file?.encryptionKeyFiles ?? []
+        case nil:
+            encryptionKeyFiles = []
         }
+    }
+}
+
+/// The agent's config file read once per run: the first ``value(path:)`` loads it, later calls
+/// for the same path give what that load gave (the settings, or the error).
+final class AgentConfigRead: Sendable {
+    private let loaded = Mutex<(path: String?, result: Result<AgentConfigDefaults?, AgentConfigError>)?>(nil)
+
+    /// The settings of the file at `path` (nil when no file is named), loading it only the first time.
+    /// - Throws: ``AgentConfigError`` when the file cannot be used.
+    func value(path: String?) throws(AgentConfigError) -> AgentConfigDefaults? {
+        let result = loaded.withLock { loaded in
+            if let loaded, loaded.path == path { return loaded.result }
+            let result: Result<AgentConfigDefaults?, AgentConfigError>
+            do throws(AgentConfigError) {
+                result = .success(try path.map { path throws(AgentConfigError) in try AgentConfigDefaults.load(path) })
+            } catch {
+                result = .failure(error)
+            }
+            loaded = (path, result)
+            return result
+        }
+        return try result.get()
     }
 }
 

@@ -40,15 +40,25 @@ struct StoreOptions: ParsableArguments {
     @Option(help: "The agent's config file: its db and encryption-key-file apply when neither the flags nor TOKEN_AGENT_DB, TOKEN_STORE_DB or TOKEN_AGENT_ENCRYPTION_KEY_FILE give them (default: $TOKEN_AGENT_CONFIG).")
     var config: String?
 
+    /// The agent's config file as read by the first ``validate()``: copies of these options
+    /// (ArgumentParser hands the root command's to the subcommand) share it, so the file is
+    /// read and parsed once however often the selection is asked for.
+    private let agentConfigRead = AgentConfigRead()
+
+    /// Only the options are parsed; ``agentConfigRead`` is this process's, not an argument.
+    enum CodingKeys: String, CodingKey {
+        case db, encryptionKeyFiles, config
+    }
+
     /// The agent's config file (`--config`, else `$TOKEN_AGENT_CONFIG`) is usable: a usage error (exit 64) otherwise.
     func validate() throws {
         do { _ = try agentConfig() } catch { throw ValidationError(error.description) }
     }
 
-    /// The agent's config file's settings, nil when no file is named.
+    /// The agent's config file's settings, nil when no file is named. Read on the first call only.
     func agentConfig() throws(AgentConfigError) -> AgentConfigDefaults? {
         let path = config ?? ProcessInfo.processInfo.environment[AgentConfigDefaults.fileVariable].flatMap { $0.isEmpty ? nil : $0 }
-        return try path.map { path throws(AgentConfigError) in try AgentConfigDefaults.load(path) }
+        return try agentConfigRead.value(path: path)
     }
 
     /// The store and key files in force. (The file was checked by ``validate()``.)

@@ -34,7 +34,10 @@ public struct EncryptedTokenRepository: TokenRepository, RefreshLeaseStore {
     private let logger: Logger
 
     /// Wraps `base`, sealing with `keyring`'s primary key and opening with any of its keys.
-    /// - Parameter logger: Receives the errors of values that do not open (never a value).
+    /// - Parameters:
+    ///   - base: The store that holds the sealed values.
+    ///   - keyring: Seals with its primary key, opens with any of its keys.
+    ///   - logger: Receives the errors of values that do not open (never a value).
     public init(base: any TokenRepository & RefreshLeaseStore & TokenSealingStore, keyring: TokenKeyring, logger: Logger) {
         self.base = base
         self.keyring = keyring
@@ -58,7 +61,7 @@ public struct EncryptedTokenRepository: TokenRepository, RefreshLeaseStore {
         return found
     }
 
-    /// Stores `token` with its value sealed; see ``TokenRepository/upsert(_:clearFailure:)``.
+    /// Stores `token` with its value sealed; see `TokenRepository.upsert(_:clearFailure:)`.
     /// - Throws: ``TokenStoreError``; on failure nothing was written.
     public func upsert(_ token: StoredToken, clearFailure: Bool) async throws(TokenStoreError) {
         try await base.upsert(sealed(token), clearFailure: clearFailure)

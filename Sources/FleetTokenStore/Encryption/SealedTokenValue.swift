@@ -31,12 +31,12 @@ public enum SealedTokenValue {
     }
 
     /// The id of the key that sealed `stored`, or nil for a plaintext value.
-    public static func keyID(ofStored stored: String) -> String? {
+    package static func keyID(ofStored stored: String) -> String? {
         envelope(stored).map { String($0.keyID) }
     }
 
     /// The fingerprint of the token in `stored`, sealed or not: what logs and `tokenctl` show.
-    public static func fingerprint(ofStored stored: String) -> TokenFingerprint {
+    package static func fingerprint(ofStored stored: String) -> TokenFingerprint {
         envelope(stored).map { TokenFingerprint(hex: String($0.fingerprint)) } ?? TokenFingerprint(of: stored)
     }
 
@@ -59,7 +59,7 @@ public enum SealedTokenValue {
     }
 
     /// What opening a stored value gave.
-    public enum Opened: Sendable, Equatable {
+    package enum Opened: Sendable, Equatable {
         /// The value was sealed and opened.
         case opened(String, keyID: String)
         /// The value was stored as it is (not sealed).
@@ -73,7 +73,7 @@ public enum SealedTokenValue {
 
     /// `stored`, the stored value of `key`'s token, opened with `keyring` (none: only a
     /// plaintext value opens).
-    public static func open(_ stored: String, for key: TokenKey, with keyring: TokenKeyring?) -> Opened {
+    package static func open(_ stored: String, for key: TokenKey, with keyring: TokenKeyring?) -> Opened {
         guard let envelope = envelope(stored) else {
             // A value that starts like a sealed one but is malformed is a damaged sealed value.
             return stored.hasPrefix(prefix) ? .failed(keyID: "unknown") : .plaintext(stored)

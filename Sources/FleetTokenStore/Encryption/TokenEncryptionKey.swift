@@ -7,7 +7,7 @@ public import Foundation
 ///
 /// The key never leaves memory: the store keeps only the ``id`` beside each sealed value, so an
 /// operator (and an error message) can tell which key a store needs without holding it.
-/// Load one with ``load(file:)`` or make one from 32 bytes with ``init(bytes:)``.
+/// Load one with ``load(file:credentialsDirectory:)`` or make one from 32 bytes with ``init(bytes:)``.
 public struct TokenEncryptionKey: Sendable {
     /// The key's id: 16 lowercase hex digits of a hash of the key, stored with every value it
     /// seals. Not reversible, and safe to log.
@@ -105,11 +105,11 @@ public struct TokenKeyFileError: Error, Sendable, Equatable, CustomStringConvert
     /// What the system said (``Code/unreadable``).
     public let reason: String?
     /// The file's permission bits (``Code/modeTooOpen``).
-    public let mode: Int?
+    package let mode: Int?
     /// The file's owner and the running user (``Code/notOwnedByUser``).
-    public let ownerID: UInt32?, userID: UInt32?
+    package let ownerID: UInt32?, userID: UInt32?
     /// The bytes read (``Code/wrongLength``).
-    public let byteCount: Int?
+    package let byteCount: Int?
 
     private init(_ code: Code, path: String, reason: String? = nil, mode: Int? = nil, ownerID: UInt32? = nil,
                  userID: UInt32? = nil, byteCount: Int? = nil) {

@@ -30,10 +30,10 @@ public struct TokenKeyring: Sendable {
     public func key(id: String) -> TokenEncryptionKey? { keysByID[id] }
 
     /// The name of systemd's credential that holds the key when no key file is given.
-    public static let credentialName = "token-store-key"
+    package static let credentialName = "token-store-key"
 
     /// The keyring of key `files` (the first is the primary), or, when none is given, of the
-    /// systemd credential ``credentialName`` in `$CREDENTIALS_DIRECTORY` when `environment`
+    /// systemd credential `token-store-key` in `$CREDENTIALS_DIRECTORY` when `environment`
     /// names one and it exists; nil when neither gives a key (values are then stored as they are).
     /// - Throws: ``TokenKeyFileError`` for the first key file that is refused.
     public static func load(files: [String], environment: [String: String]) throws(TokenKeyFileError) -> TokenKeyring? {

@@ -15,7 +15,10 @@ public struct TokenValueResealer: Sendable {
     let batchSize: Int
 
     /// A resealer of `store`'s values.
-    /// - Parameter logger: Receives progress and the values that do not open (never a value).
+    /// - Parameters:
+    ///   - store: The store whose values are checked and rewritten.
+    ///   - logger: Receives progress and the values that do not open (never a value).
+    ///   - batchSize: Values rewritten per transaction.
     public init(store: any TokenRepository & TokenSealingStore, logger: Logger, batchSize: Int = 500) {
         self.store = store
         self.logger = logger

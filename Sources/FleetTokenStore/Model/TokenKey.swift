@@ -170,15 +170,15 @@ public struct InvalidTokenKey: Error, Sendable, Equatable, CustomStringConvertib
     }
 
     /// The id is empty.
-    public static func emptySubjectID(kind: TokenKind) -> Self { Self(.emptySubjectID, kind: kind) }
+    package static func emptySubjectID(kind: TokenKind) -> Self { Self(.emptySubjectID, kind: kind) }
     /// The id is longer than ``TokenKey/maximumSubjectIDLength`` bytes.
-    public static func subjectIDTooLong(kind: TokenKind, length: Int) -> Self { Self(.subjectIDTooLong, kind: kind, length: length) }
+    package static func subjectIDTooLong(kind: TokenKind, length: Int) -> Self { Self(.subjectIDTooLong, kind: kind, length: length) }
     /// The id contains control characters (newlines, tabs, NUL...).
-    public static func controlCharacters(kind: TokenKind) -> Self { Self(.controlCharacters, kind: kind) }
+    package static func controlCharacters(kind: TokenKind) -> Self { Self(.controlCharacters, kind: kind) }
     /// The id is `.` or `..`, or has such a `/`-separated segment.
-    public static func pathSegment(kind: TokenKind, subjectID: String) -> Self { Self(.pathSegment, kind: kind, subjectID: subjectID) }
+    package static func pathSegment(kind: TokenKind, subjectID: String) -> Self { Self(.pathSegment, kind: kind, subjectID: subjectID) }
     /// The id contains invisible format characters (Unicode category Cf).
-    public static func formatCharacters(kind: TokenKind) -> Self { Self(.formatCharacters, kind: kind) }
+    package static func formatCharacters(kind: TokenKind) -> Self { Self(.formatCharacters, kind: kind) }
 
     /// What is wrong and what to do.
     public var description: String {

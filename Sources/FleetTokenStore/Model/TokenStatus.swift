@@ -1,6 +1,6 @@
 // Model layer: how an entry stands at a given time, as `tokenctl list` shows it.
 
-public import Foundation
+package import Foundation
 
 /// How an entry stands at a given time, as `tokenctl list` shows it.
 public enum TokenStatus: String, Sendable, Hashable, CaseIterable, Codable {
@@ -15,7 +15,7 @@ public enum TokenStatus: String, Sendable, Hashable, CaseIterable, Codable {
 
     /// Works out the status. Expired wins (the token is unusable whatever else holds), then
     /// backoff (an operator must see failing refreshes), then the soft point.
-    public init(token: StoredToken?, failure: RefreshFailureState?, at now: Date, policy: RefreshPolicy) {
+    package init(token: StoredToken?, failure: RefreshFailureState?, at now: Date, policy: RefreshPolicy) {
         guard let token else {
             self = .backoff
             return

@@ -1,11 +1,11 @@
 // Provider layer: any JSON value, for the provider's answers and JWT payloads, whose field names
 // are configured at run time or vary. Internal: the library's own reader, not an API.
 
-import Foundation
+package import Foundation
 
 /// Any JSON value, for reading documents whose field names are configured at run time (provider
 /// answers) or whose claims vary (JWT payloads). Numbers are `Double`, as JSON defines them.
-enum JSONValue: Sendable, Equatable, Codable {
+package enum JSONValue: Sendable, Equatable, Codable {
     /// `null`.
     case null
     /// `true` / `false`.
@@ -20,7 +20,7 @@ enum JSONValue: Sendable, Equatable, Codable {
     case object([String: JSONValue])
 
     /// Decodes any JSON value.
-    init(from decoder: any Decoder) throws {
+    package init(from decoder: any Decoder) throws {
         let container = try decoder.singleValueContainer()
         if container.decodeNil() {
             self = .null
@@ -38,7 +38,7 @@ enum JSONValue: Sendable, Equatable, Codable {
     }
 
     /// Encodes the value.
-    func encode(to encoder: any Encoder) throws {
+    package func encode(to encoder: any Encoder) throws {
         var container = encoder.singleValueContainer()
         switch self {
         case .null: try container.encodeNil()
@@ -51,24 +51,24 @@ enum JSONValue: Sendable, Equatable, Codable {
     }
 
     /// Parses a JSON document; nil when it is not valid JSON.
-    static func parse(_ data: Data) -> JSONValue? {
+    package static func parse(_ data: Data) -> JSONValue? {
         try? JSONDecoder().decode(JSONValue.self, from: data)
     }
 
     /// The members of an object, else nil.
-    var objectValue: [String: JSONValue]? {
+    package var objectValue: [String: JSONValue]? {
         if case .object(let members) = self { return members }
         return nil
     }
 
     /// The string, else nil.
-    var stringValue: String? {
+    package var stringValue: String? {
         if case .string(let value) = self { return value }
         return nil
     }
 
     /// The number, else nil.
-    var numberValue: Double? {
+    package var numberValue: Double? {
         if case .number(let value) = self { return value }
         return nil
     }

@@ -1,31 +1,31 @@
 // Provider layer: the claims of a JWT the engine needs, decoded once, without the signature.
 
-public import Foundation
+package import Foundation
 
 /// The claims of a JWT the engine needs, decoded without checking the signature (the client is
 /// not the audience; Fleet Engine checks it). Parsing is strict about shape and tolerant of
 /// extra claims.
-public struct JWTClaims: Sendable, Equatable {
+package struct JWTClaims: Sendable, Equatable {
     /// `exp`.
-    public var expiresAt: Date?
+    package var expiresAt: Date?
     /// `iat`.
-    public var issuedAt: Date?
+    package var issuedAt: Date?
     /// `iss`.
-    public var issuer: String?
+    package var issuer: String?
     /// `sub`.
-    public var subject: String?
+    package var subject: String?
     /// `aud` (the first one when it is an array).
-    public var audience: String?
+    package var audience: String?
     /// The string members of the private `authorization` claim, e.g. `vehicleid`; nil when the
     /// token has no `authorization` claim.
-    public var authorization: [String: String]?
+    package var authorization: [String: String]?
     /// The header's `alg`.
-    public var algorithm: String?
+    package var algorithm: String?
     /// The header's `kid`.
-    public var keyID: String?
+    package var keyID: String?
 
     /// Creates claims.
-    public init(expiresAt: Date? = nil, issuedAt: Date? = nil, issuer: String? = nil, subject: String? = nil,
+    package init(expiresAt: Date? = nil, issuedAt: Date? = nil, issuer: String? = nil, subject: String? = nil,
                 audience: String? = nil, authorization: [String: String]? = nil,
                 algorithm: String? = nil, keyID: String? = nil) {
         self.expiresAt = expiresAt
@@ -39,10 +39,10 @@ public struct JWTClaims: Sendable, Equatable {
     }
 
     /// Largest token accepted, in bytes: far above a Fleet Engine JWT (~1 KB).
-    public static let maximumTokenLength = 64 * 1024
+    package static let maximumTokenLength = 64 * 1024
 
     /// True when `token` has the JWT shape: three non-empty dot-separated segments.
-    public static func hasJWTShape(_ token: String) -> Bool {
+    package static func hasJWTShape(_ token: String) -> Bool {
         var segments = 0
         var current = 0
         for byte in token.utf8 {
@@ -60,7 +60,7 @@ public struct JWTClaims: Sendable, Equatable {
     /// Decodes the header and payload of a compact JWT.
     /// - Throws: ``TokenValidationError/malformed(detail:)`` for a bad shape or base64url,
     ///   ``TokenValidationError/undecodablePayload`` when the payload is not a JSON object.
-    public static func decode(_ token: String) throws(TokenValidationError) -> JWTClaims {
+    package static func decode(_ token: String) throws(TokenValidationError) -> JWTClaims {
         guard token.utf8.count <= maximumTokenLength else { throw .malformed(detail: "longer than \(maximumTokenLength) bytes") }
         let segments = token.split(separator: ".", omittingEmptySubsequences: false)
         guard segments.count == 3 else { throw .malformed(detail: "\(segments.count) segments, a JWT has 3") }

@@ -101,7 +101,7 @@ public struct TokenProviderError: Error, Sendable, Equatable, CustomStringConver
         public static let missingData = Code(value: .missingData)
         /// The body was larger than the limit.
         public static let bodyTooLarge = Code(value: .bodyTooLarge)
-        /// The token failed validation: ``TokenProviderError/validationError`` says why.
+        /// The token failed validation: ``TokenProviderError/kind`` names the check it failed.
         public static let invalidToken = Code(value: .invalidToken)
         /// A provider-specific failure.
         public static let other = Code(value: .other)
@@ -128,7 +128,7 @@ public struct TokenProviderError: Error, Sendable, Equatable, CustomStringConver
     /// The body size limit, in bytes (``Code/bodyTooLarge``).
     public let limitBytes: Int?
     /// Why the token was rejected (``Code/invalidToken``).
-    public let validationError: TokenValidationError?
+    package let validationError: TokenValidationError?
 
     private init(_ code: Code, detail: String? = nil, timeoutSeconds: Double? = nil, statusCode: Int? = nil,
                  retryAfter: TimeInterval? = nil, field: String? = nil, limitBytes: Int? = nil,
@@ -158,7 +158,7 @@ public struct TokenProviderError: Error, Sendable, Equatable, CustomStringConver
     /// The body was larger than the limit.
     public static func bodyTooLarge(limitBytes: Int) -> Self { Self(.bodyTooLarge, limitBytes: limitBytes) }
     /// The token failed validation (shape, expiry, lifetime, subject).
-    public static func invalidToken(_ reason: TokenValidationError) -> Self { Self(.invalidToken, validationError: reason) }
+    package static func invalidToken(_ reason: TokenValidationError) -> Self { Self(.invalidToken, validationError: reason) }
     /// A provider-specific failure.
     public static func other(detail: String) -> Self { Self(.other, detail: detail) }
     /// The TLS handshake failed on a certificate: the provider's is not trusted (or names

@@ -1,15 +1,15 @@
 // Provider layer: why the validator rejected a fetched token. A struct with a code, so that a
 // new rule can add a code without breaking users' exhaustive switches.
-public import Foundation
+package import Foundation
 
 /// Why a fetched token was rejected. A rejected token is never stored or handed out.
 ///
 /// Check ``code`` against the static values of ``Code`` (`error.code == .expired`); the details
 /// of each code are optional properties, set for the codes that have them. Build one with the
 /// static functions, e.g. `.expired(expiresAt:)`. Never carries a token value.
-public struct TokenValidationError: Error, Sendable, Equatable, CustomStringConvertible {
+package struct TokenValidationError: Error, Sendable, Equatable, CustomStringConvertible {
     /// What rule the token broke. More codes may come: match them with `==`, keep a `default`.
-    public struct Code: Hashable, Sendable, CustomStringConvertible {
+    package struct Code: Hashable, Sendable, CustomStringConvertible {
         fileprivate enum Value: String, Sendable {
             case malformed, undecodablePayload, missingExpiry, expired, lifetimeTooLong, issuedInFuture
             case subjectMismatch, opaqueNotAllowed, noProgress, missingIssuedAt, missingAuthorization
@@ -18,52 +18,52 @@ public struct TokenValidationError: Error, Sendable, Equatable, CustomStringConv
         fileprivate let value: Value
 
         /// Not three base64url segments.
-        public static let malformed = Code(value: .malformed)
+        package static let malformed = Code(value: .malformed)
         /// The payload is not a JSON object.
-        public static let undecodablePayload = Code(value: .undecodablePayload)
+        package static let undecodablePayload = Code(value: .undecodablePayload)
         /// No `exp` claim and no expiry stated by the provider.
-        public static let missingExpiry = Code(value: .missingExpiry)
+        package static let missingExpiry = Code(value: .missingExpiry)
         /// Already expired, or with less than the floor left, when received.
-        public static let expired = Code(value: .expired)
+        package static let expired = Code(value: .expired)
         /// `exp` is further after `iat` than the allowed lifetime.
-        public static let lifetimeTooLong = Code(value: .lifetimeTooLong)
+        package static let lifetimeTooLong = Code(value: .lifetimeTooLong)
         /// `iat` is in the future beyond the tolerance.
-        public static let issuedInFuture = Code(value: .issuedInFuture)
+        package static let issuedInFuture = Code(value: .issuedInFuture)
         /// The `authorization` claim names another subject.
-        public static let subjectMismatch = Code(value: .subjectMismatch)
+        package static let subjectMismatch = Code(value: .subjectMismatch)
         /// Not a JWT, and opaque tokens are not allowed.
-        public static let opaqueNotAllowed = Code(value: .opaqueNotAllowed)
+        package static let opaqueNotAllowed = Code(value: .opaqueNotAllowed)
         /// The token expires no later than the one already held.
-        public static let noProgress = Code(value: .noProgress)
+        package static let noProgress = Code(value: .noProgress)
         /// A JWT without `iat`.
-        public static let missingIssuedAt = Code(value: .missingIssuedAt)
+        package static let missingIssuedAt = Code(value: .missingIssuedAt)
         /// A JWT without the `authorization` claim.
-        public static let missingAuthorization = Code(value: .missingAuthorization)
+        package static let missingAuthorization = Code(value: .missingAuthorization)
 
         /// The code's stable name, the same as ``TokenValidationError/kind``.
-        public var description: String { value.rawValue }
+        package var description: String { value.rawValue }
     }
 
     /// What rule the token broke.
-    public let code: Code
+    package let code: Code
     /// What is wrong with the token's shape (``Code/malformed``); never the token itself.
-    public let detail: String?
+    package let detail: String?
     /// The token's expiry (``Code/expired``), or that of the token already held
     /// (``Code/noProgress``).
-    public let expiresAt: Date?
+    package let expiresAt: Date?
     /// `exp − iat` in seconds (``Code/lifetimeTooLong``).
-    public let lifetime: TimeInterval?
+    package let lifetime: TimeInterval?
     /// The longest lifetime accepted, in seconds (``Code/lifetimeTooLong``).
-    public let lifetimeLimit: TimeInterval?
+    package let lifetimeLimit: TimeInterval?
     /// The token's `iat` (``Code/issuedInFuture``).
-    public let issuedAt: Date?
+    package let issuedAt: Date?
     /// The subject id asked for (``Code/subjectMismatch``).
-    public let expectedSubject: String?
+    package let expectedSubject: String?
     /// The member of the `authorization` claim that names the subject, e.g. `vehicleid`
     /// (``Code/subjectMismatch``, ``Code/missingAuthorization``).
-    public let claim: String?
+    package let claim: String?
     /// The subject id the token names instead (``Code/subjectMismatch``).
-    public let foundSubject: String?
+    package let foundSubject: String?
 
     private init(_ code: Code, detail: String? = nil, expiresAt: Date? = nil, lifetime: TimeInterval? = nil,
                  lifetimeLimit: TimeInterval? = nil, issuedAt: Date? = nil, expectedSubject: String? = nil,
@@ -80,39 +80,39 @@ public struct TokenValidationError: Error, Sendable, Equatable, CustomStringConv
     }
 
     /// Not three base64url segments; `detail` says which part failed.
-    public static func malformed(detail: String) -> Self { Self(.malformed, detail: detail) }
+    package static func malformed(detail: String) -> Self { Self(.malformed, detail: detail) }
     /// The payload is not a JSON object.
-    public static let undecodablePayload = Self(.undecodablePayload)
+    package static let undecodablePayload = Self(.undecodablePayload)
     /// No `exp` claim and no expiry stated by the provider.
-    public static let missingExpiry = Self(.missingExpiry)
+    package static let missingExpiry = Self(.missingExpiry)
     /// The token is already expired (or has less than the floor left) when received.
-    public static func expired(expiresAt: Date) -> Self { Self(.expired, expiresAt: expiresAt) }
+    package static func expired(expiresAt: Date) -> Self { Self(.expired, expiresAt: expiresAt) }
     /// `exp` is more than the allowed lifetime after `iat` (Fleet Engine rejects over one hour).
-    public static func lifetimeTooLong(seconds: TimeInterval, limit: TimeInterval) -> Self {
+    package static func lifetimeTooLong(seconds: TimeInterval, limit: TimeInterval) -> Self {
         Self(.lifetimeTooLong, lifetime: seconds, lifetimeLimit: limit)
     }
     /// `iat` is in the future beyond the tolerance.
-    public static func issuedInFuture(issuedAt: Date) -> Self { Self(.issuedInFuture, issuedAt: issuedAt) }
+    package static func issuedInFuture(issuedAt: Date) -> Self { Self(.issuedInFuture, issuedAt: issuedAt) }
     /// The `authorization` claim names another subject.
-    public static func subjectMismatch(expected: String, claim: String, found: String) -> Self {
+    package static func subjectMismatch(expected: String, claim: String, found: String) -> Self {
         Self(.subjectMismatch, expectedSubject: expected, claim: claim, foundSubject: found)
     }
     /// A token that is not a JWT, and opaque tokens are not allowed.
-    public static let opaqueNotAllowed = Self(.opaqueNotAllowed)
+    package static let opaqueNotAllowed = Self(.opaqueNotAllowed)
     /// The provider returned a token that expires no later than the one already held.
-    public static func noProgress(expiresAt: Date) -> Self { Self(.noProgress, expiresAt: expiresAt) }
+    package static func noProgress(expiresAt: Date) -> Self { Self(.noProgress, expiresAt: expiresAt) }
     /// A JWT without `iat` (absent or null): its lifetime cannot be checked, and refreshing
     /// by it could wait for weeks. Allowed only with ``RefreshPolicy/allowOpaqueTokens``.
-    public static let missingIssuedAt = Self(.missingIssuedAt)
+    package static let missingIssuedAt = Self(.missingIssuedAt)
     /// A JWT without the private `authorization` claim that names what Fleet Engine lets it act
     /// on (`claim`, e.g. `vehicleid`). Allowed only with ``RefreshPolicy/allowOpaqueTokens``.
-    public static func missingAuthorization(claim: String) -> Self { Self(.missingAuthorization, claim: claim) }
+    package static func missingAuthorization(claim: String) -> Self { Self(.missingAuthorization, claim: claim) }
 
     /// A short, stable name for logs, metrics and the store.
-    public var kind: String { code.description }
+    package var kind: String { code.description }
 
     /// What is wrong, for an operator.
-    public var description: String {
+    package var description: String {
         switch code.value {
         case .malformed: "not a JWT (\(detail ?? ""))"
         case .undecodablePayload: "the JWT payload is not a JSON object"

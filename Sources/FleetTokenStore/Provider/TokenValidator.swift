@@ -1,6 +1,6 @@
 // Provider layer: the checks every fetched token passes before it is stored or handed out.
 
-public import Foundation
+package import Foundation
 
 /// Checks every fetched token, whatever the transport, before it can be stored or handed out.
 ///
@@ -11,19 +11,19 @@ public import Foundation
 /// the requested subject or is `*`. With ``RefreshPolicy/allowOpaqueTokens`` a JWT may lack
 /// `iat` or `authorization` (the checks that need them are skipped), and a token that is not a
 /// JWT passes when the provider stated an expiry.
-public struct TokenValidator: Sendable {
+package struct TokenValidator: Sendable {
     /// The rules applied.
-    public let policy: RefreshPolicy
+    package let policy: RefreshPolicy
 
     /// Creates a validator for `policy`.
-    public init(policy: RefreshPolicy) {
+    package init(policy: RefreshPolicy) {
         self.policy = policy
     }
 
     /// Validates `fetched` as a token for `key` at `now` (the provider-corrected time) and
     /// returns it ready to store.
     /// - Throws: ``TokenValidationError``.
-    public func validate(_ fetched: FetchedToken, for key: TokenKey, now: Date) throws(TokenValidationError) -> StoredToken {
+    package func validate(_ fetched: FetchedToken, for key: TokenKey, now: Date) throws(TokenValidationError) -> StoredToken {
         try validate(ProviderAnswer(fetched), for: key, now: now, previous: nil)
     }
 

@@ -43,7 +43,7 @@ struct PostgresEncryptionProcessTests {
         defer { for agent in agents where agent.isRunning { agent.signal(SIGKILL) } }
         var killedMidWave: [String] = []
         for round in 0..<3 {
-            let agent = try RunningProcess("token-agent", arguments, environment: ["PGPASSWORD": server.password], in: scratch)
+            let agent = try AgentFixture.launch(arguments, environment: ["PGPASSWORD": server.password], in: scratch)
             agents.append(agent)
             let served = await eventually(within: 30) { (try? await psql(validSealed)) == "\(subjects.count)" }
             try #require(served, "round \(round): the agent did not keep all \(subjects.count) keys sealed and valid within 30 s: \(agent.stderr.suffix(3000))")
@@ -65,7 +65,7 @@ struct PostgresEncryptionProcessTests {
             #expect(problems.isEmpty, "round \(round), right after SIGKILL: \(problems)")
         }
         // Started once more after the last kill: it opens the store it left, and writes again.
-        let last = try RunningProcess("token-agent", arguments, environment: ["PGPASSWORD": server.password], in: scratch)
+        let last = try AgentFixture.launch(arguments, environment: ["PGPASSWORD": server.password], in: scratch)
         agents.append(last)
         let restartedAt = Date().timeIntervalSince1970
         let rewritten = await eventually(within: 2 * lifetime + 10) {
@@ -137,7 +137,7 @@ struct PostgresEncryptionProcessTests {
             try await runToEnd("tokenctl", arguments + ["--db", url], environment: environment, in: scratch)
         }
 
-        let once = try await runToEnd("token-agent", ["--db", url, "--provider-url", issuer.template, "--encryption-key-file", oldPath,
+        let once = try await AgentFixture.run(["--db", url, "--provider-url", issuer.template, "--encryption-key-file", oldPath,
                                                       "--vehicle", "v1", "--vehicle", "v2", "--trip", "t1", "--once"],
                                       environment: environment, in: scratch)
         #expect(once.status == 0, "\(once.stderr)")
@@ -206,7 +206,7 @@ struct PostgresEncryptionProcessTests {
 
         // An agent given only the rotated-out key is refused, naming the new key id, and fetches nothing.
         let issuedBefore = try await issuer.stats().issued
-        let oldAgent = try await runToEnd("token-agent", ["--db", url, "--provider-url", issuer.template, "--encryption-key-file", oldPath,
+        let oldAgent = try await AgentFixture.run(["--db", url, "--provider-url", issuer.template, "--encryption-key-file", oldPath,
                                                           "--vehicle", "v1", "--once"], environment: environment, in: scratch)
         #expect(oldAgent.status == 1 && oldAgent.stderr.contains("sealed with encryption key id \(new.id)"), "\(oldAgent.stderr)")
         #expect(try await issuer.stats().issued == issuedBefore)
@@ -233,7 +233,7 @@ struct PostgresEncryptionProcessTests {
         let (keyPath, key) = try Self.keyFile(in: scratch, "key", base64: true)
         let (otherPath, _) = try Self.keyFile(in: scratch, "other.key", base64: false)
         let base = ["--db", url, "--provider-url", issuer.template, "--vehicle", "v1", "--vehicle", "v2"]
-        let once = try await runToEnd("token-agent", base + ["--encryption-key-file", keyPath, "--once"], environment: environment, in: scratch)
+        let once = try await AgentFixture.run(base + ["--encryption-key-file", keyPath, "--once"], environment: environment, in: scratch)
         #expect(once.status == 0, "\(once.stderr)")
         let snapshot = "SELECT string_agg(t::text || '@' || t.xmin::text, E'\\n' ORDER BY kind, subject_id) FROM fleet_token_store.tokens t"
         let before = try await server.psql(snapshot, database: database)
@@ -242,7 +242,7 @@ struct PostgresEncryptionProcessTests {
 
         for (label, keyArguments) in [("no key", [String]()), ("another key", ["--encryption-key-file", otherPath])] {
             // Long-lived (no --once): it must exit, not serve.
-            let agent = try RunningProcess("token-agent", base + keyArguments, environment: environment, in: scratch)
+            let agent = try AgentFixture.launch(base + keyArguments, environment: environment, in: scratch)
             defer { if agent.isRunning { agent.signal(SIGKILL) } }
             let status = await agent.wait(upTo: 30)
             #expect(status == 1, "\(label): exit \(String(describing: status)): \(agent.stderr.suffix(2000))")
@@ -254,7 +254,7 @@ struct PostgresEncryptionProcessTests {
         }
         #expect(try await issuer.stats().issued == issuedBefore, "a refused agent fetched tokens")
         // With the key as a second one (rotation), it starts and reads the sealed tokens.
-        let rotating = try await runToEnd("token-agent", base + ["--encryption-key-file", otherPath, "--encryption-key-file", keyPath, "--once"],
+        let rotating = try await AgentFixture.run(base + ["--encryption-key-file", otherPath, "--encryption-key-file", keyPath, "--once"],
                                           environment: environment, in: scratch)
         #expect(rotating.status == 0, "\(rotating.stderr)")
         #expect(try await issuer.stats().issued == issuedBefore, "the rotating agent did not open the stored tokens and fetched anew")
@@ -276,12 +276,12 @@ struct PostgresEncryptionProcessTests {
         let ids = (1...20).map { "rot-\($0)" }
         let subjects = ids.map { "vehicle/\($0)" }
         let vehicles = ids.flatMap { ["--vehicle", $0] }
-        let seeded = try await runToEnd("token-agent", ["--db", url, "--provider-url", issuer.template, "--encryption-key-file", oldPath, "--once"] + vehicles,
+        let seeded = try await AgentFixture.run(["--db", url, "--provider-url", issuer.template, "--encryption-key-file", oldPath, "--once"] + vehicles,
                                         environment: environment, in: scratch)
         #expect(seeded.status == 0, "\(seeded.stderr)")
         #expect(try await server.psql("SELECT count(*) FROM fleet_token_store.tokens WHERE value_key_id = '\(old.id)'", database: database) == "20")
 
-        let agent = try RunningProcess("token-agent", ["--db", url, "--provider-url", issuer.template, "--encryption-key-file", newPath,
+        let agent = try AgentFixture.launch(["--db", url, "--provider-url", issuer.template, "--encryption-key-file", newPath,
                                                        "--encryption-key-file", oldPath, "--log-level", "debug"] + vehicles,
                                        environment: environment, in: scratch)
         defer { if agent.isRunning { agent.signal(SIGKILL) } }
@@ -337,7 +337,7 @@ struct PostgresEncryptionProcessTests {
         let ids = ["m-1", "m-2"]
         func agent(_ name: String, _ extra: [String]) throws -> PostgresReplicaTests.ServingReplica {
             let socket = scratch.file("\(name).sock"), sink = scratch.file("sink-\(name)")
-            let process = try RunningProcess("token-agent", ["--db", url, "--provider-url", issuer.template, "--listen", "unix:\(socket)",
+            let process = try AgentFixture.launch(["--db", url, "--provider-url", issuer.template, "--listen", "unix:\(socket)",
                                                              "--sink", sink, "--log-level", "debug"] + extra + ids.flatMap { ["--vehicle", $0] },
                                              environment: environment, in: scratch)
             return PostgresReplicaTests.ServingReplica(process: process, socket: socket, sink: sink)
@@ -382,7 +382,7 @@ struct PostgresEncryptionProcessTests {
         defer { for (_, replica) in replicas { replica.process.signal(SIGTERM) } }
         for name in ["a", "b"] {
             let socket = scratch.file("\(name).sock"), sink = scratch.file("sink-\(name)")
-            let process = try RunningProcess("token-agent", ["--db", server.url(database: database), "--provider-url", issuer.template,
+            let process = try AgentFixture.launch(["--db", server.url(database: database), "--provider-url", issuer.template,
                                                              "--encryption-key-file", keyPath, "--listen", "unix:\(socket)", "--sink", sink,
                                                              "--log-level", "debug"] + ids.flatMap { ["--vehicle", $0] },
                                              environment: ["PGPASSWORD": server.password], in: scratch)

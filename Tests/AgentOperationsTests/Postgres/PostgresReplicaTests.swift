@@ -159,7 +159,7 @@ struct PostgresReplicaTests {
 
         // Ask both replicas for every key every 0.25 s from before the restart until writes resume.
         let probe = Self.Probe(replicas, ids: ids, floor: min(30, 0.1 * lifetime), scratch: scratch)
-        try await Task.sleep(for: .seconds(1.5))
+        #expect(await eventually(within: 30) { probe.completedRounds >= 2 }, "the probe asked both replicas before the restart")
         let before = try Self.expiries(server, database)
         let restartBegan = Date()
         try await server.restart()
@@ -219,7 +219,7 @@ struct PostgresReplicaTests {
         let (server, database, scratch, lifetime, ids, replicas) = (rig.server, rig.database, rig.scratch, rig.lifetime, rig.ids, rig.replicas)
 
         let probe = Self.Probe(replicas, ids: ids, floor: min(30, 0.1 * lifetime), scratch: scratch)
-        try await Task.sleep(for: .seconds(1))
+        #expect(await eventually(within: 30) { probe.completedRounds >= 2 }, "the probe asked both replicas before the outage")
         let before = try Self.expiries(server, database)
         // Longer than a failed lease (10 s) + a failed write (10 s) + a lifetime, so every replica
         // has fetched in memory and failed a write before the server is back.
@@ -290,8 +290,8 @@ struct PostgresReplicaTests {
         // The dev issuer's JWTs carry whole seconds and RS256 is deterministic: a token issued in
         // the same second as the old one would be the same bytes. Purge in a later second.
         let lastIssue = issuedBefore.values.flatMap { $0 }.max() ?? 0
-        let nextSecond = lastIssue.rounded(.down) + 1.05 - Date().timeIntervalSince1970
-        if nextSecond > 0 { try await Task.sleep(for: .seconds(nextSecond)) }
+        let nextSecond = lastIssue.rounded(.down) + 1.05
+        #expect(await eventually(within: 10) { Date().timeIntervalSince1970 >= nextSecond }, "the next second came")
         let purge = try await runToEnd("tokenctl", ["purge", "--vehicle", target, "--db", url],
                                        environment: ["PGPASSWORD": server.password], in: scratch)
         let purged = Date()
@@ -415,11 +415,20 @@ struct PostgresReplicaTests {
         let via: String
         private let stop = EndFlag()
         private let task: Task<(rounds: Int, problems: [(at: Double, what: String)]), Never>
+        private let done = Rounds()
+
+        /// Counts the rounds finished so far: a test waits for some before it breaks the server.
+        private final class Rounds: Sendable {
+            let value = Atomic<Int>(0)
+        }
+
+        /// Rounds (every replica asked for every key) finished so far.
+        var completedRounds: Int { done.value.load(ordering: .relaxed) }
 
         init(_ replicas: [ServingReplica], ids: [String], floor: Double, scratch: Scratch) {
             let curl = executable(["/usr/bin/curl", "/usr/local/bin/curl"])
             via = curl == nil ? "token files (no curl)" : "the token API (curl)"
-            let stop = stop
+            let stop = stop, done = done
             task = Task {
                 var rounds = 0
                 var problems: [(at: Double, what: String)] = []
@@ -440,6 +449,7 @@ struct PostgresReplicaTests {
                         }
                     }
                     rounds += 1
+                    done.value.add(1, ordering: .relaxed)
                     try? await Task.sleep(for: .milliseconds(250))
                 }
                 return (rounds, problems)
@@ -454,7 +464,7 @@ struct PostgresReplicaTests {
 
     /// A long-lived token-agent on `server` (password as PGPASSWORD), running once it says so.
     private static func agent(_ arguments: [String], _ server: PostgresServer, _ scratch: Scratch) throws -> RunningProcess {
-        try RunningProcess("token-agent", arguments, environment: ["PGPASSWORD": server.password], in: scratch)
+        try AgentFixture.launch(arguments, environment: ["PGPASSWORD": server.password], in: scratch)
     }
 
     private static func tails(_ processes: [RunningProcess]) -> String {

@@ -23,7 +23,7 @@ struct PostgresToolsTests {
         #expect(again.stdout.contains("nothing to do"), "\(again.stdout) \(again.stderr)")
 
         let issuer = try await IssuerProcess(scratch: scratch)
-        let once = try await runToEnd("token-agent", ["--db", url, "--provider-url", issuer.template, "--vehicle", "v1",
+        let once = try await AgentFixture.run(["--db", url, "--provider-url", issuer.template, "--vehicle", "v1",
                                                       "--trip", "t1", "--once"], environment: environment, in: scratch)
         #expect(once.status == 0, "\(once.stderr)")
         #expect(try await server.psql("SELECT count(*) FROM fleet_token_store.tokens WHERE token IS NOT NULL", database: database) == "2")
@@ -54,7 +54,7 @@ struct PostgresToolsTests {
     @Test("--print-config shows a database URL without its password")
     func printConfigRedactsPassword() async throws {
         let scratch = Scratch()
-        let result = try await runToEnd("token-agent", ["--db", "postgres://agent:Sup3rSecret@db.example:5432/fleet?sslmode=verify-full",
+        let result = try await AgentFixture.run(["--db", "postgres://agent:Sup3rSecret@db.example:5432/fleet?sslmode=verify-full",
                                                         "--vehicle", "v1", "--print-config"], in: scratch)
         #expect(result.status == 0, "\(result.stderr)")
         #expect(result.stdout.contains("db: \"postgres://agent:***@db.example:5432/fleet?sslmode=verify-full\""), "\(result.stdout)")
@@ -66,7 +66,7 @@ struct PostgresToolsTests {
         let scratch = Scratch()
         // A port nothing listens on (bound and closed by the harness's free-port probe would do;
         // port 1 needs privileges to listen on, so nobody does).
-        let result = try await runToEnd("token-agent", ["--db", "postgres://agent:Sup3rSecret@127.0.0.1:1/fleet?sslmode=disable",
+        let result = try await AgentFixture.run(["--db", "postgres://agent:Sup3rSecret@127.0.0.1:1/fleet?sslmode=disable",
                                                         "--vehicle", "v1"], in: scratch, timeout: 30)
         #expect(result.status == 1, "\(result.stderr)")
         #expect(result.stderr.contains("cannot reach the token database postgres://agent@127.0.0.1:1/fleet"), "\(result.stderr)")

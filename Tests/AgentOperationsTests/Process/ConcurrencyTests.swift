@@ -27,7 +27,7 @@ struct ConcurrencyTests {
         let issuer = try await IssuerProcess(scratch: scratch, lifetime: Self.lifetime)
         let db = scratch.file("tokens.sqlite")
         let subjects = Subjects(vehicles: 15, trips: 15)
-        let agent = try RunningProcess("token-agent", ["--db", db, "--provider-url", issuer.template, "--log-level", "trace"]
+        let agent = try AgentFixture.launch(["--db", db, "--provider-url", issuer.template, "--log-level", "trace"]
                                        + subjects.arguments, in: scratch)
         let stored = await eventually(within: 30) { (try? storeSnapshot(db).count) == subjects.keys.count }
         try #require(stored, "\(agent.stderr.suffix(2000))")
@@ -108,7 +108,7 @@ struct ConcurrencyTests {
         let issuer = try await IssuerProcess(scratch: scratch, lifetime: Self.lifetime)
         let db = scratch.file("tokens.sqlite")
         let subjects = Subjects(vehicles: 5, trips: 5)
-        let agent = try RunningProcess("token-agent", ["--db", db, "--provider-url", issuer.template, "--log-level", "trace"]
+        let agent = try AgentFixture.launch(["--db", db, "--provider-url", issuer.template, "--log-level", "trace"]
                                        + subjects.arguments, in: scratch)
         let stored = await eventually(within: 30) { (try? storeSnapshot(db).count) == subjects.keys.count }
         try #require(stored, "\(agent.stderr.suffix(2000))")

@@ -42,7 +42,7 @@ struct CrashConsistencyTests {
             // Mostly while refreshing; one round in five during start-up (open, migration, load).
             let delay = Double.random(in: 0...1, using: &random) < 0.2
                 ? Double.random(in: 0...0.3, using: &random) : Double.random(in: 0.3...2.0, using: &random)
-            let agent = try RunningProcess("token-agent", agentArguments, in: scratch)
+            let agent = try AgentFixture.launch(agentArguments, in: scratch)
             try await Task.sleep(for: .milliseconds(Int(delay * 1000)))
             agent.signal(SIGKILL)
             let status = await agent.wait(upTo: 10)
@@ -81,7 +81,7 @@ struct CrashConsistencyTests {
                 killsBetweenCommitAndLine += 1
             }
             let requestsBefore = try await issuer.stats().requests
-            let once = try await runToEnd("token-agent", onceArguments, in: scratch, timeout: 60)
+            let once = try await AgentFixture.run(onceArguments, in: scratch, timeout: 60)
             let endedAt = Date()
             let requestsAfter = try await issuer.stats().requests
             outputs.append(("\(context) --once stdout", once.stdout))
@@ -114,7 +114,7 @@ struct CrashConsistencyTests {
         }
 
         // A last, clean run: the agent still starts, serves and stops with 0.
-        let final = try RunningProcess("token-agent", agentArguments, in: scratch)
+        let final = try AgentFixture.launch(agentArguments, in: scratch)
         #expect(await final.waitForOutput("refreshed", within: 30))
         final.signal(SIGTERM)
         #expect(await final.wait(upTo: 5) == 0, "\(final.stderr.suffix(2000))")
@@ -161,7 +161,7 @@ struct CrashConsistencyTests {
         // 600 s: an agent that waited for them to expire would run into the 60 s safety bound
         // below, so the take-over is proved without a timing goal (its time is the benchmarks'
         // `lifecycle.dead_agent_lease_takeover_seconds`).
-        let hanging = try RunningProcess("token-agent", ["--db", db, "--provider-url", issuer.template + "?fault=hang",
+        let hanging = try AgentFixture.launch(["--db", db, "--provider-url", issuer.template + "?fault=hang",
                                                          "--request-timeout", "60", "--lease-duration", "600",
                                                          "--log-level", "trace"] + subjects.arguments, in: scratch)
         let leased = await eventually(within: 20) {
@@ -174,7 +174,7 @@ struct CrashConsistencyTests {
         // `<host>/pid-<pid>-<random>@<machine>`: the dead agent's own process named.
         #expect(holders.contains("/pid-\(hanging.pid)-") || holders.hasPrefix("pid-\(hanging.pid)-"), "\(holders)")
 
-        let once = try await runToEnd("token-agent", ["--db", db, "--provider-url", issuer.template, "--once", "--json",
+        let once = try await AgentFixture.run(["--db", db, "--provider-url", issuer.template, "--once", "--json",
                                                       "--log-level", "trace"] + subjects.arguments, in: scratch, timeout: 60)
         #expect(once.status == 0, "\(once.stderr.suffix(2000))")
         let takeOvers = once.stderr.components(separatedBy: "took over the refresh lease of a process that died").count - 1

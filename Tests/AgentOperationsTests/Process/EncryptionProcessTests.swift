@@ -38,7 +38,7 @@ struct EncryptionProcessTests {
 
         for cycle in 1...cycles {
             let context = "cycle \(cycle)/\(cycles), seed \(seed)"
-            let agent = try RunningProcess("token-agent", arguments, in: scratch)
+            let agent = try AgentFixture.launch(arguments, in: scratch)
             // Killed only once it is refreshing: every subject stored in the first cycle, a
             // fresh refresh from the provider in later ones, then at a random moment after.
             let refreshing = await eventually(within: 30) {
@@ -67,7 +67,7 @@ struct EncryptionProcessTests {
 
         // A clean start on what the last kill left: every value opens, nothing is refetched
         // that is fresh, and the store still holds no plaintext.
-        let final = try await runToEnd("token-agent", arguments + ["--once", "--json"], in: scratch, timeout: 60)
+        let final = try await AgentFixture.run(arguments + ["--once", "--json"], in: scratch, timeout: 60)
         #expect(final.status == 0, "\(final.stderr.suffix(3000))")
         #expect(!final.stderr.contains("does not open"), "\(final.stderr.suffix(3000))")
         #expect(Set(try onceResults(final.stdout).map { "\($0["kind"] ?? "")/\($0["id"] ?? "")" }) == Set(subjects.keys))
@@ -98,7 +98,7 @@ struct EncryptionProcessTests {
         let subjects = Subjects(vehicles: 3, trips: 3)
         let arguments = ["--db", db, "--provider-url", issuer.template, "--encryption-key-file", key.path, "--log-level", "debug"]
             + subjects.arguments
-        let made = try await runToEnd("token-agent", arguments + ["--once"], in: scratch)
+        let made = try await AgentFixture.run(arguments + ["--once"], in: scratch)
         try #require(made.status == 0, "\(made.stderr)")
         try expectAllSealed(db, with: key, subjects: subjects.keys, issued: try await issuer.issuedTokens(), context: "before the damage")
 
@@ -108,7 +108,7 @@ struct EncryptionProcessTests {
         try handle.close()
         let damaged = try Data(contentsOf: URL(fileURLWithPath: db))
 
-        let agent = try RunningProcess("token-agent", arguments, in: scratch)
+        let agent = try AgentFixture.launch(arguments, in: scratch)
         let refreshed = await eventually(within: 30) {
             Set(committedLines(agent.stdout).filter { $0.source == "provider" }.map(\.key)) == Set(subjects.keys)
         }
@@ -141,14 +141,14 @@ struct EncryptionProcessTests {
         let issuer = try await IssuerProcess(scratch: scratch)
         let db = scratch.file("tokens.sqlite")
         let subjects = Subjects(vehicles: 2, trips: 1)
-        let plain = try await runToEnd("token-agent", ["--db", db, "--provider-url", issuer.template, "--once"] + subjects.arguments, in: scratch)
+        let plain = try await AgentFixture.run(["--db", db, "--provider-url", issuer.template, "--once"] + subjects.arguments, in: scratch)
         try #require(plain.status == 0, "\(plain.stderr)")
         let key = try KeyFile("loose.key", in: scratch)
         #expect(chmod(key.path, 0o644) == 0)
         let before = try StoreFiles(db)
         let requests = try await issuer.stats().requests
 
-        let result = try await runToEnd("token-agent", ["--db", db, "--provider-url", issuer.template, "--encryption-key-file", key.path,
+        let result = try await AgentFixture.run(["--db", db, "--provider-url", issuer.template, "--encryption-key-file", key.path,
                                                         "--once"] + subjects.arguments, in: scratch)
         #expect(result.status == 1, "\(result.stdout) \(result.stderr.suffix(2000))")
         #expect(result.stderr.contains("encryption key file \(key.path) has mode 644, so other users can read the key to every stored token: chmod 600 it"),
@@ -167,13 +167,13 @@ struct EncryptionProcessTests {
         let db = scratch.file("tokens.sqlite")
         let subjects = Subjects(vehicles: 1, trips: 1)
         let key = try KeyFile("foreign.key", in: scratch)
-        let made = try await runToEnd("token-agent", ["--db", db, "--provider-url", issuer.template, "--encryption-key-file", key.path,
+        let made = try await AgentFixture.run(["--db", db, "--provider-url", issuer.template, "--encryption-key-file", key.path,
                                                       "--once"] + subjects.arguments, in: scratch)
         try #require(made.status == 0, "\(made.stderr)")
         #expect(chown(key.path, 65534, 65534) == 0)
         let before = try StoreFiles(db)
 
-        let result = try await runToEnd("token-agent", ["--db", db, "--provider-url", issuer.template, "--encryption-key-file", key.path,
+        let result = try await AgentFixture.run(["--db", db, "--provider-url", issuer.template, "--encryption-key-file", key.path,
                                                         "--once"] + subjects.arguments, in: scratch)
         #expect(result.status == 1, "\(result.stdout) \(result.stderr.suffix(2000))")
         #expect(result.stderr.contains("encryption key file \(key.path) belongs to uid 65534, not to this user (uid 0)"), "\(result.stderr.suffix(2000))")
@@ -193,7 +193,7 @@ struct EncryptionProcessTests {
         let subjects = Subjects(vehicles: 2, trips: 2)
         let keyA = try KeyFile("a.key", in: scratch)
         let keyB = try KeyFile("b.key", in: scratch)
-        let made = try await runToEnd("token-agent", ["--db", db, "--provider-url", issuer.template, "--encryption-key-file", keyA.path,
+        let made = try await AgentFixture.run(["--db", db, "--provider-url", issuer.template, "--encryption-key-file", keyA.path,
                                                       "--once"] + subjects.arguments, in: scratch)
         try #require(made.status == 0, "\(made.stderr)")
         let before = try StoreFiles(db)
@@ -204,7 +204,7 @@ struct EncryptionProcessTests {
         for (keys, message) in [([], "holds 4 token value(s) sealed with encryption key id \(keyA.id), and no encryption key was given"),
                                 ([keyB], "holds 4 token value(s) sealed with encryption key id \(keyA.id), and no key given has that id")] {
             let context = keys.isEmpty ? "no key" : "key B only"
-            let result = try await runToEnd("token-agent", ["--db", db, "--provider-url", issuer.template, "--once"]
+            let result = try await AgentFixture.run(["--db", db, "--provider-url", issuer.template, "--once"]
                                             + keys.flatMap { ["--encryption-key-file", $0.path] } + subjects.arguments, in: scratch)
             #expect(result.status == 1, "\(context): \(result.stdout) \(result.stderr.suffix(2000))")
             #expect(result.stderr.contains("token store \(db) \(message)"), "\(context): \(result.stderr.suffix(2000))")
@@ -226,7 +226,7 @@ struct EncryptionProcessTests {
         let keyA = try KeyFile("a.key", in: scratch)
         let keyB = try KeyFile("b.key", in: scratch, base64: true)
         let once = ["--db", db, "--provider-url", issuer.template, "--once", "--json"] + subjects.arguments
-        let filled = try await runToEnd("token-agent", once + ["--encryption-key-file", keyA.path], in: scratch)
+        let filled = try await AgentFixture.run(once + ["--encryption-key-file", keyA.path], in: scratch)
         try #require(filled.status == 0, "\(filled.stderr)")
         let fingerprints = try fingerprintsByKey(filled.stdout)
         try expectAllSealed(db, with: keyA, subjects: subjects.keys, issued: try await issuer.issuedTokens(), context: "under A")
@@ -263,7 +263,7 @@ struct EncryptionProcessTests {
         #expect(again.stdout.contains("\(count) under key id \(keyB.id) now"), "\(again.stdout)")
 
         // B alone serves every stored token: same fingerprints, no fetch.
-        let served = try await runToEnd("token-agent", once + ["--encryption-key-file", keyB.path], in: scratch)
+        let served = try await AgentFixture.run(once + ["--encryption-key-file", keyB.path], in: scratch)
         #expect(served.status == 0, "\(served.stderr.suffix(2000))")
         let results = try onceResults(served.stdout)
         #expect(results.allSatisfy { $0["source"] == "store" }, "\(served.stdout)")
@@ -272,7 +272,7 @@ struct EncryptionProcessTests {
         #expect(!served.stderr.contains("does not open"), "\(served.stderr.suffix(2000))")
 
         // A alone no longer opens the store.
-        let refused = try await runToEnd("token-agent", once + ["--encryption-key-file", keyA.path], in: scratch)
+        let refused = try await AgentFixture.run(once + ["--encryption-key-file", keyA.path], in: scratch)
         #expect(refused.status == 1, "\(refused.stdout) \(refused.stderr.suffix(2000))")
         #expect(refused.stderr.contains("holds \(count) token value(s) sealed with encryption key id \(keyB.id), and no key given has that id"),
                 "\(refused.stderr.suffix(2000))")
@@ -295,7 +295,7 @@ struct EncryptionProcessTests {
         let subjects = Subjects(vehicles: 4, trips: 4)
         let count = subjects.keys.count
         let key = try KeyFile("store.key", in: scratch)
-        let plain = try await runToEnd("token-agent", ["--db", db, "--provider-url", issuer.template, "--once", "--json"] + subjects.arguments,
+        let plain = try await AgentFixture.run(["--db", db, "--provider-url", issuer.template, "--once", "--json"] + subjects.arguments,
                                        in: scratch)
         try #require(plain.status == 0, "\(plain.stderr)")
         let fingerprints = try fingerprintsByKey(plain.stdout)
@@ -307,7 +307,7 @@ struct EncryptionProcessTests {
                 "the scan did not find the plaintext store's tokens: \(found.count) findings")
 
         // Long-lived, so the store is scanned while the agent holds it open, then after a kill -9.
-        let agent = try RunningProcess("token-agent", ["--db", db, "--provider-url", issuer.template, "--encryption-key-file", key.path,
+        let agent = try AgentFixture.launch(["--db", db, "--provider-url", issuer.template, "--encryption-key-file", key.path,
                                                        "--log-level", "debug"] + subjects.arguments, in: scratch)
         #expect(await agent.waitForOutput("sealed the store's unencrypted token values", within: 30), "\(agent.stderr.suffix(3000))")
         #expect(agent.stderr.contains("sealed=\(count)"), "\(agent.stderr.suffix(3000))")
@@ -336,7 +336,7 @@ struct EncryptionProcessTests {
         let subjects = Subjects(vehicles: 3, trips: 3)
         let key = try KeyFile("store.key", in: scratch)
         let once = ["--db", db, "--provider-url", issuer.template, "--encryption-key-file", key.path, "--once", "--json"] + subjects.arguments
-        let filled = try await runToEnd("token-agent", once, in: scratch)
+        let filled = try await AgentFixture.run(once, in: scratch)
         try #require(filled.status == 0, "\(filled.stderr)")
         let filledAt = Date()
         let original = try fingerprintsByKey(filled.stdout)
@@ -358,7 +358,7 @@ struct EncryptionProcessTests {
         await nextWholeSecond(after: filledAt)
         let issuedBefore = try await issuer.issuedTimes()
 
-        let run = try await runToEnd("token-agent", once + ["--log-level", "debug"], in: scratch)
+        let run = try await AgentFixture.run(once + ["--log-level", "debug"], in: scratch)
         #expect(run.status == 0, "\(run.stderr.suffix(3000))")
         let results = try onceResults(run.stdout)
         let sources = Dictionary(uniqueKeysWithValues: results.map { ("\($0["kind"] ?? "")/\($0["id"] ?? "")", $0["source"] ?? "") })
@@ -406,7 +406,7 @@ struct EncryptionProcessTests {
         let subjects = Subjects(vehicles: 2, trips: 2)
         let key = try KeyFile("store.key", in: scratch)
         let other = try KeyFile("other.key", in: scratch)
-        let filled = try await runToEnd("token-agent", ["--db", db, "--provider-url", issuer.template, "--encryption-key-file", key.path,
+        let filled = try await AgentFixture.run(["--db", db, "--provider-url", issuer.template, "--encryption-key-file", key.path,
                                                         "--once", "--json"] + subjects.arguments, in: scratch)
         try #require(filled.status == 0, "\(filled.stderr)")
         let fingerprints = try fingerprintsByKey(filled.stdout)
@@ -482,7 +482,7 @@ struct EncryptionProcessTests {
         #expect(chmod(key.path, 0o440) == 0)
         let environment = ["CREDENTIALS_DIRECTORY": credentials]
         let subjects = Subjects(vehicles: 1, trips: 1)
-        let run = try await runToEnd("token-agent", ["--db", db, "--provider-url", issuer.template, "--once"] + subjects.arguments,
+        let run = try await AgentFixture.run(["--db", db, "--provider-url", issuer.template, "--once"] + subjects.arguments,
                                      environment: environment, in: scratch)
         #expect(run.status == 0, "\(run.stderr.suffix(2000))")
         let issued = try await issuer.issuedTokens()
@@ -492,7 +492,7 @@ struct EncryptionProcessTests {
         #expect(revealed.status == 0, "\(revealed.stderr)")
         #expect(revealed.stdout.contains(try #require(issued["trip/t01"]?.last)))
         // The same file outside the credentials directory is refused for its mode.
-        let loose = try await runToEnd("token-agent", ["--db", db, "--provider-url", issuer.template, "--encryption-key-file", key.path,
+        let loose = try await AgentFixture.run(["--db", db, "--provider-url", issuer.template, "--encryption-key-file", key.path,
                                                        "--once"] + subjects.arguments, in: scratch)
         #expect(loose.status == 1)
         #expect(loose.stderr.contains("has mode 440"), "\(loose.stderr.suffix(2000))")
@@ -508,12 +508,12 @@ struct EncryptionProcessTests {
         let socket = scratch.file("api.sock")
         let subjects = Subjects(vehicles: 1, trips: 1)
         let key = try KeyFile("store.key", in: scratch)
-        let keyless = try RunningProcess("token-agent", ["--db", db, "--provider-url", issuer.template, "--listen", "unix:\(socket)",
+        let keyless = try AgentFixture.launch(["--db", db, "--provider-url", issuer.template, "--listen", "unix:\(socket)",
                                                          "--log-level", "debug"] + subjects.arguments, in: scratch)
         let started = await eventually(within: 30) { Set(committedLines(keyless.stdout).map(\.key)) == Set(subjects.keys) }
         try #require(started, "\(keyless.stderr.suffix(3000))")
         // The second agent seals the plaintext store in place while the first runs.
-        let sealing = try RunningProcess("token-agent", ["--db", db, "--provider-url", issuer.template, "--encryption-key-file", key.path,
+        let sealing = try AgentFixture.launch(["--db", db, "--provider-url", issuer.template, "--encryption-key-file", key.path,
                                                          "--log-level", "debug"] + subjects.arguments, in: scratch)
         #expect(await sealing.waitForOutput("sealed the store's unencrypted token values", within: 30), "\(sealing.stderr.suffix(3000))")
         // A purge makes both fetch vehicle/v01 again; the sealing agent's commit reaches the
@@ -580,9 +580,9 @@ struct EncryptionProcessTests {
         let keyA = try KeyFile("a.key", in: scratch)
         let keyB = try KeyFile("b.key", in: scratch)
         let common = ["--db", db, "--provider-url", issuer.template, "--log-level", "debug"] + subjects.arguments
-        let old = try RunningProcess("token-agent", common + ["--encryption-key-file", keyA.path, "--listen", "unix:\(oldSocket)"], in: scratch)
+        let old = try AgentFixture.launch(common + ["--encryption-key-file", keyA.path, "--listen", "unix:\(oldSocket)"], in: scratch)
         #expect(await eventually(within: 30) { Set(committedLines(old.stdout).map(\.key)) == Set(subjects.keys) }, "\(old.stderr.suffix(3000))")
-        let new = try RunningProcess("token-agent", common + ["--encryption-key-file", keyB.path, "--encryption-key-file", keyA.path,
+        let new = try AgentFixture.launch(common + ["--encryption-key-file", keyB.path, "--encryption-key-file", keyA.path,
                                                               "--listen", "unix:\(newSocket)"], in: scratch)
         #expect(await eventually(within: 30) { Set(committedLines(new.stdout).map(\.key)) == Set(subjects.keys) }, "\(new.stderr.suffix(3000))")
         #expect(committedLines(new.stdout).allSatisfy { $0.source == "store" }, "the new agent did not open the old key's values")
@@ -636,8 +636,8 @@ struct EncryptionProcessTests {
         let key = try KeyFile("store.key", in: scratch)
         let arguments = ["--db", db, "--provider-url", issuer.template, "--encryption-key-file", key.path, "--log-level", "debug"]
             + subjects.arguments
-        let first = try RunningProcess("token-agent", arguments, in: scratch)
-        let second = try RunningProcess("token-agent", arguments, in: scratch)
+        let first = try AgentFixture.launch(arguments, in: scratch)
+        let second = try AgentFixture.launch(arguments, in: scratch)
         // Two refresh rounds of every subject (soft points about 4.6 s apart), shared between them.
         let shared = await eventually(within: 40) {
             committedLines(first.stdout + second.stdout).filter { $0.source != "store" }.count >= subjects.keys.count * 6

@@ -26,7 +26,7 @@ struct RetentionProcessTests {
             return "('trip', 'finished-\(index)', '\(TestJWT.make(for: key, issuedAt: expiry - 60))', \(expires), \(issued), \(issued))"
         }
         _ = try sqlite3(db, "INSERT INTO tokens (kind, subject_id, token, expires_at, issued_at, fetched_at) VALUES \(rows.joined(separator: ", "))")
-        let agent = try RunningProcess("token-agent", ["--db", db, "--provider-url", issuer.template, "--vehicle", "truck-1",
+        let agent = try AgentFixture.launch(["--db", db, "--provider-url", issuer.template, "--vehicle", "truck-1",
                                                        "--retention", "10s"], in: scratch)
         defer { agent.signal(SIGTERM) }
         let trips = "SELECT count(*) FROM tokens WHERE kind = 'trip'"

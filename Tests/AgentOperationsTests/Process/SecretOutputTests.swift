@@ -76,7 +76,7 @@ struct SecretOutputTests {
             ("config file", ["--print-config", "--config", config], [:]),
         ]
         for (source, arguments, environment) in runs {
-            let result = try await runToEnd("token-agent", arguments, environment: environment, in: scratch)
+            let result = try await AgentFixture.run(arguments, environment: environment, in: scratch)
             #expect(result.status == 0, "\(what) by \(source): \(result.stderr)")
             let leaks = Self.leaks([("stdout", result.stdout), ("stderr", result.stderr)])
             #expect(leaks.isEmpty, "\(what) by \(source): \(leaks)")
@@ -90,7 +90,7 @@ struct SecretOutputTests {
     func printConfigShape() async throws {
         let scratch = Scratch()
         let port = Self.closedPort
-        let result = try await runToEnd("token-agent", ["--print-config"], environment: [
+        let result = try await AgentFixture.run(["--print-config"], environment: [
             "TOKEN_STORE_DB": "postgres://agent:\(Self.password)@127.0.0.1:\(port)/db?sslmode=disable&password=\(Self.password)",
         ], in: scratch)
         #expect(result.status == 0, "\(result.stderr)")
@@ -104,7 +104,7 @@ struct SecretOutputTests {
         let common = ["--once", "--vehicle", "a", "--provider-url", "http://127.0.0.1:\(Self.closedPort)/{id}", "--connect-timeout", "1"]
         for (source, arguments, environment) in [("--db", common + ["--db", url], [:]),
                                                  ("TOKEN_STORE_DB", common, ["TOKEN_STORE_DB": url])] {
-            let result = try await runToEnd("token-agent", arguments, environment: environment, in: scratch)
+            let result = try await AgentFixture.run(arguments, environment: environment, in: scratch)
             #expect(result.status != 0, "\(what) by \(source)")
             let leaks = Self.leaks([("stdout", result.stdout), ("stderr", result.stderr)])
             #expect(leaks.isEmpty, "\(what) by \(source): \(leaks)")

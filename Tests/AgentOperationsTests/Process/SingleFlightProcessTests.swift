@@ -19,8 +19,8 @@ struct SingleFlightProcessTests {
         // and 100 keys queue for 8 fetch slots in each agent.
         let url = issuer.template + "?fault=slow&delay_ms=1500"
         let arguments = ["--db", db, "--provider-url", url, "--lease-duration", "1", "--log-level", "debug"] + subjects
-        let first = try RunningProcess("token-agent", arguments, in: scratch)
-        let second = try RunningProcess("token-agent", arguments, in: scratch)
+        let first = try AgentFixture.launch(arguments, in: scratch)
+        let second = try AgentFixture.launch(arguments, in: scratch)
         defer {
             first.signal(SIGTERM)
             second.signal(SIGTERM)
@@ -51,7 +51,7 @@ struct SingleFlightProcessTests {
                                                issuedAt: issued, fetchedAt: issued))
         }
         store.close()
-        let agent = try RunningProcess("token-agent", ["--db", db, "--provider-url", issuer.template, "--vehicle", "truck-1",
+        let agent = try AgentFixture.launch(["--db", db, "--provider-url", issuer.template, "--vehicle", "truck-1",
                                                        "--retention", "1h"], in: scratch)
         defer { agent.signal(SIGTERM) }
         #expect(await eventually(within: 30) { (try? sqlite3(db, "SELECT count(*) FROM tokens WHERE subject_id = 'finished-trip'")) == "0" })
@@ -64,7 +64,7 @@ struct SingleFlightProcessTests {
     @Test("--retention takes 90s, 30m, 24h, 7d and 0; anything else is a usage error", arguments: ["24x", "-1h", "1.5h", "h", "99999d"])
     func retentionUsage(value: String) async throws {
         let scratch = Scratch()
-        let result = try await runToEnd("token-agent", ["--db", scratch.file("t.sqlite"), "--vehicle", "v1", "--retention", value], in: scratch)
+        let result = try await AgentFixture.run(["--db", scratch.file("t.sqlite"), "--vehicle", "v1", "--retention", value], in: scratch)
         #expect(result.status == 64, "\(value): \(result.stderr)")
         #expect(result.stderr.contains("retention"), "\(result.stderr)")
     }
@@ -72,7 +72,7 @@ struct SingleFlightProcessTests {
     @Test("--retention accepts its documented forms", arguments: ["90s", "30m", "24h", "7d", "0", "3600"])
     func retentionForms(value: String) async throws {
         let scratch = Scratch()
-        let result = try await runToEnd("token-agent", ["--db", scratch.file("t.sqlite"), "--vehicle", "v1", "--retention", value, "--once"], in: scratch)
+        let result = try await AgentFixture.run(["--db", scratch.file("t.sqlite"), "--vehicle", "v1", "--retention", value, "--once"], in: scratch)
         #expect(result.status == 0, "\(value): \(result.stderr)")
     }
 }

@@ -12,17 +12,18 @@ import Glibc
 
 @Suite("token-agent --sink: directories are checked, then held", .serialized, .exclusive)
 struct SinkDirectoryProcessTests {
-    /// How to run the built agent as `nobody` (65534), when the tests are root and setpriv can.
+    /// The wrapper that runs the built agent as `nobody` (65534), when the tests are root and
+    /// setpriv can.
     static let asNobody: [String]? = {
         guard geteuid() == 0, let setpriv = executable(["/usr/bin/setpriv", "/bin/setpriv"]) else { return nil }
-        let prefix = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", productsDirectory.appendingPathComponent("token-agent").path]
-        guard let probe = try? runCapturing(prefix + ["--help"], timeout: 30), probe.status == 0 else { return nil }
-        return prefix
+        let wrapper = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
+        guard let probe = try? runCapturing(wrapper + [AgentFixture.path, "--help"], timeout: 30), probe.status == 0 else { return nil }
+        return wrapper
     }()
 
     /// Runs the agent until it exits (up to 20 s; then it is stopped, and the status is nil).
-    static func start(_ executable: String, _ arguments: [String], in scratch: Scratch) async throws -> (status: Int32?, stderr: String) {
-        let agent = try RunningProcess(executable, arguments, in: scratch)
+    static func start(_ arguments: [String], wrapper: [String] = [], in scratch: Scratch) async throws -> (status: Int32?, stderr: String) {
+        let agent = try AgentFixture.launch(arguments, wrapper: wrapper, in: scratch)
         let status = await agent.wait(upTo: 20)
         if status == nil {
             agent.signal(SIGTERM)
@@ -49,7 +50,7 @@ struct SinkDirectoryProcessTests {
         try FileManager.default.createDirectory(atPath: scratch.file("sink"), withIntermediateDirectories: true)
         try FileManager.default.createSymbolicLink(atPath: scratch.file("sink/vehicle"), withDestinationPath: target)
 
-        let result = try await Self.start("token-agent", ["--db", scratch.file("tokens.sqlite"), "--provider-url", issuer.template,
+        let result = try await Self.start(["--db", scratch.file("tokens.sqlite"), "--provider-url", issuer.template,
                                                           "--sink", scratch.file("sink"), "--vehicle", "truck-7"], in: scratch)
         #expect(result.status == 1, "exit status \(result.status.map(String.init) ?? "none: still running after 20 s"); \(result.stderr.suffix(2000))")
         #expect(result.stderr.contains(scratch.file("sink/vehicle")), "\(result.stderr.suffix(2000))")
@@ -66,7 +67,7 @@ struct SinkDirectoryProcessTests {
         try FileManager.default.createDirectory(atPath: planted, withIntermediateDirectories: true)
         #expect(chmod(planted, 0o2777) == 0 && chown(planted, 65534, 65534) == 0)
 
-        let result = try await Self.start("token-agent", ["--db", scratch.file("tokens.sqlite"), "--provider-url", issuer.template,
+        let result = try await Self.start(["--db", scratch.file("tokens.sqlite"), "--provider-url", issuer.template,
                                                           "--sink", scratch.file("sink"), "--vehicle", "truck-7"], in: scratch)
         #expect(result.status == 1, "exit status \(result.status.map(String.init) ?? "none: still running after 20 s"); \(result.stderr.suffix(2000))")
         #expect(result.stderr.contains(planted) && result.stderr.contains("chmod go-w"), "\(result.stderr.suffix(2000))")
@@ -85,17 +86,17 @@ struct SinkDirectoryProcessTests {
             #expect(chmod(directory, directory == sink + "/trip" ? 0o755 : 0o750) == 0)
         }
         #expect(chown(state, 65534, 65534) == 0 && chown(sink, 65534, 65534) == 0) // sink/trip stays root's
-        let arguments = Array(prefix.dropFirst()) + ["--db", state + "/tokens.sqlite", "--provider-url", issuer.template,
+        let arguments = ["--db", state + "/tokens.sqlite", "--provider-url", issuer.template,
                                                      "--sink", sink, "--vehicle", "truck-7", "--json"]
         // Under umask 077: the directories the agent creates are 0750 all the same.
-        let agent = try RunningProcess("/bin/sh", ["-c", #"umask 077 && exec "$0" "$@""#, prefix[0]] + arguments, in: scratch)
+        let agent = try AgentFixture.launch(arguments, wrapper: ["/bin/sh", "-c", #"umask 077 && exec "$0" "$@""#] + prefix, in: scratch)
         #expect(await eventually(within: 15) { FileManager.default.fileExists(atPath: sink + "/vehicle/truck-7.jwt") }, "\(agent.stderr)")
         #expect(fileMode(sink + "/vehicle") == 0o750)
         agent.signal(SIGTERM)
         #expect(await agent.wait(upTo: 10) == 0, "\(agent.stderr)")
 
         #expect(chown(sink + "/trip", 65533, 65533) == 0)
-        let refused = try await Self.start(prefix[0], arguments, in: scratch)
+        let refused = try await Self.start(arguments, wrapper: prefix, in: scratch)
         #expect(refused.status == 1, "exit status \(refused.status.map(String.init) ?? "none: still running after 20 s"); \(refused.stderr.suffix(2000))")
         #expect(refused.stderr.contains(sink + "/trip") && refused.stderr.contains("uid 65533"), "\(refused.stderr.suffix(2000))")
     }

@@ -100,7 +100,7 @@ struct SteeringFileProcessTests {
             #expect(chmod(path, 0o644) == 0)
             #expect(chown(path, 65534, 65534) == 0)
         }
-        let result = try await runToEnd("token-agent", arguments, in: scratch)
+        let result = try await AgentFixture.run(arguments, in: scratch)
         switch setting {
         case .sound, .inStickyDirectory:
             #expect(result.status == 1, "the provider is unreachable: \(result.stderr)")
@@ -132,7 +132,7 @@ struct SteeringFileProcessTests {
         let path = scratch.file("agent.yaml")
         try "vehicle: [a]\n".write(toFile: path, atomically: false, encoding: .utf8)
         #expect(chmod(path, 0o666) == 0)
-        let result = try await runToEnd("token-agent", ["--config", path, "--print-config"], in: scratch)
+        let result = try await AgentFixture.run(["--config", path, "--print-config"], in: scratch)
         #expect(result.status == 64, "\(result.stderr)")
         #expect(result.stderr.contains("chmod go-w \(path)"), "\(result.stderr)")
     }
@@ -148,7 +148,7 @@ struct SteeringFileProcessTests {
         defer { flipper.stop() }
         var outcomes: [Int32: Int] = [:]
         for _ in 0..<40 {
-            let result = try await runToEnd("token-agent", ["--config", link, "--print-config"], in: scratch)
+            let result = try await AgentFixture.run(["--config", link, "--print-config"], in: scratch)
             outcomes[result.status, default: 0] += 1
             #expect(!result.stdout.contains("vehicle:*"), "the planted file was read after the sound one was judged: \(result.stdout)")
             if result.stdout.contains("vehicle:*") { break }
@@ -164,7 +164,7 @@ struct SteeringFileProcessTests {
         try pem.certificate.write(toFile: ca, atomically: true, encoding: .utf8)
         #expect(chmod(ca, 0o666) == 0)
         let url = "postgres://agent@127.0.0.1:\(SecretOutputTests.closedPort)/db?sslmode=verify-full&sslrootcert=\(ca)"
-        let agent = try await runToEnd("token-agent", ["--once", "--vehicle", "a", "--provider-url", "http://127.0.0.1:\(SecretOutputTests.closedPort)/{id}",
+        let agent = try await AgentFixture.run(["--once", "--vehicle", "a", "--provider-url", "http://127.0.0.1:\(SecretOutputTests.closedPort)/{id}",
                                                        "--connect-timeout", "1", "--db", url], in: scratch)
         #expect(agent.status != 0)
         #expect(agent.stderr.contains("chmod go-w \(ca)"), "\(agent.stderr)")

@@ -28,7 +28,7 @@ struct StoreFaultTests {
     /// A sound store holding every subject's token, written and closed cleanly by the agent.
     private func soundStore(_ db: String, issuer: IssuerProcess, subjects: Subjects = Self.subjects,
                             in scratch: Scratch) async throws -> [String: StoredRow] {
-        let made = try await runToEnd("token-agent", ["--db", db, "--provider-url", issuer.template, "--once"] + subjects.arguments, in: scratch)
+        let made = try await AgentFixture.run(["--db", db, "--provider-url", issuer.template, "--once"] + subjects.arguments, in: scratch)
         try #require(made.status == 0, "\(made.stderr)")
         let rows = try storeSnapshot(db)
         try #require(rows.count == subjects.keys.count)
@@ -77,7 +77,7 @@ struct StoreFaultTests {
         }
         let damaged = try Data(contentsOf: URL(fileURLWithPath: db))
 
-        let agent = try RunningProcess("token-agent", ["--db", db, "--provider-url", issuer.template, "--log-level", "trace"]
+        let agent = try AgentFixture.launch(["--db", db, "--provider-url", issuer.template, "--log-level", "trace"]
                                        + Self.subjects.arguments, in: scratch)
         let refreshed = await eventually(within: 30) { Set(committedLines(agent.stdout).filter { $0.source == "provider" }.map(\.key)) == Set(Self.subjects.keys) }
         #expect(refreshed, "\(damage): \(agent.stderr.suffix(3000))")
@@ -111,7 +111,7 @@ struct StoreFaultTests {
         let db = scratch.file("tokens.sqlite")
         try FileManager.default.createDirectory(atPath: db, withIntermediateDirectories: false)
         FileManager.default.createFile(atPath: db + "/keep", contents: Data("x".utf8))
-        let result = try await runToEnd("token-agent", ["--db", db, "--provider-url", issuer.template, "--log-level", "trace"]
+        let result = try await AgentFixture.run(["--db", db, "--provider-url", issuer.template, "--log-level", "trace"]
                                         + Self.subjects.arguments, in: scratch, timeout: 30)
         #expect(result.status == 1)
         #expect(result.stderr.contains("\(db) is a directory or special file, not a token store"), "\(result.stderr.suffix(2000))")
@@ -133,7 +133,7 @@ struct StoreFaultTests {
         guard let setpriv = executable(["/usr/bin/setpriv", "/bin/setpriv"]) else { return nil }
         let prefix = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
         // nobody must be able to run the built agent (a checkout under /root is not reachable).
-        let agent = productsDirectory.appendingPathComponent("token-agent").path
+        let agent = AgentFixture.path
         guard let probe = try? runCapturing(prefix + [agent, "--help"], timeout: 30), probe.status == 0 else { return nil }
         return (prefix, 65534)
     }()
@@ -160,11 +160,8 @@ struct StoreFaultTests {
         let before = try Data(contentsOf: URL(fileURLWithPath: db))
         let requests = try await issuer.stats().requests
 
-        let agentPath = productsDirectory.appendingPathComponent("token-agent").path
-        let command = runner.prefix.isEmpty ? "token-agent" : runner.prefix[0]
-        let arguments = (runner.prefix.isEmpty ? [] : Array(runner.prefix.dropFirst()) + [agentPath])
-            + ["--db", db, "--provider-url", issuer.template, "--log-level", "trace"] + Self.subjects.arguments
-        let result = try await runToEnd(command, arguments, in: scratch, timeout: 30)
+        let arguments = ["--db", db, "--provider-url", issuer.template, "--log-level", "trace"] + Self.subjects.arguments
+        let result = try await AgentFixture.run(arguments, wrapper: runner.prefix, in: scratch, timeout: 30)
         #expect(result.status == 1, "\(result.stdout) \(result.stderr.suffix(2000))")
         #expect(result.stderr.contains("token store \(db) is read-only for this user"), "\(result.stderr.suffix(2000))")
         #expect(try Data(contentsOf: URL(fileURLWithPath: db)) == before)
@@ -209,11 +206,9 @@ struct StoreFaultTests {
         let directory = scratch.file("small-disk")
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: false)
         let db = directory + "/tokens.sqlite"
-        let agentPath = productsDirectory.appendingPathComponent("token-agent").path
-        let agent = try RunningProcess(wrapper.unshare[0], Array(wrapper.unshare.dropFirst()) + [
-            "/bin/sh", "-c", "mount -t tmpfs -o size=1m,mode=0700 fts-small-disk \"$0\" && exec \"$@\"", directory,
-            agentPath, "--db", db, "--provider-url", issuer.template, "--log-level", "trace",
-        ] + Self.subjects.arguments, in: scratch)
+        let agent = try AgentFixture.launch(["--db", db, "--provider-url", issuer.template, "--log-level", "trace"] + Self.subjects.arguments,
+                                            wrapper: wrapper.unshare + ["/bin/sh", "-c", "mount -t tmpfs -o size=1m,mode=0700 fts-small-disk \"$0\" && exec \"$@\"", directory],
+                                            in: scratch)
         // The agent's view of the store (the test's own view of `directory` is the empty mount point).
         let root = "/proc/\(agent.pid)/root"
         let nsenter = wrapper.nsenter + ["--target", "\(agent.pid)"]

@@ -11,7 +11,7 @@ struct TokenAgentTests {
     func demoMode() async throws {
         let scratch = Scratch()
         let db = scratch.file("tokens.sqlite")
-        let agent = try RunningProcess("token-agent", ["--db", db], in: scratch)
+        let agent = try AgentFixture.launch(["--db", db], in: scratch)
         #expect(await agent.waitForOutput("DEMO MODE", within: 30))
         #expect(await agent.waitForOutput("NOT FOR PRODUCTION", within: 1))
         let stored = await eventually(within: 30) { (try? sqlite3(db, "SELECT count(*) FROM tokens WHERE token IS NOT NULL")) == "5" }
@@ -30,7 +30,7 @@ struct TokenAgentTests {
     @Test("SIGINT stops the agent cleanly too")
     func sigint() async throws {
         let scratch = Scratch()
-        let agent = try RunningProcess("token-agent", ["--db", scratch.file("t.sqlite"), "--vehicle", "v1"], in: scratch)
+        let agent = try AgentFixture.launch(["--db", scratch.file("t.sqlite"), "--vehicle", "v1"], in: scratch)
         #expect(await agent.waitForOutput("refreshed", within: 30))
         agent.signal(SIGINT)
         #expect(await agent.wait(upTo: 5) == 0)
@@ -42,7 +42,7 @@ struct TokenAgentTests {
         let issuer = try await IssuerProcess(scratch: scratch)
         let db = scratch.file("tokens.sqlite")
         let args = ["--db", db, "--provider-url", issuer.template, "--vehicle", "v-1", "--trip", "t-1", "--once", "--json"]
-        let first = try await runToEnd("token-agent", args, in: scratch)
+        let first = try await AgentFixture.run(args, in: scratch)
         #expect(first.status == 0, "\(first.stderr)")
         let firstResults = try onceResults(first.stdout)
         #expect(firstResults.map { $0["source"] } == ["provider", "provider"])
@@ -53,7 +53,7 @@ struct TokenAgentTests {
         }
         #expect(try await issuer.stats().issued == 2)
 
-        let second = try await runToEnd("token-agent", args, in: scratch)
+        let second = try await AgentFixture.run(args, in: scratch)
         #expect(second.status == 0)
         let secondResults = try onceResults(second.stdout)
         #expect(secondResults.map { $0["source"] } == ["store", "store"])
@@ -67,14 +67,14 @@ struct TokenAgentTests {
     func subjectFlagForms() async throws {
         let scratch = Scratch()
         let issuer = try await IssuerProcess(scratch: scratch)
-        let result = try await runToEnd("token-agent", ["--vehicle=v-a", "--db", scratch.file("t.sqlite"), "--vehicle", "v-b",
+        let result = try await AgentFixture.run(["--vehicle=v-a", "--db", scratch.file("t.sqlite"), "--vehicle", "v-b",
                                                         "--provider-url", issuer.template, "--trip=t-1", "--delivery-vehicle", "d-1",
                                                         "--task=k-1", "--once", "--json", "--vehicle=-7"], in: scratch)
         #expect(result.status == 0, "\(result.stderr)")
         #expect(try onceResults(result.stdout).map { "\($0["kind"] ?? "")/\($0["id"] ?? "")" }
                 == ["vehicle/v-a", "vehicle/v-b", "vehicle/-7", "trip/t-1", "deliveryVehicle/d-1", "task/k-1"])
         for tail in [["--vehicle"], ["--vehicle", "--json"]] {
-            let missing = try await runToEnd("token-agent", ["--db", scratch.file("t.sqlite"), "--provider-url", issuer.template, "--once"] + tail, in: scratch)
+            let missing = try await AgentFixture.run(["--db", scratch.file("t.sqlite"), "--provider-url", issuer.template, "--once"] + tail, in: scratch)
             #expect(missing.status == 64)
             #expect(missing.stderr.contains("Missing value for '--vehicle"), "\(missing.stderr)")
         }
@@ -85,7 +85,7 @@ struct TokenAgentTests {
         let scratch = Scratch()
         let issuer = try await IssuerProcess(scratch: scratch)
         let db = scratch.file("from-env.sqlite")
-        let result = try await runToEnd("token-agent", ["--provider-url", issuer.template, "--vehicle", "v", "--once"],
+        let result = try await AgentFixture.run(["--provider-url", issuer.template, "--vehicle", "v", "--once"],
                                         environment: ["TOKEN_STORE_DB": db], in: scratch)
         #expect(result.status == 0, "\(result.stderr)")
         #expect(try sqlite3(db, "SELECT subject_id FROM tokens") == "v")
@@ -97,14 +97,14 @@ struct TokenAgentTests {
         let issuer = try await IssuerProcess(scratch: scratch)
         let db = scratch.file("tokens.sqlite")
         let subjects = (1...6).flatMap { ["--vehicle", "v\($0)"] }
-        let agent = try RunningProcess("token-agent", ["--db", db, "--provider-url", issuer.template] + subjects, in: scratch)
+        let agent = try AgentFixture.launch(["--db", db, "--provider-url", issuer.template] + subjects, in: scratch)
         #expect(await eventually(within: 30) { (try? sqlite3(db, "SELECT count(*) FROM tokens WHERE token IS NOT NULL")) == "6" })
         agent.signal(SIGKILL)
         _ = await agent.wait(upTo: 5)
         #expect(try sqlite3(db, "PRAGMA integrity_check") == "ok")
         let issued = try await issuer.stats().issued
 
-        let again = try await runToEnd("token-agent", ["--db", db, "--provider-url", issuer.template, "--once", "--json"] + subjects, in: scratch)
+        let again = try await AgentFixture.run(["--db", db, "--provider-url", issuer.template, "--once", "--json"] + subjects, in: scratch)
         #expect(again.status == 0, "\(again.stderr)")
         #expect(try onceResults(again.stdout).allSatisfy { $0["source"] == "store" })
         #expect(try await issuer.stats().issued == issued)
@@ -116,7 +116,7 @@ struct TokenAgentTests {
         let issuer = try await IssuerProcess(scratch: scratch, lifetime: 1800)
         for told in [format, "auto"] {
             let db = scratch.file("\(told).sqlite")
-            let result = try await runToEnd("token-agent", [
+            let result = try await AgentFixture.run([
                 "--db", db, "--provider-url", issuer.template + "?expiration_format=\(format)",
                 "--expiration-format", told, "--trip", "t", "--once", "--json",
             ], in: scratch)
@@ -142,7 +142,7 @@ struct TokenAgentTests {
         let scratch = Scratch()
         let issuer = try await IssuerProcess(scratch: scratch)
         let db = scratch.file("tokens.sqlite")
-        let result = try await runToEnd("token-agent", [
+        let result = try await AgentFixture.run([
             "--db", db, "--provider-url", issuer.template + "?\(query)", "--vehicle", "v1", "--once",
             "--request-timeout", "1",
         ], in: scratch)
@@ -156,7 +156,7 @@ struct TokenAgentTests {
     @Test("an unreachable provider is reported, and retried only after the persisted backoff")
     func unreachable() async throws {
         let scratch = Scratch()
-        let result = try await runToEnd("token-agent", ["--db", scratch.file("t.sqlite"), "--provider-url",
+        let result = try await AgentFixture.run(["--db", scratch.file("t.sqlite"), "--provider-url",
                                                         "http://127.0.0.1:1/token/{kind}/{id}", "--trip", "t", "--once"], in: scratch)
         #expect(result.status == 1)
         #expect(result.stderr.contains("unreachable"), "\(result.stderr)")
@@ -168,7 +168,7 @@ struct TokenAgentTests {
         let issuer = try await IssuerProcess(scratch: scratch)
         let db = scratch.file("tokens.sqlite")
         for _ in 0..<8 {
-            let result = try await runToEnd("token-agent", ["--db", db, "--provider-url", issuer.template + "?fault=status&status=500",
+            let result = try await AgentFixture.run(["--db", db, "--provider-url", issuer.template + "?fault=status&status=500",
                                                             "--vehicle", "v1", "--once"], in: scratch)
             #expect(result.status == 1)
         }
@@ -190,7 +190,7 @@ struct TokenAgentTests {
     ])
     func usageErrors(arguments: [String]) async throws {
         let scratch = Scratch()
-        let result = try await runToEnd("token-agent", ["--db", scratch.file("t.sqlite"), "--once"] + arguments, in: scratch)
+        let result = try await AgentFixture.run(["--db", scratch.file("t.sqlite"), "--once"] + arguments, in: scratch)
         #expect(result.status == 64, "\(arguments): \(result.stderr)")
         #expect(result.stderr.contains("Error") || result.stderr.contains("error"), "\(result.stderr)")
     }
@@ -204,7 +204,7 @@ struct TokenAgentTests {
     ])
     func headerNeverEchoed(arguments: [String]) async throws {
         let scratch = Scratch()
-        let result = try await runToEnd("token-agent", ["--db", scratch.file("t.sqlite"), "--provider-url", "https://auth.invalid/{kind}/{id}",
+        let result = try await AgentFixture.run(["--db", scratch.file("t.sqlite"), "--provider-url", "https://auth.invalid/{kind}/{id}",
                                                         "--vehicle", "v", "--once"] + arguments, in: scratch)
         #expect(result.status == 64, "\(arguments): \(result.stderr)")
         #expect(result.stderr.contains(arguments[0]), "\(result.stderr)")
@@ -214,7 +214,7 @@ struct TokenAgentTests {
     @Test("plain http to a non-loopback provider is refused unless allowed")
     func insecureHTTP() async throws {
         let scratch = Scratch()
-        let result = try await runToEnd("token-agent", ["--db", scratch.file("t.sqlite"), "--provider-url", "http://auth.example.com/{kind}/{id}",
+        let result = try await AgentFixture.run(["--db", scratch.file("t.sqlite"), "--provider-url", "http://auth.example.com/{kind}/{id}",
                                                         "--vehicle", "v", "--once"], in: scratch)
         #expect(result.status == 64)
         #expect(result.stderr.contains("--allow-insecure-http"))

@@ -296,7 +296,7 @@ struct TokenCtlTests {
         let db = scratch.file("tokens.sqlite")
         let subjects = (1...5).flatMap { ["--vehicle", "v\($0)"] } + ["--trip", "t1"]
         // Debug logs: when the refetch is late, the failure shows what the agent's flight did.
-        let agent = try RunningProcess("token-agent", ["--db", db, "--provider-url", issuer.template, "--log-level", "debug"] + subjects,
+        let agent = try AgentFixture.launch(["--db", db, "--provider-url", issuer.template, "--log-level", "debug"] + subjects,
                                        in: scratch)
         #expect(await eventually(within: 30) { (try? sqlite3(db, "SELECT count(*) FROM tokens WHERE token IS NOT NULL")) == "6" })
         // Counted from the agent's own report, not by comparing token values: the issuer signs

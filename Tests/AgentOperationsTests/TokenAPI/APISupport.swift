@@ -70,19 +70,8 @@ struct APIAgent {
         var all = ["--db", scratch.file("tokens.sqlite"), "--provider-url", provider, "--listen", "unix:\(socket)"]
             + (logLevel.map { ["--log-level", $0] } ?? []) + arguments
         if tcp { all += ["--listen", "127.0.0.1:0"] }
-        let process = try RunningProcess("token-agent", all, in: scratch)
-        let expected = tcp ? 2 : 1
-        _ = await eventually(within: 30) {
-            !process.isRunning || process.stderr.components(separatedBy: "token API listening").count - 1 >= expected
-        }
-        guard process.stderr.components(separatedBy: "token API listening").count - 1 >= expected else {
-            throw ProcessFailure(message: "token-agent did not start listening: \(process.stderr)")
-        }
-        var port: Int?
-        if tcp, let range = process.stderr.range(of: #"address=127\.0\.0\.1:\d+"#, options: .regularExpression) {
-            port = Int(process.stderr[range].split(separator: ":").last!)
-        }
-        return APIAgent(process: process, socket: socket, tcpPort: port)
+        let agent = try await AgentFixture.serving(all, listeners: tcp ? 2 : 1, in: scratch)
+        return APIAgent(process: agent.process, socket: socket, tcpPort: tcp ? agent.tcpPort : nil)
     }
 
     /// Sends SIGTERM and waits (bounded); the exit status, nil if it did not stop in 20 s.

@@ -69,7 +69,7 @@ struct BoundedStateTests {
             #expect(try await api.send("/v1/subjects?after=bus/x").status == 400)
         }
         #expect(await agent.stop() == 0, "\(agent.process.stderr)")
-        let usage = try await runToEnd("token-agent", ["--db", scratch.file("u.sqlite"), "--provider-url", issuer.template, "--vehicle", "v",
+        let usage = try await AgentFixture.run(["--db", scratch.file("u.sqlite"), "--provider-url", issuer.template, "--vehicle", "v",
                                                        "--max-dynamic-subjects", "0"], in: scratch, timeout: 30)
         #expect(usage.status == 64 && usage.stderr.contains("--max-dynamic-subjects"), "\(usage.stderr)")
     }

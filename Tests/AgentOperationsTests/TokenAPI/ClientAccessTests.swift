@@ -104,7 +104,7 @@ struct ClientAccessTests {
     ])
     func usage(arguments: [String], message: String) async throws {
         let scratch = Scratch()
-        let result = try await runToEnd("token-agent", ["--db", scratch.file("t.sqlite"), "--provider-url", "http://127.0.0.1:9/{kind}/{id}",
+        let result = try await AgentFixture.run(["--db", scratch.file("t.sqlite"), "--provider-url", "http://127.0.0.1:9/{kind}/{id}",
                                                         "--vehicle", "v", "--listen", "unix:\(scratch.file("api.sock"))"] + arguments,
                                         in: scratch, timeout: 30)
         #expect(result.status == 64, "\(result.stderr)")

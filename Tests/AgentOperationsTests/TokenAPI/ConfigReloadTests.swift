@@ -146,7 +146,7 @@ struct ConfigReloadTests {
         let scratch = Scratch()
         let config = scratch.file("token-agent.yaml")
         try "json: true\nlog-level: notice\n".write(toFile: config, atomically: true, encoding: .utf8)
-        let agent = try RunningProcess("token-agent", ["--db", scratch.file("tokens.sqlite"), "--config", config,
+        let agent = try AgentFixture.launch(["--db", scratch.file("tokens.sqlite"), "--config", config,
                                                        "--listen", "unix:\(scratch.file("api.sock"))"], in: scratch)
         defer { agent.signal(SIGKILL) }
         #expect(await eventually(within: 30) { SubjectReloadTests.refreshed(agent).count == 5 }, "\(agent.stderr)")

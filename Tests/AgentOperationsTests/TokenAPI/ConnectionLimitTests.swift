@@ -195,13 +195,13 @@ struct ConnectionLimitTests {
         let scratch = Scratch()
         let config = scratch.file("token-agent.yaml")
         try "max-api-connections: 300\nmax-api-connections-per-peer: 20\n".write(toFile: config, atomically: true, encoding: .utf8)
-        let printed = try await runToEnd("token-agent", ["--config", config, "--print-config"], in: scratch)
+        let printed = try await AgentFixture.run(["--config", config, "--print-config"], in: scratch)
         #expect(printed.status == 0, "\(printed.stderr)")
         #expect(printed.stdout.contains("max-api-connections: 300"), "\(printed.stdout)")
         #expect(printed.stdout.contains("max-api-connections-per-peer: 20"), "\(printed.stdout)")
 
         for arguments in [["--max-api-connections", "0"], ["--max-api-connections-per-peer", "0"], ["--max-api-connections", "many"]] {
-            let refused = try await runToEnd("token-agent", arguments + ["--listen", "unix:\(scratch.file("api.sock"))"], in: scratch)
+            let refused = try await AgentFixture.run(arguments + ["--listen", "unix:\(scratch.file("api.sock"))"], in: scratch)
             #expect(refused.status == 64, "\(arguments): \(refused.stderr)")
             #expect(refused.stderr.contains(arguments[0]), "\(arguments): \(refused.stderr)")
         }
@@ -298,21 +298,12 @@ struct CappedAgent {
         let socket = scratch.file("api.sock")
         let agentArguments = ["--db", scratch.file("tokens.sqlite"), "--provider-url", provider, "--log-level", "info",
                               "--listen", "unix:\(socket)", "--listen", "127.0.0.1:0"] + arguments
-        let agentPath = productsDirectory.appendingPathComponent("token-agent").path
-        let process = if let openFiles {
-            try RunningProcess("/bin/sh", ["-c", "ulimit -n \(openFiles); exec \"$0\" \"$@\"", agentPath] + agentArguments, in: scratch)
-        } else {
-            try RunningProcess("token-agent", agentArguments, in: scratch)
+        let wrapper = openFiles.map { limit in ["/bin/sh", "-c", "ulimit -n \(limit); exec \"$0\" \"$@\""] } ?? []
+        let agent = try await AgentFixture.serving(agentArguments, wrapper: wrapper, listeners: 2, in: scratch)
+        guard let port = agent.tcpPort else {
+            throw ProcessFailure(message: "token-agent did not log its TCP address: \(agent.process.stderr)")
         }
-        _ = await eventually(within: 30) {
-            !process.isRunning || process.stderr.components(separatedBy: "token API listening").count - 1 >= 2
-        }
-        guard process.stderr.components(separatedBy: "token API listening").count - 1 >= 2,
-              let range = process.stderr.range(of: #"address=127\.0\.0\.1:\d+"#, options: .regularExpression),
-              let port = Int(process.stderr[range].split(separator: ":").last!) else {
-            throw ProcessFailure(message: "token-agent did not start listening: \(process.stderr)")
-        }
-        return CappedAgent(process: process, socket: socket, tcpPort: port)
+        return CappedAgent(process: agent.process, socket: socket, tcpPort: port)
     }
 
     /// The caps the agent logged at start: `overall=N per_peer=M`.

@@ -101,7 +101,7 @@ struct EdgeAccessTests {
           ])
     func listenerHygiene(arguments: [String], status: Int32, message: String) async throws {
         let scratch = Scratch()
-        let result = try await runToEnd("token-agent", ["--db", scratch.file("t.sqlite"), "--provider-url", "http://127.0.0.1:9/{kind}/{id}",
+        let result = try await AgentFixture.run(["--db", scratch.file("t.sqlite"), "--provider-url", "http://127.0.0.1:9/{kind}/{id}",
                                                         "--vehicle", "v", "--listen", "unix:\(scratch.file("api.sock"))"] + arguments,
                                         in: scratch, timeout: 30)
         #expect(result.status == status, "\(result.stderr)")
@@ -119,7 +119,7 @@ struct EdgeAccessTests {
             let arguments = ["--db", scratch.file("t-\(mode).sqlite"), "--provider-url", issuer.template, "--vehicle", "v",
                              "--listen", "unix:\(directory)/api.sock"]
             if refused {
-                let result = try await runToEnd("token-agent", arguments, in: scratch, timeout: 30)
+                let result = try await AgentFixture.run(arguments, in: scratch, timeout: 30)
                 #expect(result.status == 1, "mode \(String(mode, radix: 8)): \(result.stderr)")
                 #expect(result.stderr.contains("writable by"), "\(result.stderr)")
             } else {
@@ -140,9 +140,9 @@ struct EdgeAccessTests {
         #expect(mkdir(directory, 0o755) == 0)
         let socket = "\(directory)/api.sock"
         // umask 0 for the agent (through sh): a socket bound in place would appear as 0777.
-        let agent = try RunningProcess("/bin/sh", ["-c", "umask 0; exec \"$0\" \"$@\"", productsDirectory.appendingPathComponent("token-agent").path,
-                                                   "--db", scratch.file("t.sqlite"), "--provider-url", issuer.template, "--vehicle", "v",
-                                                   "--listen", "unix:\(socket)", "--socket-mode", "0600", "--log-level", "notice"], in: scratch)
+        let agent = try AgentFixture.launch(["--db", scratch.file("t.sqlite"), "--provider-url", issuer.template, "--vehicle", "v",
+                                             "--listen", "unix:\(socket)", "--socket-mode", "0600", "--log-level", "notice"],
+                                            wrapper: ["/bin/sh", "-c", "umask 0; exec \"$0\" \"$@\""], in: scratch)
         // Watch the path from before it exists: the first mode seen must be the one asked for.
         var seen: [mode_t] = []
         let deadline = Date().addingTimeInterval(30)

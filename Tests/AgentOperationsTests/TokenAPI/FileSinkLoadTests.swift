@@ -4,6 +4,7 @@
 // every few seconds, while the test compares each vehicle's file with the API's token.
 
 import FleetTokenService
+import TokenAgentRuntime
 import FleetTokenStore
 import FleetTokenStoreTesting
 import Foundation
@@ -150,49 +151,5 @@ struct FileSinkLoadTests {
         #expect(observed.slowestTokenGET < 3, "\(summary)")
         #expect(observed.slowestSubjects < 3, "\(summary)")
         #expect(await agent.stop() == 0, "\(agent.process.stderr.suffix(2000))")
-    }
-}
-
-extension FileSinkTests {
-    @Test("between its checks the sink follows events and tracking changes: an untracked subject's refresh writes nothing, an untracked subject's file goes and a re-tracked one's comes back at the next event; the engine's tracked generation moves only with a change")
-    func followsTrackingBetweenChecks() async throws {
-        let scratch = Scratch()
-        let logs = LogRecorder(label: "sink-test", level: .debug)
-        let time = TestTime(start: Date())
-        let store = InMemoryTokenRepository()
-        let engine = TokenSyncEngine(repository: store, leases: store, fetcher: ScriptedFetcher.minting(time), logger: logs.logger)
-        let v1 = try TokenKey.vehicle("v-1"), v2 = try TokenKey.vehicle("v-2")
-        #expect(engine.tracked == TrackedKeys())
-        await engine.track([v1])
-        #expect(engine.tracked.keys == [v1] && engine.tracked.generation == 1)
-        await engine.track([v1])
-        #expect(engine.tracked.generation == 1, "tracking what is tracked changes nothing")
-        #expect(engine.isTracked(v1) && !engine.isTracked(v2))
-        // No periodic check during the test: only events and tracking changes move files.
-        let sink = TokenFileSink(engine: engine, directory: scratch.file("sink"), checkInterval: .seconds(3600), logger: logs.logger)
-        try sink.prepare()
-        let file1 = scratch.file("sink/vehicle/v-1.jwt"), file2 = scratch.file("sink/vehicle/v-2.jwt")
-
-        try await Self.running([engine, sink], logger: logs.logger) {
-            #expect(await eventually(within: 10) { FileManager.default.fileExists(atPath: file1) }, "\(logs.allText)")
-            // An on-demand (untracked) subject's fetch: an event the sink drops.
-            _ = try await engine.token(for: try .trip("t-1"))
-            // A newly tracked subject is fetched at once; its event writes its file. Events are
-            // handled in order, so the trip's event was handled before.
-            await engine.track([v2])
-            #expect(await eventually(within: 10) { FileSinkTests.contents(file2) == engine.heldToken(for: v2)?.token.value }, "\(logs.allText)")
-            #expect(!FileManager.default.fileExists(atPath: scratch.file("sink/trip")), "no file for an untracked subject")
-
-            // Untracked: its file goes at the next event (here another on-demand fetch).
-            await engine.untrack([v1])
-            #expect(engine.tracked.keys == [v2] && engine.tracked.generation == 3)
-            _ = try await engine.token(for: try .trip("t-2"))
-            #expect(await eventually(within: 5) { !FileManager.default.fileExists(atPath: file1) }, "\(logs.allText)")
-            // Tracked again: still held (fresh), so nothing is fetched; its file comes back at the next event.
-            await engine.track([v1])
-            _ = try await engine.token(for: try .trip("t-3"))
-            #expect(await eventually(within: 5) { FileSinkTests.contents(file1) == engine.heldToken(for: v1)?.token.value }, "\(logs.allText)")
-            #expect(!FileManager.default.fileExists(atPath: scratch.file("sink/trip")))
-        }
     }
 }

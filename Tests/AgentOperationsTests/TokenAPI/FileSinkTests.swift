@@ -2,6 +2,7 @@
 // and real files: layout, modes, file names, atomic replacement under a reading loop, purges.
 
 import FleetTokenService
+import TokenAgentRuntime
 import FleetTokenStore
 import Foundation
 import TestSupportKit
@@ -14,7 +15,7 @@ import Glibc
 struct FileSinkTests {
     /// A long-lived token-agent writing its tokens under `scratch/sink`.
     static func startAgent(_ scratch: Scratch, provider: String, _ arguments: [String]) throws -> RunningProcess {
-        try RunningProcess("token-agent", ["--db", scratch.file("tokens.sqlite"), "--provider-url", provider,
+        try AgentFixture.launch(["--db", scratch.file("tokens.sqlite"), "--provider-url", provider,
                                            "--sink", scratch.file("sink"), "--json", "--log-level", "debug"] + arguments, in: scratch)
     }
 
@@ -188,7 +189,7 @@ struct FileSinkTests {
     ])
     func badSinkFlags(_ arguments: [String]) async throws {
         let scratch = Scratch()
-        let result = try await runToEnd("token-agent", ["--db", scratch.file("tokens.sqlite"), "--provider-url", "http://127.0.0.1:9/token/{kind}/{id}",
+        let result = try await AgentFixture.run(["--db", scratch.file("tokens.sqlite"), "--provider-url", "http://127.0.0.1:9/token/{kind}/{id}",
                                                         "--vehicle", "v-1", "--sink", scratch.file("sink")] + arguments, in: scratch, timeout: 20)
         #expect(result.status == 64, "\(result.stderr)")
         #expect(result.stderr.contains(arguments.contains("--once") ? "--once" : "--sink-mode"))

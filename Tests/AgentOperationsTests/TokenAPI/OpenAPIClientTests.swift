@@ -165,7 +165,7 @@ enum OpenAPIPythonClient {
 struct OpenAPIClientReadmeTests {
     @Test("README.md contains OpenAPIClientTests.readmeExample line for line")
     func readmeShowsTheTestedExample() throws {
-        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        let root = Checkout.root
         let readme = try String(contentsOf: root.appendingPathComponent("README.md"), encoding: .utf8)
         // The raw string is indented by its closing delimiter's column; README has it flush.
         #expect(readme.contains("```python\n" + OpenAPIClientTests.readmeExample + "```\n"))

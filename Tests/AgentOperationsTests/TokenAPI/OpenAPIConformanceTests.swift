@@ -14,8 +14,7 @@ import Testing
        .enabled(if: Schemathesis.shouldRun,
                 "needs Schemathesis (.ci/run installs it in ~/.cache/fleet-token-store/schemathesis-venv; or set FLEET_SCHEMATHESIS=PATH); FLEET_REQUIRE_THIRD_PARTY=1 makes its absence a failure"))
 struct OpenAPIConformanceTests {
-    static let document = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
-        .deletingLastPathComponent().appendingPathComponent("docs/openapi.yaml").path
+    static let document = Checkout.root.appendingPathComponent("docs/openapi.yaml").path
     static let checks = ["not_a_server_error", "status_code_conformance", "content_type_conformance", "response_schema_conformance"]
 
     @Test("every operation, generated and negative requests: Schemathesis's stock checks find nothing")

@@ -85,8 +85,7 @@ struct PrometheusConformanceTests {
     @Test("docs/alerts.yaml: promtool check rules passes, and test rules fires each alert when it should and not before")
     func alertRules() throws {
         let promtool = try Promtool.require()
-        let docs = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
-            .deletingLastPathComponent().appendingPathComponent("docs")
+        let docs = Checkout.root.appendingPathComponent("docs")
         let check = try runCapturing([promtool, "check", "rules", docs.appendingPathComponent("alerts.yaml").path])
         #expect(check.status == 0, "\(check.stdout)\(check.stderr)")
         #expect(check.stdout.contains("SUCCESS: 2 rules found"), "\(check.stdout)\(check.stderr)")

@@ -4,6 +4,7 @@
 // warning. Real agent, real dev-token-server, the local API on a Unix socket.
 
 import FleetTokenService
+import TokenAgentRuntime
 import Foundation
 import TestSupportKit
 import Testing

@@ -116,17 +116,17 @@ struct SubjectReloadTests {
         let db = scratch.file("tokens.sqlite")
         let bad = scratch.file("bad.txt")
         try "vehicle:v-1\nbus:1\n\ntrip\n".write(toFile: bad, atomically: true, encoding: .utf8)
-        let badRun = try await runToEnd("token-agent", ["--db", db, "--provider-url", issuer.template, "--subjects-file", bad], in: scratch)
+        let badRun = try await AgentFixture.run(["--db", db, "--provider-url", issuer.template, "--subjects-file", bad], in: scratch)
         #expect(badRun.status == 64)
         #expect(badRun.stderr.contains("line 2: unknown kind \"bus\"") && badRun.stderr.contains("line 4: write KIND:ID"), "\(badRun.stderr)")
-        let missing = try await runToEnd("token-agent", ["--db", db, "--provider-url", issuer.template, "--subjects-file", scratch.file("nope.txt")], in: scratch)
+        let missing = try await AgentFixture.run(["--db", db, "--provider-url", issuer.template, "--subjects-file", scratch.file("nope.txt")], in: scratch)
         #expect(missing.status == 64)
         #expect(missing.stderr.contains("no such file"), "\(missing.stderr)")
         #expect(try await issuer.stats().requests == 0)
 
         let file = scratch.file("subjects.txt")
         try "vehicle:v-1\ntrip:t-1\nvehicle:v-1\n".write(toFile: file, atomically: true, encoding: .utf8)
-        let once = try await runToEnd("token-agent", ["--db", db, "--provider-url", issuer.template, "--subjects-file", file,
+        let once = try await AgentFixture.run(["--db", db, "--provider-url", issuer.template, "--subjects-file", file,
                                                       "--vehicle", "v-1", "--task", "k-1", "--once", "--json"], in: scratch)
         #expect(once.status == 0, "\(once.stderr)")
         #expect(try onceResults(once.stdout).map { "\($0["kind"]!)/\($0["id"]!)" } == ["vehicle/v-1", "task/k-1", "trip/t-1"])

@@ -26,9 +26,7 @@ struct SystemdUnitTests {
         #expect(Self.analyzer != nil, "\(Self.skipReason): .ci/run installs it")
     }
 
-    static let shippedUnit = URL(fileURLWithPath: #filePath)
-        .deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
-        .appendingPathComponent("tools/token-agent/systemd/token-agent.service").path
+    static let shippedUnit = Checkout.root.appendingPathComponent("tools/token-agent/systemd/token-agent.service").path
 
     static let installedAgent = "ExecStart=/usr/local/bin/token-agent "
     static let installedKill = "ExecReload=/bin/kill "
@@ -39,7 +37,7 @@ struct SystemdUnitTests {
         let text = try String(contentsOfFile: shippedUnit, encoding: .utf8)
         try #require(text.contains(installedAgent), "the unit starts /usr/local/bin/token-agent")
         try #require(text.contains(installedKill), "the unit reloads with /bin/kill")
-        let agent = productsDirectory.appendingPathComponent("token-agent").path
+        let agent = AgentFixture.path
         try #require(FileManager.default.isExecutableFile(atPath: agent), "token-agent is built at \(agent)")
         let kill = try #require(["/bin/kill", "/usr/bin/kill"].first { FileManager.default.isExecutableFile(atPath: $0) })
         return text.replacingOccurrences(of: installedAgent, with: "ExecStart=\(agent) ")

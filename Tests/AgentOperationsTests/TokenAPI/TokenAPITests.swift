@@ -144,7 +144,7 @@ struct TokenAPITests {
         let issuer = try await IssuerProcess(scratch: scratch)
         let first = try await APIAgent.start(scratch, provider: issuer.template, ["--vehicle", "v-1"])
         let other = Scratch()
-        let second = try await runToEnd("token-agent", ["--db", other.file("t.sqlite"), "--provider-url", issuer.template,
+        let second = try await AgentFixture.run(["--db", other.file("t.sqlite"), "--provider-url", issuer.template,
                                                         "--vehicle", "v-1", "--listen", "unix:\(first.socket)"], in: other, timeout: 30)
         #expect(second.status == 1)
         #expect(second.stderr.contains("another process is listening on \(first.socket)"), "\(second.stderr)")
@@ -159,7 +159,7 @@ struct TokenAPITests {
 
         let notSocket = scratch.file("plain-file")
         _ = FileManager.default.createFile(atPath: notSocket, contents: Data("x".utf8))
-        let refused = try await runToEnd("token-agent", ["--db", other.file("t.sqlite"), "--provider-url", issuer.template,
+        let refused = try await AgentFixture.run(["--db", other.file("t.sqlite"), "--provider-url", issuer.template,
                                                          "--vehicle", "v-1", "--listen", "unix:\(notSocket)"], in: other, timeout: 30)
         #expect(refused.status == 1)
         #expect(refused.stderr.contains("is not a socket"))
@@ -175,7 +175,7 @@ struct TokenAPITests {
     ])
     func listenUsage(arguments: [String], message: String) async throws {
         let scratch = Scratch()
-        let result = try await runToEnd("token-agent", ["--db", scratch.file("t.sqlite"), "--provider-url", "http://127.0.0.1:9/{kind}/{id}",
+        let result = try await AgentFixture.run(["--db", scratch.file("t.sqlite"), "--provider-url", "http://127.0.0.1:9/{kind}/{id}",
                                                         "--vehicle", "v"] + arguments, in: scratch, timeout: 30)
         #expect(result.status == 64)
         #expect(result.stderr.contains(message), "\(result.stderr)")

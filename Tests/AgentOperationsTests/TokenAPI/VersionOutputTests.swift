@@ -29,13 +29,13 @@ struct VersionOutputTests {
     func agentVersionFirst() async throws {
         let scratch = Scratch()
         // A config file that does not exist and a flag the agent refuses: --version still answers.
-        let result = try await runToEnd("token-agent", ["--config", scratch.file("missing.yaml"), "--bogus", "--version"],
+        let result = try await AgentFixture.run(["--config", scratch.file("missing.yaml"), "--bogus", "--version"],
                                         environment: ["TOKEN_AGENT_DB": scratch.file("store.sqlite")], in: scratch)
         #expect(result.status == 0, "\(result.stderr)")
         #expect(result.stdout == BuildStamp.versionLine(program: "token-agent") + "\n")
         #expect(scratch.contents.allSatisfy { !$0.hasPrefix("store.sqlite") }, "\(scratch.contents)")
         // --help names it.
-        let help = try await runToEnd("token-agent", ["--help"], in: scratch)
+        let help = try await AgentFixture.run(["--help"], in: scratch)
         #expect(help.stdout.contains("  --version "), "\(help.stdout)")
     }
 
@@ -80,7 +80,9 @@ struct VersionLine {
 
 /// The repository these tests were built from, and tools on PATH.
 enum Checkout {
-    static let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+    /// The package root: this file is Tests/AgentOperationsTests/TokenAPI/VersionOutputTests.swift.
+    static let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+        .deletingLastPathComponent().deletingLastPathComponent()
 
     /// git, when the repository is a checkout (.git present) and git is installed.
     static var gitPath: String? {

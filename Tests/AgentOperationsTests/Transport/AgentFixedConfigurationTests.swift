@@ -16,7 +16,7 @@ struct AgentFixedConfigurationTests {
     func caFileAddedIsTriedAtOnce() async throws {
         let pki = try TestPKI()
         defer { pki.removeFiles() }
-        let server = try TLSTokenServer(pki: pki, answer: AgentTransportTests.anyKindToken())
+        let server = try TLSTokenServer(pki: pki, answer: TLSTokenServer.anyKindToken())
         try await server.whileRunning {
             let scratch = Scratch()
             let db = scratch.file("tokens.sqlite")
@@ -41,7 +41,7 @@ struct AgentFixedConfigurationTests {
         let pki = try TestPKI()
         defer { pki.removeFiles() }
         let client = try pki.issueClient(commonName: "gateway-7")
-        let server = try TLSTokenServer(pki: pki, requireClientCertificate: true, answer: AgentTransportTests.anyKindToken())
+        let server = try TLSTokenServer(pki: pki, requireClientCertificate: true, answer: TLSTokenServer.anyKindToken())
         try await server.whileRunning {
             let scratch = Scratch()
             let db = scratch.file("tokens.sqlite")
@@ -62,7 +62,7 @@ struct AgentFixedConfigurationTests {
     func unchangedConfigurationHoldsTheBackoff() async throws {
         let pki = try TestPKI()
         defer { pki.removeFiles() }
-        let server = try TLSTokenServer(pki: pki, requireClientCertificate: true, answer: AgentTransportTests.anyKindToken())
+        let server = try TLSTokenServer(pki: pki, requireClientCertificate: true, answer: TLSTokenServer.anyKindToken())
         try await server.whileRunning {
             let scratch = Scratch()
             let db = scratch.file("tokens.sqlite")
@@ -114,6 +114,5 @@ struct AgentFixedConfigurationTests {
 
 /// Runs token-agent to completion (bounded), with no proxy from the machine's environment.
 private func runAgent(_ arguments: [String], _ scratch: Scratch) async throws -> (status: Int32, stdout: String, stderr: String) {
-    let clean = ["HTTPS_PROXY": "", "https_proxy": "", "HTTP_PROXY": "", "http_proxy": "", "NO_PROXY": "", "no_proxy": ""]
-    return try await runToEnd("token-agent", arguments, environment: clean, in: scratch, timeout: 60)
+    try await AgentFixture.run(arguments, environment: AgentFixture.noProxy, in: scratch, timeout: 60)
 }

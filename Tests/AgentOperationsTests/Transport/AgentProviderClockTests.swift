@@ -1,8 +1,8 @@
 // Issue 27 item 2 from the outside: a real token-agent, run twice with --once, against a real
 // HTTPS provider whose clock runs an hour ahead (its tokens' iat/exp and its Date header). The
 // second run must not serve the stored token once the provider considers it expired, although
-// by this machine's clock it has an hour left. The tokens live 2 s, so the test waits 4 s, not
-// a token's hour.
+// by this machine's clock it has an hour left. The tokens live 2 s, so the test waits until the
+// provider's clock is past the token's expiry (about 3 s), not a token's hour.
 
 import FleetTokenStoreTesting
 import FleetTokenStore
@@ -38,21 +38,21 @@ struct AgentProviderClockTests {
             let db = scratch.file("tokens.sqlite")
             let arguments = ["--db", db, "--provider-url", server.baseURL + "/token/{kind}/{id}", "--vehicle", "truck-7",
                              "--ca-file", pki.caPath, "--once", "--json"]
-            let first = try await runToEnd("token-agent", arguments, environment: Self.noProxy, in: scratch, timeout: 60)
+            let first = try await AgentFixture.run(arguments, environment: AgentFixture.noProxy, in: scratch, timeout: 60)
             #expect(first.status == 0, "\(first.stderr)")
             #expect(try onceResults(first.stdout).map { $0["source"] } == ["provider"])
             #expect(server.requests.count == 1)
 
-            // By the provider's clock the 2 s token expired (iat is whole seconds: up to 1 s
-            // earlier than the answer); by ours it has an hour left.
-            try await Task.sleep(for: .seconds(4))
-            let second = try await runToEnd("token-agent", arguments, environment: Self.noProxy, in: scratch, timeout: 60)
+            // Wait until, by the provider's clock, the 2 s token has expired (its exp is whole
+            // seconds, as is the Date header the agent reads the provider's clock from: 1 s of
+            // margin); by ours it has an hour left.
+            let answered = try #require(server.requests.first).date.addingTimeInterval(3600)
+            let expiry = Date(timeIntervalSince1970: answered.timeIntervalSince1970.rounded(.down) + 2)
+            #expect(await eventually(within: 30) { Date().addingTimeInterval(3600) > expiry.addingTimeInterval(1) })
+            let second = try await AgentFixture.run(arguments, environment: AgentFixture.noProxy, in: scratch, timeout: 60)
             #expect(second.status == 0, "\(second.stderr)")
             #expect(try onceResults(second.stdout).map { $0["source"] } == ["provider"], "\(second.stdout)")
             #expect(server.requests.count == 2)
         }
     }
-
-    /// The tests choose their proxy explicitly: none from the machine's environment.
-    static let noProxy = ["HTTPS_PROXY": "", "https_proxy": "", "HTTP_PROXY": "", "http_proxy": "", "NO_PROXY": "", "no_proxy": ""]
 }

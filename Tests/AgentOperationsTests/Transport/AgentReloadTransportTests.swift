@@ -19,7 +19,7 @@ struct AgentReloadTransportTests {
     func headerFileChangedByReload() async throws {
         let pki = try TestPKI()
         defer { pki.removeFiles() }
-        let server = try TLSTokenServer(pki: pki, answer: AgentTransportTests.anyKindToken())
+        let server = try TLSTokenServer(pki: pki, answer: TLSTokenServer.anyKindToken())
         try await server.whileRunning {
             let scratch = Scratch()
             let db = scratch.file("tokens.sqlite")
@@ -81,7 +81,7 @@ struct AgentReloadTransportTests {
     func headerValuesNeverPrinted() async throws {
         let pki = try TestPKI()
         defer { pki.removeFiles() }
-        let server = try TLSTokenServer(pki: pki, answer: AgentTransportTests.anyKindToken())
+        let server = try TLSTokenServer(pki: pki, answer: TLSTokenServer.anyKindToken())
         try await server.whileRunning {
             let scratch = Scratch()
             let db = scratch.file("tokens.sqlite")
@@ -145,7 +145,7 @@ struct AgentReloadTransportTests {
             pki.removeFiles()
             foreign.removeFiles()
         }
-        let server = try TLSTokenServer(pki: pki, answer: AgentTransportTests.anyKindToken())
+        let server = try TLSTokenServer(pki: pki, answer: TLSTokenServer.anyKindToken())
         try await server.whileRunning {
             let scratch = Scratch()
             let db = scratch.file("tokens.sqlite")
@@ -214,7 +214,7 @@ struct AgentReloadTransportTests {
             pki.removeFiles()
             foreign.removeFiles()
         }
-        let server = try TLSTokenServer(pki: pki, answer: AgentTransportTests.anyKindToken())
+        let server = try TLSTokenServer(pki: pki, answer: TLSTokenServer.anyKindToken())
         try await server.whileRunning {
             let scratch = Scratch()
             let bundle = scratch.file("provider-ca.pem")
@@ -289,7 +289,7 @@ struct AgentReloadTransportTests {
     func noExitWhileOneSubjectIsServed() async throws {
         let pki = try TestPKI()
         defer { pki.removeFiles() }
-        let tokens = AgentTransportTests.anyKindToken()
+        let tokens = TLSTokenServer.anyKindToken()
         let server = try TLSTokenServer(pki: pki, answer: { request in
             request.lastPathComponent == "a" ? await Self.forbidden(request) : await tokens(request)
         })
@@ -345,9 +345,7 @@ struct AgentReloadTransportTests {
 
 /// A long-running token-agent with no proxy from the machine's environment.
 private func startAgent(_ arguments: [String], _ scratch: Scratch, environment: [String: String] = [:]) throws -> RunningProcess {
-    var clean = ["HTTPS_PROXY": "", "https_proxy": "", "HTTP_PROXY": "", "http_proxy": "", "NO_PROXY": "", "no_proxy": ""]
-    clean.merge(environment) { $1 }
-    return try RunningProcess("token-agent", arguments, environment: clean, in: scratch)
+    try AgentFixture.launch(arguments, environment: AgentFixture.noProxy.merging(environment) { $1 }, in: scratch)
 }
 
 /// The agent of the refusal tests: subjects `a` and `b`, two refusals in a row count as

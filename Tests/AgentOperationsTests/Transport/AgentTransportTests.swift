@@ -21,7 +21,7 @@ struct AgentTransportTests {
     func privateCA() async throws {
         let pki = try TestPKI()
         defer { pki.removeFiles() }
-        let server = try TLSTokenServer(pki: pki, answer: Self.anyKindToken())
+        let server = try TLSTokenServer(pki: pki, answer: TLSTokenServer.anyKindToken())
         try await server.whileRunning {
             let scratch = Scratch()
             let db = scratch.file("tokens.sqlite")
@@ -49,7 +49,7 @@ struct AgentTransportTests {
         let pki = try TestPKI()
         defer { pki.removeFiles() }
         let client = try pki.issueClient(commonName: "gateway-7")
-        let server = try TLSTokenServer(pki: pki, requireClientCertificate: true, answer: Self.anyKindToken())
+        let server = try TLSTokenServer(pki: pki, requireClientCertificate: true, answer: TLSTokenServer.anyKindToken())
         try await server.whileRunning {
             let scratch = Scratch()
             let db = scratch.file("tokens.sqlite")
@@ -75,13 +75,13 @@ struct AgentTransportTests {
         defer { pki.removeFiles() }
         let first = try pki.issueClient(commonName: "gateway-old")
         let second = try pki.issueClient(commonName: "gateway-new")
-        let server = try TLSTokenServer(pki: pki, requireClientCertificate: true, answer: Self.anyKindToken())
+        let server = try TLSTokenServer(pki: pki, requireClientCertificate: true, answer: TLSTokenServer.anyKindToken())
         try await server.whileRunning {
             let scratch = Scratch()
             let db = scratch.file("tokens.sqlite")
             let (certificate, key) = (scratch.file("client.pem"), scratch.file("client.key"))
             try first.install(certificateAt: certificate, keyAt: key)
-            let running = try RunningProcess("token-agent", ["--db", db, "--provider-url", server.baseURL + "/token/{kind}/{id}",
+            let running = try AgentFixture.launch(["--db", db, "--provider-url", server.baseURL + "/token/{kind}/{id}",
                                                              "--ca-file", pki.caPath, "--client-cert", certificate, "--client-key", key,
                                                              "--vehicle", "truck-7", "--json"], in: scratch)
             #expect(await eventually(within: 20) { server.requests.count == 1 }, "\(running.stderr)")
@@ -125,7 +125,7 @@ struct AgentTransportTests {
         let password = "s3cret-proxy-pass:word@x"
         let encoded = password.addingPercentEncoding(withAllowedCharacters: .alphanumerics)!
         let proxy = ConnectProxy(username: "agent", password: password)
-        let server = try TLSTokenServer(pki: pki, answer: Self.anyKindToken())
+        let server = try TLSTokenServer(pki: pki, answer: TLSTokenServer.anyKindToken())
         try await proxy.whileRunning {
             try await server.whileRunning {
                 let scratch = Scratch()
@@ -162,7 +162,7 @@ struct AgentTransportTests {
         let pki = try TestPKI()
         defer { pki.removeFiles() }
         let proxy = ConnectProxy()
-        let server = try TLSTokenServer(pki: pki, answer: Self.anyKindToken())
+        let server = try TLSTokenServer(pki: pki, answer: TLSTokenServer.anyKindToken())
         try await proxy.whileRunning {
             try await server.whileRunning {
                 let scratch = Scratch()
@@ -188,7 +188,7 @@ struct AgentTransportTests {
     func postBody() async throws {
         let pki = try TestPKI()
         defer { pki.removeFiles() }
-        let server = try TLSTokenServer(pki: pki, answer: Self.anyKindToken(subject: { request in
+        let server = try TLSTokenServer(pki: pki, answer: TLSTokenServer.anyKindToken(subject: { request in
             let object = try? JSONSerialization.jsonObject(with: Data(request.body)) as? [String: String]
             return (object?["kind"] ?? "?", object?["vehicleId"] ?? "?")
         }))
@@ -282,33 +282,12 @@ struct AgentTransportTests {
         let stats = try await issuer.stats()
         #expect(stats.issued == 3)
     }
-
-    // MARK: support
-
-    /// A token of the kind the request names (path `/token/{kind}/{id}`, or what `subject` reads),
-    /// under that kind's samples field, with its claim.
-    static func anyKindToken(subject: @escaping @Sendable (TLSTokenServer.RecordedRequest) -> (kind: String, id: String) = { request in
-        let parts = request.path.split(separator: "/").map { String($0).removingPercentEncoding ?? String($0) }
-        return (parts.count >= 2 ? parts[parts.count - 2] : "vehicle", parts.last ?? "")
-    }) -> TLSTokenServer.Respond {
-        { request in
-            let (kindName, id) = subject(request)
-            guard let kind = TokenKind(rawValue: kindName) else { return .init(status: .notFound, body: #"{"error":"kind"}"#) }
-            let now = Date()
-            let token = TestJWT.make(kind: kind, subject: id, issuedAt: now)
-            let field = ProviderResponseFormat().tokenField(for: kind)
-            let encodedToken = String(decoding: try! JSONSerialization.data(withJSONObject: [field: token]), as: UTF8.self)
-            return .init(body: String(encodedToken.dropLast()) + #","TOKEN_EXPIRATION":\#(Int(now.timeIntervalSince1970) + 3600)}"#)
-        }
-    }
 }
 
 /// Runs token-agent to completion (bounded).
 private func agent(_ arguments: [String], _ scratch: Scratch, environment: [String: String] = [:]) async throws -> (status: Int32, stdout: String, stderr: String) {
     // The tests choose their proxy explicitly: none from the machine's environment.
-    var clean = ["HTTPS_PROXY": "", "https_proxy": "", "HTTP_PROXY": "", "http_proxy": "", "NO_PROXY": "", "no_proxy": ""]
-    clean.merge(environment) { $1 }
-    return try await runToEnd("token-agent", arguments, environment: clean, in: scratch, timeout: 60)
+    try await AgentFixture.run(arguments, environment: AgentFixture.noProxy.merging(environment) { $1 }, in: scratch, timeout: 60)
 }
 
 /// `kind/id` of every stored row that holds a token, from `tokenctl list --json`.

@@ -176,7 +176,7 @@ private struct ThirdPartyRig {
     func agent(_ arguments: [String], proxyURL: String) async throws -> (status: Int32, stdout: String, stderr: String) {
         let environment = ["HTTPS_PROXY": proxyURL, "https_proxy": "", "HTTP_PROXY": "", "http_proxy": "",
                            "NO_PROXY": "", "no_proxy": "", "ALL_PROXY": "", "all_proxy": ""]
-        return try await runToEnd("token-agent", arguments, environment: environment, in: scratch, timeout: 60)
+        return try await AgentFixture.run(arguments, environment: environment, in: scratch, timeout: 60)
     }
 
     /// Waits (bounded) until tinyproxy's log holds `text`.

@@ -16,21 +16,21 @@ import Synchronization
 ///
 /// Runs on `MultiThreadedEventLoopGroup.singleton`; every connection is a child task of the
 /// proxy's task, so ``stop()`` closes the listener, every tunnel and every upstream connection.
-final class ConnectProxy: LoopbackService {
+package final class ConnectProxy: LoopbackService {
     /// One request as the proxy read it, recorded once it decided what to do with it.
-    struct RecordedRequest: Sendable {
+    package struct RecordedRequest: Sendable {
         /// `CONNECT`, `GET`, `POST`…
-        let method: String
+        package let method: String
         /// `host:port` for CONNECT, the absolute URL otherwise.
-        let target: String
+        package let target: String
         /// The `Proxy-Authorization` header as received (nil if absent).
-        let proxyAuthorization: String?
-        let outcome: Outcome
-        let date: Date
+        package let proxyAuthorization: String?
+        package let outcome: Outcome
+        package let date: Date
     }
 
     /// What the proxy did with a request.
-    enum Outcome: Sendable, Equatable {
+    package enum Outcome: Sendable, Equatable {
         /// CONNECT answered 200; bytes relayed.
         case tunnelled
         /// A plain request sent on to the target.
@@ -41,12 +41,12 @@ final class ConnectProxy: LoopbackService {
     }
 
     /// Largest request or response head read; more is answered 431 (or ends the connection).
-    static let headLimit = 64 * 1024
+    package static let headLimit = 64 * 1024
     /// How long connecting to a target may take.
-    static let connectTimeout = TimeAmount.seconds(2)
+    package static let connectTimeout = TimeAmount.seconds(2)
 
     /// The `Proxy-Authorization` value required, or nil for an open proxy.
-    let requiredAuthorization: String?
+    package let requiredAuthorization: String?
     private let state = Mutex(State())
 
     private struct State {
@@ -56,25 +56,25 @@ final class ConnectProxy: LoopbackService {
     }
 
     /// An open proxy (no credentials asked).
-    init() {
+    package init() {
         requiredAuthorization = nil
     }
 
     /// A proxy requiring `Proxy-Authorization: Basic base64(username:password)`.
-    init(username: String, password: String) {
+    package init(username: String, password: String) {
         requiredAuthorization = "Basic " + Data("\(username):\(password)".utf8).base64EncodedString()
     }
 
     /// The bound port (0 before ``start()``).
-    var port: Int { state.withLock { $0.port } }
+    package var port: Int { state.withLock { $0.port } }
     /// `http://127.0.0.1:<port>`: what `HTTPS_PROXY` takes.
-    var url: String { "http://127.0.0.1:\(port)" }
+    package var url: String { "http://127.0.0.1:\(port)" }
     /// Every request so far, in the order the proxy decided on them.
-    var requests: [RecordedRequest] { state.withLock { $0.requests } }
+    package var requests: [RecordedRequest] { state.withLock { $0.requests } }
 
     /// Binds 127.0.0.1 on a free port and starts serving. Call once.
     /// - Throws: bind errors.
-    func start() async throws {
+    package func start() async throws {
         let listener = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
             .serverChannelOption(.backlog, value: 64)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
@@ -100,7 +100,7 @@ final class ConnectProxy: LoopbackService {
     }
 
     /// Closes the listener, every tunnel and upstream connection, and waits until they are closed.
-    func stop() async {
+    package func stop() async {
         let task = state.withLock { state -> Task<Void, Never>? in
             defer { state.task = nil }
             return state.task

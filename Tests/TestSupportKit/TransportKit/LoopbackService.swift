@@ -1,6 +1,6 @@
 /// A test server of the kit (``TLSTokenServer``, ``ConnectProxy``): started, stopped, and run
 /// around a block.
-protocol LoopbackService: Sendable {
+package protocol LoopbackService: Sendable {
     /// Binds 127.0.0.1 on a free port and starts serving.
     func start() async throws
     /// Closes the listener and every connection, and waits until they are closed.
@@ -11,7 +11,7 @@ extension LoopbackService {
     /// Starts, runs `body`, and stops, also when `body` throws.
     /// - Throws: what ``start()`` or `body` throws.
     @discardableResult
-    func whileRunning<T>(_ body: () async throws -> T) async throws -> T {
+    package func whileRunning<T>(_ body: () async throws -> T) async throws -> T {
         try await start()
         do {
             let result = try await body()

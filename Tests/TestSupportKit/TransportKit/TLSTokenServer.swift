@@ -18,51 +18,51 @@ import X509
 /// Runs on `MultiThreadedEventLoopGroup.singleton`; each connection is a child task of the
 /// server's task, so ``stop()`` (cancellation) closes the listener and every connection.
 /// Answer closures must return promptly when cancelled.
-final class TLSTokenServer: LoopbackService {
+package final class TLSTokenServer: LoopbackService {
     /// One request as the server read it.
-    struct RecordedRequest: Sendable {
-        let method: HTTPMethod
+    package struct RecordedRequest: Sendable {
+        package let method: HTTPMethod
         /// The request target as sent (origin form: path and query).
-        let uri: String
-        let headers: HTTPHeaders
-        let body: [UInt8]
+        package let uri: String
+        package let headers: HTTPHeaders
+        package let body: [UInt8]
         /// The certificate the client presented (nil without mutual TLS or without one).
-        let clientCertificate: Certificate?
+        package let clientCertificate: Certificate?
         /// 1 for the server's first connection, 2 for the next…: tells reused connections apart.
-        let connection: Int
-        let date: Date
+        package let connection: Int
+        package let date: Date
 
         /// The client certificate's subject common name.
-        var clientCommonName: String? { clientCertificate.flatMap(TestPKI.commonName(of:)) }
-        var bodyText: String { String(decoding: body, as: UTF8.self) }
+        package var clientCommonName: String? { clientCertificate.flatMap(TestPKI.commonName(of:)) }
+        package var bodyText: String { String(decoding: body, as: UTF8.self) }
         /// The path without the query.
-        var path: String { String(uri.prefix { $0 != "?" }) }
+        package var path: String { String(uri.prefix { $0 != "?" }) }
         /// The last path segment, percent-decoded (the subject id in `/token/vehicle/{id}`).
-        var lastPathComponent: String {
+        package var lastPathComponent: String {
             let last = path.split(separator: "/").last.map(String.init) ?? ""
             return last.removingPercentEncoding ?? last
         }
     }
 
     /// What the server answers. `Content-Length` is set by the server.
-    struct Answer: Sendable {
-        var status: HTTPResponseStatus
-        var headers: HTTPHeaders
-        var body: [UInt8]
+    package struct Answer: Sendable {
+        package var status: HTTPResponseStatus
+        package var headers: HTTPHeaders
+        package var body: [UInt8]
 
-        init(status: HTTPResponseStatus = .ok, headers: HTTPHeaders = ["Content-Type": "application/json"], body: String = "") {
+        package init(status: HTTPResponseStatus = .ok, headers: HTTPHeaders = ["Content-Type": "application/json"], body: String = "") {
             self.status = status
             self.headers = headers
             self.body = Array(body.utf8)
         }
     }
 
-    typealias Respond = @Sendable (RecordedRequest) async -> Answer
+    package typealias Respond = @Sendable (RecordedRequest) async -> Answer
 
     /// Answers with the samples' JSON `{"VEHICLE_TOKEN_KEY": <JWT>, "TOKEN_EXPIRATION": <epoch s>}`,
     /// the test kit's vehicle JWT (`TestJWT`) for `subject(request)` (default: the last path
     /// segment), issued now. Minted values are remembered by `secrets` when given.
-    static func fleetEngineToken(lifetime: TimeInterval = 3600, secrets: SecretScanner? = nil,
+    package static func fleetEngineToken(lifetime: TimeInterval = 3600, secrets: SecretScanner? = nil,
                                  subject: @escaping @Sendable (RecordedRequest) -> String = { $0.lastPathComponent }) -> Respond {
         { request in
             let now = Date()
@@ -74,7 +74,7 @@ final class TLSTokenServer: LoopbackService {
     }
 
     /// Largest request body kept; a larger one closes the connection.
-    static let bodyLimit = 1 << 20
+    package static let bodyLimit = 1 << 20
 
     private let tls: TLSConfiguration
     private let respond: Mutex<Respond>
@@ -93,7 +93,7 @@ final class TLSTokenServer: LoopbackService {
     ///   - identity: the server certificate, e.g. ``TestPKI/server``.
     ///   - clientCA: when given, a client certificate signed by this CA is required.
     ///   - answer: what to answer; default ``fleetEngineToken(lifetime:secrets:subject:)``.
-    init(identity: TestPKI.Identity, clientCA: TestPKI.Identity? = nil, answer: @escaping Respond = TLSTokenServer.fleetEngineToken()) throws {
+    package init(identity: TestPKI.Identity, clientCA: TestPKI.Identity? = nil, answer: @escaping Respond = TLSTokenServer.fleetEngineToken()) throws {
         var tls = TLSConfiguration.makeServerConfiguration(
             certificateChain: [.certificate(try NIOSSLCertificate(bytes: Array(identity.certificatePEM.utf8), format: .pem))],
             privateKey: .privateKey(try NIOSSLPrivateKey(bytes: Array(identity.keyPEM.utf8), format: .pem)))
@@ -109,30 +109,30 @@ final class TLSTokenServer: LoopbackService {
 
     /// A server presenting `pki.server`, requiring a client certificate from `pki.ca` when
     /// `requireClientCertificate`.
-    convenience init(pki: TestPKI, requireClientCertificate: Bool = false, answer: @escaping Respond = TLSTokenServer.fleetEngineToken()) throws {
+    package convenience init(pki: TestPKI, requireClientCertificate: Bool = false, answer: @escaping Respond = TLSTokenServer.fleetEngineToken()) throws {
         try self.init(identity: pki.server, clientCA: requireClientCertificate ? pki.ca : nil, answer: answer)
     }
 
     /// The bound port (0 before ``start()``).
-    var port: Int { state.withLock { $0.port } }
+    package var port: Int { state.withLock { $0.port } }
     /// `https://127.0.0.1:<port>`.
-    var baseURL: String { "https://127.0.0.1:\(port)" }
+    package var baseURL: String { "https://127.0.0.1:\(port)" }
     /// Every request so far, in arrival order.
-    var requests: [RecordedRequest] { state.withLock { $0.requests } }
+    package var requests: [RecordedRequest] { state.withLock { $0.requests } }
     /// One description per connection whose TLS handshake failed: the error, or "closed before
     /// the handshake completed" (a connection that ended before any request byte).
-    var handshakeFailures: [String] { state.withLock { $0.handshakeFailures } }
+    package var handshakeFailures: [String] { state.withLock { $0.handshakeFailures } }
     /// Connections accepted so far.
-    var connectionCount: Int { state.withLock { $0.connections } }
+    package var connectionCount: Int { state.withLock { $0.connections } }
 
     /// Replaces the answer for later requests.
-    func setAnswer(_ answer: @escaping Respond) {
+    package func setAnswer(_ answer: @escaping Respond) {
         respond.withLock { $0 = answer }
     }
 
     /// Binds 127.0.0.1 on a free port and starts serving. Call once.
     /// - Throws: TLS configuration or bind errors.
-    func start() async throws {
+    package func start() async throws {
         let context = try NIOSSLContext(configuration: tls)
         let listener = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
             .serverChannelOption(.backlog, value: 64)
@@ -166,7 +166,7 @@ final class TLSTokenServer: LoopbackService {
     }
 
     /// Closes the listener and every connection, and waits until they are closed.
-    func stop() async {
+    package func stop() async {
         let task = state.withLock { state -> Task<Void, Never>? in
             defer { state.task = nil }
             return state.task

@@ -15,52 +15,52 @@ import Glibc
 ///
 /// Files per identity named `stem`: `stem.pem` (certificate), `stem.key` (PKCS#8 key, mode 0600),
 /// `stem-chain.pem` (certificate then CA). The CA's stem is `ca`, the server's `server`.
-struct TestPKI: Sendable {
+package struct TestPKI: Sendable {
     /// A certificate, its key, and where both are on disk.
-    struct Identity: Sendable {
-        let certificate: Certificate
-        let privateKey: Certificate.PrivateKey
+    package struct Identity: Sendable {
+        package let certificate: Certificate
+        package let privateKey: Certificate.PrivateKey
         /// PEM of the certificate alone.
-        let certificatePEM: String
+        package let certificatePEM: String
         /// PEM (PKCS#8) of the private key.
-        let keyPEM: String
+        package let keyPEM: String
         /// PEM of the certificate followed by the issuing CA's (the CA's own: just itself).
-        let chainPEM: String
-        let certificatePath: String
-        let keyPath: String
-        let chainPath: String
+        package let chainPEM: String
+        package let certificatePath: String
+        package let keyPath: String
+        package let chainPath: String
 
         /// The subject's common name.
-        var commonName: String { TestPKI.commonName(of: certificate) ?? "" }
-        var notValidBefore: Date { certificate.notValidBefore }
-        var notValidAfter: Date { certificate.notValidAfter }
+        package var commonName: String { TestPKI.commonName(of: certificate) ?? "" }
+        package var notValidBefore: Date { certificate.notValidBefore }
+        package var notValidAfter: Date { certificate.notValidAfter }
 
         /// Writes this identity's certificate (or chain) and key over `certificatePath` and
         /// `keyPath`, each atomically (temporary file, then rename; key mode 0600): how a
         /// rotation lands on disk. The certificate is written first.
-        func install(certificateAt certificatePath: String, keyAt keyPath: String, chain: Bool = false) throws {
+        package func install(certificateAt certificatePath: String, keyAt keyPath: String, chain: Bool = false) throws {
             try TestPKI.write(chain ? chainPEM : certificatePEM, to: certificatePath, mode: 0o644)
             try TestPKI.write(keyPEM, to: keyPath, mode: 0o600)
         }
     }
 
     /// Where the files are.
-    let directory: URL
+    package let directory: URL
     /// The self-signed CA (path length 0).
-    let ca: Identity
+    package let ca: Identity
     /// Server certificate: SANs IP `127.0.0.1` and DNS `localhost`, EKU serverAuth, CN `localhost`.
-    let server: Identity
+    package let server: Identity
     private let caKey: P256.Signing.PrivateKey
 
     /// The CA certificate's PEM file: what `--ca-file` takes.
-    var caPath: String { ca.certificatePath }
+    package var caPath: String { ca.certificatePath }
 
     /// Generates a CA named `name` and its server certificate, and writes their files.
     /// - Parameters:
     ///   - directory: where to write; nil creates a fresh temporary directory.
     ///   - name: the CA's common name (also in the server certificate's issuer).
     /// - Throws: certificate construction or file errors.
-    init(directory: URL? = nil, name: String = "Fleet Token Test CA") throws {
+    package init(directory: URL? = nil, name: String = "Fleet Token Test CA") throws {
         if let directory {
             try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
             self.directory = directory
@@ -102,7 +102,7 @@ struct TestPKI: Sendable {
     ///   - validity: default one hour ago to one day ahead. Pass a past range for an expired
     ///     certificate, a future one for a not-yet-valid certificate.
     /// - Throws: certificate construction or file errors.
-    func issueClient(commonName: String, stem: String? = nil, validity: ClosedRange<Date>? = nil) throws -> Identity {
+    package func issueClient(commonName: String, stem: String? = nil, validity: ClosedRange<Date>? = nil) throws -> Identity {
         let now = Date()
         return try Self.issue(
             stem: stem ?? Self.fileStem(commonName), commonName: commonName, usage: .clientAuth, sans: [],
@@ -112,7 +112,7 @@ struct TestPKI: Sendable {
 
     /// Issues another server certificate (EKU serverAuth) with the given SANs, e.g. one that
     /// does not name 127.0.0.1, or an expired one.
-    func issueServer(commonName: String = "localhost", stem: String, dnsNames: [String] = ["localhost"], ipv4: [[UInt8]] = [[127, 0, 0, 1]],
+    package func issueServer(commonName: String = "localhost", stem: String, dnsNames: [String] = ["localhost"], ipv4: [[UInt8]] = [[127, 0, 0, 1]],
                      validity: ClosedRange<Date>? = nil) throws -> Identity {
         let now = Date()
         let sans = dnsNames.map { GeneralName.dnsName($0) } + ipv4.map { GeneralName.ipAddress(.init(contentBytes: $0[...])) }
@@ -123,12 +123,12 @@ struct TestPKI: Sendable {
     }
 
     /// Deletes ``directory`` and everything in it.
-    func removeFiles() {
+    package func removeFiles() {
         try? FileManager.default.removeItem(at: directory)
     }
 
     /// The subject common name of `certificate`, if it has one.
-    static func commonName(of certificate: Certificate) -> String? {
+    package static func commonName(of certificate: Certificate) -> String? {
         for rdn in certificate.subject {
             for attribute in rdn where attribute.type == .RDNAttributeType.commonName {
                 return String(attribute.value) ?? attribute.value.description

@@ -18,7 +18,7 @@
 //    load must be refused with 503: all 30,000 were held then.
 // 3. Idle: poll `GET /v1/subjects` until only the configured subjects are left (bounded by a
 //    deadline), wait 10 s (two of the agent's checks for a large drop, which then frees SQLite's
-//    caches and trims malloc's arenas: tools/token-agent/IdleMemoryRelease.swift), read VmRSS:
+//    caches and trims malloc's arenas: tools/token-agent/Sources/token-agent/IdleMemoryRelease.swift), read VmRSS:
 //    the figure is that over the baseline (goal ≤ 1.10).
 
 import BenchmarkSupport

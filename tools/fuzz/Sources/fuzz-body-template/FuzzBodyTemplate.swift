@@ -16,7 +16,8 @@
 // the fixed template's field decodes back to the id; a plain-text body contains the id.
 
 // @testable: the harness reads bodies with the library's own JSON reader, JSONValue, which is
-// internal (the fuzz build is a debug build, so testing is enabled).
+// package-only (the fuzz build is a debug build, so testing is enabled).
+import FleetTokenHTTP
 @testable import FleetTokenStore
 import Foundation
 import FuzzSupport

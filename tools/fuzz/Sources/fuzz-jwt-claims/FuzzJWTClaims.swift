@@ -10,8 +10,8 @@
 //   bits 4-5: `now` for validation (see `clocks`)
 //   bit 6: allow opaque tokens; bit 7: the provider stated an expiry (now + 1800 s)
 
-// @testable: RelativeTime, which the agent prints expiries with, is package-only (the fuzz
-// build is a debug build, so testing is enabled).
+// @testable: JWTClaims, TokenValidator and RelativeTime (which the agent prints expiries with)
+// are package-only (the fuzz build is a debug build, so testing is enabled).
 @testable import FleetTokenStore
 import Foundation
 import FuzzSupport

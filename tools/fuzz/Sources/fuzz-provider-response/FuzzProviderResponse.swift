@@ -1,8 +1,8 @@
 // libFuzzer harness for the provider-response parser, through its public entry point
 // `ProviderResponseFormat.parse(_:for:now:providerDate:)` (what `HTTPTokenFetcher.fetchToken`
 // runs on a received body), followed by what the engine does next: `TokenValidator.validate`,
-// and the descriptions an agent prints. The parser lives in FleetTokenStore so this build
-// needs none of the HTTP client's dependencies.
+// and the descriptions an agent prints. The parser is in FleetTokenHTTP, beside the fetcher
+// that runs it.
 //
 // Input: byte 0 picks the configuration, byte 1 the clock; the rest is the response body.
 //   byte 0, bits 0-1: expiration format (auto, epoch-seconds, epoch-millis, relative-seconds)
@@ -12,8 +12,9 @@
 //   byte 1, bits 0-2: `now` (see `clocks`); bit 3: allow opaque tokens; bit 4: pass `now` as
 //           the provider's Date header.
 
-// @testable: JSONValue (the library's own JSON reader) is internal and RelativeTime is
+// @testable: JSONValue (the library's own JSON reader), RelativeTime and TokenValidator are
 // package-only (the fuzz build is a debug build, so testing is enabled).
+import FleetTokenHTTP
 @testable import FleetTokenStore
 import Foundation
 import FuzzSupport

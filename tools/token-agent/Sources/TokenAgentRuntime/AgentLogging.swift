@@ -1,9 +1,10 @@
-// Service layer: how token-agent writes its logs. The swift-log handler the agent
+// Agent runtime: how token-agent writes its logs. The swift-log handler the agent
 // bootstraps writes every message as one line (human text, or one JSON object for journald, Loki
 // and friends) and filters against a level shared by every logger of the process, so a
 // configuration reload changes the level of loggers that were handed out long before.
 
-public import Logging
+import FleetTokenService
+package import Logging
 import Synchronization
 #if canImport(Glibc)
 import Glibc
@@ -16,26 +17,26 @@ import Darwin
 /// Loggers copy their handler, so a level stored in a handler could never be changed for the
 /// loggers already held by the engine, the API and the fetcher. They hold this object instead;
 /// setting ``level`` (on a configuration reload) takes effect on their next message.
-public final class LogLevelSetting: Sendable {
+package final class LogLevelSetting: Sendable {
     // Read on every log call, including the ones it filters out: a plain value behind a Mutex.
     private let current: Mutex<Logger.Level>
 
     /// A setting that starts at `level`.
     ///
     /// - Parameter level: The initial minimum level; `.info` unless given.
-    public init(_ level: Logger.Level = .info) {
+    package init(_ level: Logger.Level = .info) {
         current = Mutex(level)
     }
 
     /// The minimum level messages need to be written. Safe to read and set from any thread.
-    public var level: Logger.Level {
+    package var level: Logger.Level {
         get { current.withLock { $0 } }
         set { current.withLock { $0 = newValue } }
     }
 }
 
 /// How ``AgentLogHandler`` lays out each line.
-public enum LogFormat: String, Sendable, CaseIterable {
+package enum LogFormat: String, Sendable, CaseIterable {
     /// swift-log's human layout: `<time> <level> <label>: <metadata> [<source>] <message>`.
     case text
     /// One JSON object per line: `time`, `level`, `label`, `message`, `metadata`, `source`.
@@ -43,18 +44,18 @@ public enum LogFormat: String, Sendable, CaseIterable {
 }
 
 /// Where ``AgentLogHandler`` sends its finished lines.
-public struct LogOutput: Sendable {
+package struct LogOutput: Sendable {
     let write: @Sendable (String) -> Void
 
     /// Standard error, one `write(2)` per line, so lines from several threads never interleave.
-    public static var standardError: LogOutput {
+    package static var standardError: LogOutput {
         LogOutput { StandardError.emit($0, to: 2) }
     }
 
     /// A closure that receives each finished line, newline included (tests, embedding).
     ///
     /// - Parameter receive: Called once per line, possibly from several threads at once.
-    public static func lines(_ receive: @escaping @Sendable (String) -> Void) -> LogOutput {
+    package static func lines(_ receive: @escaping @Sendable (String) -> Void) -> LogOutput {
         LogOutput(write: receive)
     }
 }
@@ -65,7 +66,7 @@ public struct LogOutput: Sendable {
 /// ``logLevel`` reads as the higher of the shared setting and this handler's own floor. Setting
 /// it sets only the floor, so `logger.logLevel = .warning` quiets that one logger (the agent's
 /// embedded demo issuer) while a reload still moves the level of every other logger.
-public struct AgentLogHandler: LogHandler {
+package struct AgentLogHandler: LogHandler {
     private let label: String
     private let format: LogFormat
     private let setting: LogLevelSetting
@@ -74,11 +75,11 @@ public struct AgentLogHandler: LogHandler {
     private var floor: Logger.Level = .trace
 
     /// Metadata added to every message of loggers using this handler.
-    public var metadata: Logger.Metadata = [:]
+    package var metadata: Logger.Metadata = [:]
 
     /// Metadata collected at each message (e.g. from task-local context); call metadata wins
     /// over it, and it wins over ``metadata``.
-    public var metadataProvider: Logger.MetadataProvider?
+    package var metadataProvider: Logger.MetadataProvider?
 
     /// A handler for the logger `label`.
     ///
@@ -88,7 +89,7 @@ public struct AgentLogHandler: LogHandler {
     ///   - level: The shared minimum level; changing it later affects this handler.
     ///   - output: Where the lines go; standard error unless given.
     ///   - metadataProvider: The bootstrapped provider unless given.
-    public init(
+    package init(
         label: String, format: LogFormat, level: LogLevelSetting, output: LogOutput = .standardError,
         metadataProvider: Logger.MetadataProvider? = LoggingSystem.metadataProvider
     ) {
@@ -101,19 +102,19 @@ public struct AgentLogHandler: LogHandler {
 
     /// The higher of the shared ``LogLevelSetting`` and this handler's floor; setting it sets
     /// the floor only.
-    public var logLevel: Logger.Level {
+    package var logLevel: Logger.Level {
         get { max(setting.level, floor) }
         set { floor = newValue }
     }
 
     /// One entry of ``metadata``.
-    public subscript(metadataKey key: String) -> Logger.Metadata.Value? {
+    package subscript(metadataKey key: String) -> Logger.Metadata.Value? {
         get { metadata[key] }
         set { metadata[key] = newValue }
     }
 
     /// Writes `event` as one line. `Logger` has already checked the level.
-    public func log(event: LogEvent) {
+    package func log(event: LogEvent) {
         output.write(line(for: event, at: WallTime.now()))
     }
 

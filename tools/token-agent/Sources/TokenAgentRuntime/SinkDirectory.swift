@@ -1,4 +1,4 @@
-// Service layer: the file sink's directories, checked, then held. The root and each kind
+// Agent runtime: the file sink's directories, checked, then held. The root and each kind
 // directory are opened with O_NOFOLLOW | O_DIRECTORY, checked (owner, mode) on the open
 // descriptor, and every later write, rename and removal is made relative to that descriptor,
 // so a symlink or a swapped directory can never send token files, or their removal, elsewhere.

@@ -1,4 +1,4 @@
-// Service layer: the file sink's blocking file operations: atomic replacement, removal and the
+// Agent runtime: the file sink's blocking file operations: atomic replacement, removal and the
 // stale-file sweep, each relative to a held directory descriptor (SinkDirectories) and followed
 // by the `fsync`s that make it survive a crash.
 

@@ -1,4 +1,4 @@
-// Service layer: the file sink's bookkeeping. What TokenFileSink has written, which writes
+// Agent runtime: the file sink's bookkeeping. What TokenFileSink has written, which writes
 // failed and are retried, and the work of keeping the files in line with the engine.
 
 import FleetTokenStore

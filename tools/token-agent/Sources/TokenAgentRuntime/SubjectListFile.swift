@@ -1,7 +1,7 @@
-// Service layer: the subject list file of `token-agent --subjects-file`,
+// Agent runtime: the subject list file of `token-agent --subjects-file`,
 // read at start and on SIGHUP. A pure parser plus the difference between two lists.
 
-public import FleetTokenStore
+package import FleetTokenStore
 import Foundation
 
 /// A list of subjects to keep tokens for, as written in a subject list file.
@@ -29,17 +29,17 @@ import Foundation
 ///
 /// Every bad line is reported at once, with its line number, in a ``SubjectListFileError``.
 /// Parsing is linear in the size of the text.
-public struct SubjectListFile: Sendable, Equatable {
+package struct SubjectListFile: Sendable, Equatable {
     /// The subjects, in the order of their first line, without duplicates.
-    public let subjects: [TokenKey]
+    package let subjects: [TokenKey]
 
     /// The largest file ``init(contentsOfFile:)`` reads: 16 MiB, about 300,000 subjects.
-    public static let maximumFileSize = 16 << 20
+    package static let maximumFileSize = 16 << 20
 
     /// Parses the text of a subject list file.
     /// - Throws: ``SubjectListFileError`` with code ``SubjectListFileError/Code/badLines``,
     ///   listing every bad line with its number and what is wrong.
-    public init(parsing text: String) throws(SubjectListFileError) {
+    package init(parsing text: String) throws(SubjectListFileError) {
         var subjects: [TokenKey] = []
         var seen: Set<TokenKey> = []
         var problems: [SubjectListFileError.Problem] = []
@@ -65,7 +65,7 @@ public struct SubjectListFile: Sendable, Equatable {
     /// Reads and parses the subject list file at `path`.
     ///
     /// The file decides which tokens are kept, so it is read as a steering file
-    /// (``SteeringFileCheck/read(path:role:maximumSize:)``): refused when another user could
+    /// (FleetTokenStore's `SteeringFileCheck.read(path:role:maximumSize:)`): refused when another user could
     /// have written it or replaced it through a directory on the way, and what is parsed is
     /// the content of the file that was judged.
     /// - Throws: ``SubjectListFileError`` with code ``SubjectListFileError/Code/unreadable``
@@ -73,7 +73,7 @@ public struct SubjectListFile: Sendable, Equatable {
     ///   ``maximumFileSize`` or not UTF-8; ``SubjectListFileError/Code/refused`` when another
     ///   user could have written it (the problem says how and the command that fixes it); and
     ///   ``SubjectListFileError/Code/badLines`` as ``init(parsing:)`` does. The error names `path`.
-    public init(contentsOfFile path: String) throws(SubjectListFileError) {
+    package init(contentsOfFile path: String) throws(SubjectListFileError) {
         let data: Data
         do {
             data = try SteeringFileCheck.read(path: path, role: "subjects file", maximumSize: Self.maximumFileSize)
@@ -99,7 +99,7 @@ public struct SubjectListFile: Sendable, Equatable {
     }
 
     /// A list of `subjects` as they are (duplicates are dropped, first one kept).
-    public init(subjects: [TokenKey]) {
+    package init(subjects: [TokenKey]) {
         var seen: Set<TokenKey> = []
         self.subjects = subjects.filter { seen.insert($0).inserted }
     }
@@ -161,15 +161,15 @@ public struct SubjectListFile: Sendable, Equatable {
 }
 
 /// How a newly read subject list differs from the one in force.
-public struct SubjectListChange: Sendable, Equatable {
+package struct SubjectListChange: Sendable, Equatable {
     /// Subjects to start tracking, in the new list's order.
-    public let added: [TokenKey]
+    package let added: [TokenKey]
     /// Subjects to stop tracking (still served while in use), sorted.
-    public let removed: [TokenKey]
+    package let removed: [TokenKey]
 
     /// The change from `old` to `new`, leaving out `kept`: subjects tracked regardless of the
     /// file (given on the command line), which are never added or removed by a reload.
-    public init(from old: [TokenKey], to new: [TokenKey], keeping kept: Set<TokenKey> = []) {
+    package init(from old: [TokenKey], to new: [TokenKey], keeping kept: Set<TokenKey> = []) {
         let oldSet = Set(old)
         let newSet = Set(new)
         var seen: Set<TokenKey> = []
@@ -178,57 +178,57 @@ public struct SubjectListChange: Sendable, Equatable {
     }
 
     /// True when nothing changes.
-    public var isEmpty: Bool { added.isEmpty && removed.isEmpty }
+    package var isEmpty: Bool { added.isEmpty && removed.isEmpty }
 }
 
 /// A subject list file that cannot be used, with every bad line.
 ///
 /// Its ``description`` is for an operator: the path, then `line N: problem` for each bad line
 /// (the first 20, then how many more). It quotes at most 40 characters of a line.
-public struct SubjectListFileError: Error, Sendable, Equatable, CustomStringConvertible {
+package struct SubjectListFileError: Error, Sendable, Equatable, CustomStringConvertible {
     /// What kind of problem this is.
-    public struct Code: Hashable, Sendable, CustomStringConvertible {
+    package struct Code: Hashable, Sendable, CustomStringConvertible {
         private let name: String
         /// The file is missing, unreadable, not a regular file, too large or not UTF-8.
-        public static let unreadable = Code(name: "unreadable")
+        package static let unreadable = Code(name: "unreadable")
         /// Some lines are not `KIND:ID` with a known kind and a valid id.
-        public static let badLines = Code(name: "bad_lines")
+        package static let badLines = Code(name: "bad_lines")
         /// Another user could have written the file, or replaced it through a directory on the
-        /// way (``SteeringFileCheck``): it is not read.
-        public static let refused = Code(name: "refused")
+        /// way (FleetTokenStore's `SteeringFileCheck`): it is not read.
+        package static let refused = Code(name: "refused")
         /// The code's name, e.g. `bad_lines`.
-        public var description: String { name }
+        package var description: String { name }
     }
 
     /// One bad line.
-    public struct Problem: Sendable, Equatable, CustomStringConvertible {
+    package struct Problem: Sendable, Equatable, CustomStringConvertible {
         /// The line's number, from 1; 0 for a problem with the whole file.
-        public let line: Int
+        package let line: Int
         /// What is wrong with it and what to write instead.
-        public let message: String
+        package let message: String
 
         /// A problem at `line` (0 for the whole file).
-        public init(line: Int, message: String) {
+        package init(line: Int, message: String) {
             self.line = line
             self.message = message
         }
 
         /// `line N: message`, or the message alone for the whole file.
-        public var description: String { line > 0 ? "line \(line): \(message)" : message }
+        package var description: String { line > 0 ? "line \(line): \(message)" : message }
     }
 
     /// What kind of problem this is.
-    public let code: Code
+    package let code: Code
     /// The file, when the list was read from one.
-    public let path: String?
+    package let path: String?
     /// Every problem, in line order.
-    public let problems: [Problem]
+    package let problems: [Problem]
 
     /// The numbers of the bad lines.
-    public var lines: [Int] { problems.map(\.line).filter { $0 > 0 } }
+    package var lines: [Int] { problems.map(\.line).filter { $0 > 0 } }
 
     /// `subjects file PATH: line 3: unknown kind "bus": use vehicle, …; line 7: …`.
-    public var description: String {
+    package var description: String {
         let shown = problems.prefix(20).map(\.description)
         let more = problems.count > 20 ? ["and \(problems.count - 20) more bad lines"] : []
         return "subjects file\(path.map { " \($0)" } ?? ""): " + (shown + more).joined(separator: "; ")

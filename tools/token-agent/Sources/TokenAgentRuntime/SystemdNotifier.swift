@@ -1,10 +1,10 @@
-// Service layer: what the agent tells systemd (or any manager speaking
+// Agent runtime: what the agent tells systemd (or any manager speaking
 // the sd_notify protocol) about itself: ready, reloading, stopping, a status line, watchdog pings.
 // Written against the protocol's description (one datagram of KEY=VALUE lines to the Unix socket
 // named by $NOTIFY_SOCKET); no library provides it on Linux.
 
-public import Foundation
-public import Logging
+import Foundation
+package import Logging
 import Synchronization
 #if canImport(Glibc)
 import Glibc
@@ -23,14 +23,14 @@ import Glibc
 /// - **One datagram per call:** the assignments of one call arrive together, which systemd needs
 ///   for `RELOADING=1` with `MONOTONIC_USEC=`. The socket stays open between calls and is opened
 ///   again after a failure. Calls are serialized, so messages arrive in the order sent.
-public final class SystemdNotifier: Sendable {
+package final class SystemdNotifier: Sendable {
     /// The `NOTIFY_SOCKET` value, as given (nil when unset or empty).
     let notifySocket: String?
     /// How often to send ``watchdog()``: half of `WATCHDOG_USEC`, as systemd recommends, so a
     /// ping delayed by a busy moment still arrives in time. `nil` when there is no notification
     /// socket, `WATCHDOG_USEC` is missing, zero or not a number, or `WATCHDOG_PID` names another
     /// process (the variables were inherited from a parent that is the watched service).
-    public let watchdogInterval: Duration?
+    package let watchdogInterval: Duration?
 
     private let address: Result<UnixAddress, AddressProblem>?
     private let logger: Logger
@@ -47,7 +47,7 @@ public final class SystemdNotifier: Sendable {
     /// - Parameters:
     ///   - environment: the variables systemd set for the service (default: this process's).
     ///   - logger: where failed sends are reported.
-    public init(environment: [String: String] = ProcessInfo.processInfo.environment, logger: Logger) {
+    package init(environment: [String: String] = ProcessInfo.processInfo.environment, logger: Logger) {
         let socket = environment["NOTIFY_SOCKET"].flatMap { $0.isEmpty ? nil : $0 }
         notifySocket = socket
         self.logger = logger
@@ -62,7 +62,7 @@ public final class SystemdNotifier: Sendable {
 
     /// Whether a notification socket is configured. A configured socket may still be unusable;
     /// sends then fail quietly (see the type's description).
-    public var isEnabled: Bool { notifySocket != nil }
+    package var isEnabled: Bool { notifySocket != nil }
 
     /// Sends `assignments` (each `KEY=VALUE`) in one datagram, one assignment a line. Newlines,
     /// carriage returns and NUL bytes inside an assignment become spaces, since the protocol
@@ -70,7 +70,7 @@ public final class SystemdNotifier: Sendable {
     /// - Returns: whether the datagram was handed to the socket; `false` when disabled, when
     ///   there is nothing to send, or when sending failed (logged). Never throws.
     @discardableResult
-    public func notify(_ assignments: [String]) -> Bool {
+    package func notify(_ assignments: [String]) -> Bool {
         guard let address else { return false }
         let lines = assignments.map(Self.singleLine).filter { !$0.isEmpty }
         guard !lines.isEmpty else { return false }
@@ -99,7 +99,7 @@ public final class SystemdNotifier: Sendable {
     /// Also sent when a reload is done.
     /// - Returns: see ``notify(_:)``.
     @discardableResult
-    public func ready(status: String? = nil) -> Bool {
+    package func ready(status: String? = nil) -> Bool {
         notify(["READY=1"] + (status.map { ["STATUS=\($0)"] } ?? []))
     }
 
@@ -109,7 +109,7 @@ public final class SystemdNotifier: Sendable {
     /// done.
     /// - Returns: see ``notify(_:)``.
     @discardableResult
-    public func reloading(status: String? = nil) -> Bool {
+    package func reloading(status: String? = nil) -> Bool {
         notify(["RELOADING=1", "MONOTONIC_USEC=\(Self.monotonicMicroseconds())"] + (status.map { ["STATUS=\($0)"] } ?? []))
     }
 
@@ -117,14 +117,14 @@ public final class SystemdNotifier: Sendable {
     /// count the stop as a crash.
     /// - Returns: see ``notify(_:)``.
     @discardableResult
-    public func stopping(status: String? = nil) -> Bool {
+    package func stopping(status: String? = nil) -> Bool {
         notify(["STOPPING=1"] + (status.map { ["STATUS=\($0)"] } ?? []))
     }
 
     /// Sets the one-line status `systemctl status` shows (`STATUS=…`).
     /// - Returns: see ``notify(_:)``.
     @discardableResult
-    public func status(_ text: String) -> Bool {
+    package func status(_ text: String) -> Bool {
         notify(["STATUS=\(text)"])
     }
 
@@ -132,7 +132,7 @@ public final class SystemdNotifier: Sendable {
     /// whose health it vouches for; the manager ignores it when the unit has no `WatchdogSec=`.
     /// - Returns: see ``notify(_:)``.
     @discardableResult
-    public func watchdog() -> Bool {
+    package func watchdog() -> Bool {
         notify(["WATCHDOG=1"])
     }
 

@@ -1,11 +1,11 @@
-// Service layer: each tracked subject's current token as a file, for programs that
+// Agent runtime: each tracked subject's current token as a file, for programs that
 // read a file rather than call an API. Files are replaced atomically, never rewritten in place.
 
 import Dispatch
-public import FleetTokenStore
-public import Foundation
-public import Logging
-public import ServiceLifecycle
+package import FleetTokenStore
+package import Foundation
+package import Logging
+import ServiceLifecycle
 import Synchronization
 #if canImport(Glibc)
 import Glibc
@@ -49,11 +49,11 @@ import Glibc
 ///
 /// Write errors are logged (with the key and path, never the token) and retried at the next
 /// event or check; they never stop the service.
-public struct TokenFileSink: Service, CustomStringConvertible {
+package struct TokenFileSink: Service, CustomStringConvertible {
     /// The sink's root directory.
-    public let directory: String
+    package let directory: String
     /// Mode of the token files.
-    public let fileMode: mode_t
+    package let fileMode: mode_t
     let engine: TokenSyncEngine
     let checkInterval: Duration
     let logger: Logger
@@ -62,7 +62,7 @@ public struct TokenFileSink: Service, CustomStringConvertible {
 
     /// A sink of `engine`'s tracked tokens under `directory`, with files of `fileMode`, checked
     /// every `checkInterval`.
-    public init(engine: TokenSyncEngine, directory: String, fileMode: mode_t = 0o640,
+    package init(engine: TokenSyncEngine, directory: String, fileMode: mode_t = 0o640,
                 checkInterval: Duration = .seconds(5), logger: Logger) {
         self.engine = engine
         self.directory = directory
@@ -73,18 +73,18 @@ public struct TokenFileSink: Service, CustomStringConvertible {
     }
 
     /// `TokenFileSink(DIRECTORY, mode 640)`, as service logs name it.
-    public var description: String { "TokenFileSink(\(directory), mode \(String(fileMode, radix: 8)))" }
+    package var description: String { "TokenFileSink(\(directory), mode \(String(fileMode, radix: 8)))" }
 
     /// Mode of the directories the sink creates: `fileMode` plus `x` wherever `r` is set, and
     /// always `rwx` for the owner.
-    public var directoryMode: mode_t { Self.directoryMode(for: fileMode) }
+    package var directoryMode: mode_t { Self.directoryMode(for: fileMode) }
 
     static func directoryMode(for fileMode: mode_t) -> mode_t {
         fileMode | (fileMode & 0o444) >> 2 | 0o700
     }
 
     /// The file name of a subject id: see the type's description.
-    public static func fileName(for subjectID: String) -> String {
+    package static func fileName(for subjectID: String) -> String {
         var units: [String] = []
         for (index, scalar) in subjectID.unicodeScalars.enumerated() {
             switch scalar {
@@ -105,7 +105,7 @@ public struct TokenFileSink: Service, CustomStringConvertible {
     }
 
     /// Where the token of `key` is kept: `directory/{kind}/{fileName}`.
-    public func path(for key: TokenKey) -> String {
+    package func path(for key: TokenKey) -> String {
         "\(directory)/\(key.kind.rawValue)/\(Self.fileName(for: key.subjectID))"
     }
 
@@ -121,7 +121,7 @@ public struct TokenFileSink: Service, CustomStringConvertible {
     /// Without this call the directories are opened and checked at the first write, and a
     /// refusal is logged and retried as a write error is.
     /// - Throws: ``TokenFileSinkError``, naming the directory at fault and the fix.
-    public func prepare() throws(TokenFileSinkError) {
+    package func prepare() throws(TokenFileSinkError) {
         try directories.prepare()
     }
 
@@ -132,10 +132,10 @@ public struct TokenFileSink: Service, CustomStringConvertible {
     /// drops those about untracked subjects (a lock and a hash lookup: pattern-allowed subjects
     /// refreshed on demand never reach the writer); the one writer drains everything pending at
     /// once and syncs each distinct key once, and looks through the tracked keys only when
-    /// their generation (``TrackedKeys/generation``) moved. So a burst never queues up behind
+    /// their generation (the engine's `TrackedKeys.generation`) moved. So a burst never queues up behind
     /// itself, and a file follows its token's refresh within one pass of the writer. The check
     /// every `checkInterval` brings every file in line, whatever an event missed.
-    public func run() async {
+    package func run() async {
         // Subscribed before the first pass, so nothing that happens in between is missed.
         let events = engine.events()
         let inbox = SinkInbox()

@@ -1,4 +1,5 @@
 import FleetTokenService
+import TokenAgentRuntime
 import FleetTokenStore
 import Foundation
 import Logging

@@ -5,8 +5,10 @@
 // (AgentOptions.swift). Adding an option: a property here, and the code that uses its value
 // (`settings.name`, through AgentSettings' dynamic members).
 
+import AgentVariables
 import FleetTokenHTTP
 import FleetTokenService
+import TokenAgentRuntime
 import FleetTokenStore
 import Logging
 
@@ -16,8 +18,10 @@ struct AgentOptionTable: Sendable {
     static let options = AgentOptionTable()
 
     // A PostgreSQL URL may hold the database password (--print-config shows it as ***).
+    // TOKEN_STORE_DB, the library's tools' variable, is a variable too: after TOKEN_AGENT_DB,
+    // before the config file.
     let db: AgentOptionSpec<String?> = .text("db", help: "The token store (default: $TOKEN_STORE_DB, else ./tokens.sqlite).")
-        .secretValues()
+        .secretValues().alsoReadFrom(AgentVariables.storeVariable)
     let encryptionKeyFiles: AgentOptionSpec<[String]> = .list("encryption-key-file", help: "A file of 32 random bytes (raw or base64) sealing stored token values (repeatable: the first seals, the others only open, for a rotation; default: $CREDENTIALS_DIRECTORY/token-store-key when systemd gives it).")
     let providerURL: AgentOptionSpec<String?> = .text("provider-url", help: "Token provider URL with {kind} and {id} placeholders, e.g. https://auth.example.com/fleet/{kind}/{id}.")
     // The subject flags are taken off the command line before the others (SubjectArguments.swift).

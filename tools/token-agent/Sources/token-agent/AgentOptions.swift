@@ -3,6 +3,7 @@
 // environment (`TOKEN_AGENT_PROVIDER_URL`), the config file (`provider-url:`), `--print-config`,
 // the reload diff and `--help` are all read from there.
 
+import AgentVariables
 import Foundation
 
 /// One option of token-agent with its value type: what ``AgentOptionTable`` declares.
@@ -29,11 +30,15 @@ struct AgentOptionSpec<Value: Sendable & Equatable>: Sendable {
     var hidden = false
     /// In a variable the items go one a line (they may hold commas), not comma-separated.
     var linesInEnvironment = false
+    /// Variables read after its own `TOKEN_AGENT_` one when that is not set (`TOKEN_STORE_DB`
+    /// for `db`).
+    var otherVariables: [String] = []
 
     func secretValues() -> Self { var copy = self; copy.secret = true; return copy }
     func reloadable() -> Self { var copy = self; copy.live = true; return copy }
     func hiddenFromHelp() -> Self { var copy = self; copy.hidden = true; return copy }
     func oneItemALineInEnvironment() -> Self { var copy = self; copy.linesInEnvironment = true; return copy }
+    func alsoReadFrom(_ variable: String) -> Self { var copy = self; copy.otherVariables.append(variable); return copy }
 }
 
 // The value shapes an option can have, each with its parser and printed form. A single value is
@@ -148,6 +153,9 @@ struct AgentOption: Sendable {
     let live: Bool
     let hidden: Bool
     let linesInEnvironment: Bool
+    /// The variables that may set it, highest precedence first: its own, then the others it
+    /// answers to (see ``AgentOptionSpec/otherVariables``).
+    let variables: [String]
     /// Sets the option in `settings` from its items; false when they are not a value of it.
     let assign: @Sendable (inout AgentSettings, [String]) -> Bool
     /// The option's value in `settings` as text (see ``AgentOptionSpec/format``).
@@ -160,6 +168,7 @@ struct AgentOption: Sendable {
     init<Value>(_ spec: AgentOptionSpec<Value>) {
         (key, shape, help, expected) = (spec.key, spec.shape, spec.help, spec.expected)
         (secret, live, hidden, linesInEnvironment) = (spec.secret, spec.live, spec.hidden, spec.linesInEnvironment)
+        variables = [AgentVariables.name(of: spec.key)] + spec.otherVariables
         assign = { settings, items in
             guard let value = spec.parse(items) else { return false }
             settings[spec] = value
@@ -180,7 +189,7 @@ struct AgentOption: Sendable {
     var environmentName: String { Self.environmentName(key) }
 
     static func environmentName(_ key: String) -> String {
-        "TOKEN_AGENT_" + key.uppercased().replacingOccurrences(of: "-", with: "_")
+        AgentVariables.name(of: key)
     }
 
     /// The variable naming the config file when `--config` is not given.

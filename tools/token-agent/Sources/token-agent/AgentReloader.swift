@@ -4,6 +4,7 @@
 
 import FleetTokenHTTP
 import FleetTokenService
+import TokenAgentRuntime
 import FleetTokenStore
 import Foundation
 import Logging

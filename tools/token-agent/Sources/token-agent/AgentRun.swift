@@ -5,6 +5,7 @@ import DevTokenIssuer
 import FleetTokenHTTP
 import FleetTokenPostgres
 import FleetTokenService
+import TokenAgentRuntime
 import FleetTokenStore
 import Foundation
 import Logging
@@ -234,9 +235,9 @@ struct AgentRun {
 
     // The start-up checks, each a step of run() and of checkOnly().
 
-    /// The store: `--db` (or `TOKEN_AGENT_DB`, or the file's `db:` when TOKEN_STORE_DB is not
-    /// set; see AgentSettings.resolve), else TOKEN_STORE_DB, else ./tokens.sqlite.
-    var storePath: String { settings.db ?? environment["TOKEN_STORE_DB"] ?? "./tokens.sqlite" }
+    /// The store: `--db`, `TOKEN_AGENT_DB`, `TOKEN_STORE_DB` or the file's `db:` (the `db`
+    /// option's sources, in that order), else ./tokens.sqlite.
+    var storePath: String { settings.db ?? "./tokens.sqlite" }
 
     /// The subjects of the options, then those of --subjects-file.
     private func configuredSubjects() throws -> [TokenKey] {
@@ -284,7 +285,7 @@ struct AgentRun {
     private func postgresConfiguration(_ path: String) throws -> PostgresStoreConfiguration {
         do { return try PostgresStoreConfiguration(url: path) } catch {
             // Named as the operator gave it; the error names a parameter, never a value.
-            throw ValidationError("\(settings.db == nil ? "TOKEN_STORE_DB" : settings.origins.name("db")): \(error)")
+            throw ValidationError("\(settings.origins.name("db")): \(error)")
         }
     }
 

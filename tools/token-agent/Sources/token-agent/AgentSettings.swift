@@ -3,6 +3,7 @@
 // source, in that order), each option as AgentOptionTable declares it. Values are plain here;
 // checking them is AgentSettings+Checks.swift.
 
+import AgentVariables
 import Configuration
 import FleetTokenHTTP
 import FleetTokenService
@@ -74,7 +75,8 @@ extension SettingSources: CustomStringConvertible {
 struct Origins: Sendable {
     enum Origin: Sendable, Equatable {
         case flag
-        case environment
+        /// The variable that gave it: the option's own, or another it answers to (`TOKEN_STORE_DB`).
+        case environment(String)
         case file(String)
         case defaultValue
     }
@@ -87,7 +89,7 @@ struct Origins: Sendable {
     func name(_ key: String) -> String {
         switch origin(of: key) {
         case .flag: "--\(key)"
-        case .environment: AgentOption.environmentName(key)
+        case .environment(let variable): variable
         case .file(let place): place
         case .defaultValue: "--\(key)"
         }
@@ -113,13 +115,6 @@ extension AgentSettings {
                 throw UsageError("\(values.origins.name(option.key)): \(shown) is not \(option.expected)")
             }
         }
-        // TOKEN_STORE_DB is a variable, so it beats the config file's `db:` (flags > variables >
-        // file); --db and TOKEN_AGENT_DB beat it. Left unset, the store is the variable's
-        // (AgentRun.storePath, --print-config).
-        if case .file = settings.origins.origin(of: "db"), sources.environment["TOKEN_STORE_DB"].map({ !$0.isEmpty }) == true {
-            settings.db = nil
-            settings.origins.byKey["db"] = nil
-        }
         return settings
     }
 
@@ -140,27 +135,30 @@ private struct ResolvedValues {
         for (key, content) in sources.flags {
             flagValues[AbsoluteConfigKey([key])] = ConfigValue(content, isSecret: AgentOption.byKey[key]?.secret ?? false)
         }
-        let secretVariables = Set(AgentOption.all.filter(\.secret).map(\.environmentName))
-        let environment = EnvironmentVariablesProvider(environmentVariables: sources.optionVariables,
-                                                       secretsSpecifier: .specific(secretVariables))
-        var providers: [any ConfigProvider] = [
-            InMemoryProvider(name: "command line", values: flagValues),
-            environment.prefixKeys(with: ConfigKey(["token-agent"])),
-        ]
-        if let file = sources.file { providers.append(file.provider) }
-        reader = ConfigReader(providers: providers)
-
+        // Which source sets each option: the order tokenctl follows too (AgentVariables).
+        let variables = AgentVariables(sources.environment)
         var origins = Origins()
+        var settingVariables: [String: String] = [:]
         for option in AgentOption.all {
-            if sources.flags[option.key] != nil {
-                origins.byKey[option.key] = .flag
-            } else if sources.optionVariables[option.environmentName] != nil {
-                origins.byKey[option.key] = .environment
-            } else if let file = sources.file, file.lines[option.key] != nil {
-                origins.byKey[option.key] = .file(file.place(of: option.key))
+            switch variables.source(flag: sources.flags[option.key] != nil, variables: option.variables,
+                                    file: sources.file?.lines[option.key] != nil) {
+            case .flag: origins.byKey[option.key] = .flag
+            case .variable(let name):
+                origins.byKey[option.key] = .environment(name)
+                settingVariables[option.key] = name
+            case .file: origins.byKey[option.key] = sources.file.map { .file($0.place(of: option.key)) }
+            case nil: break
             }
         }
         self.origins = origins
+
+        let secretKeys = Set(AgentOption.all.filter(\.secret).map(\.key))
+        var providers: [any ConfigProvider] = [
+            InMemoryProvider(name: "command line", values: flagValues),
+            variables.provider(settingVariables, secretKeys: secretKeys),
+        ]
+        if let file = sources.file { providers.append(file.provider) }
+        reader = ConfigReader(providers: providers)
     }
 
     /// The items `option` is set to by the highest source that sets it (one for a single
@@ -171,7 +169,7 @@ private struct ResolvedValues {
         guard option.shape == .list else {
             return reader.string(forKey: key, isSecret: option.secret).map { [$0] }
         }
-        if origin == .environment && option.linesInEnvironment {
+        if case .environment = origin, option.linesInEnvironment {
             let text = reader.string(forKey: key, isSecret: option.secret) ?? ""
             return text.split(whereSeparator: \.isNewline).map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
         }

@@ -2,6 +2,7 @@
 // with where its value came from, secrets redacted. The output loads as a config file again
 // (except for the redacted values).
 
+import FleetTokenHTTP
 import FleetTokenPostgres
 import FleetTokenService
 import FleetTokenStore
@@ -11,8 +12,6 @@ import Foundation
 struct EffectiveConfiguration {
     let settings: AgentSettings
     let configFile: String?
-    /// `TOKEN_STORE_DB`, the store's default when no option names one.
-    var storeVariable: String?
 
     static let redacted = "<redacted>"
 
@@ -34,9 +33,7 @@ struct EffectiveConfiguration {
                     let literal = option.shape == .text ? JSONText.quoted(value) : value
                     lines.append("\(option.key): \(literal)  # \(origin)")
                 } else if option.key == "db" {
-                    // TOKEN_STORE_DB is redacted as --db is: it may hold a database password.
-                    let path = storeVariable.map(PostgresStoreLocation.redacted) ?? "./tokens.sqlite"
-                    lines.append("db: \(JSONText.quoted(path))  # \(storeVariable == nil ? "default" : "TOKEN_STORE_DB")")
+                    lines.append("db: \(JSONText.quoted("./tokens.sqlite"))  # default")
                 } else {
                     lines.append("# \(option.key): not set")
                 }
@@ -48,7 +45,7 @@ struct EffectiveConfiguration {
     private func origin(of key: String) -> String {
         switch settings.origins.origin(of: key) {
         case .flag: "--\(key)"
-        case .environment: AgentOption.environmentName(key)
+        case .environment(let variable): variable
         case .file(let place): place
         case .defaultValue: "default"
         }

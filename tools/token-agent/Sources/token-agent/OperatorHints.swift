@@ -4,6 +4,7 @@
 
 import FleetTokenHTTP
 import FleetTokenService
+import TokenAgentRuntime
 import FleetTokenStore
 
 /// The option that fixes what a library error says, appended to its message as `(hint)`.

@@ -2,6 +2,7 @@
 // untracked, the options applied, and refusals (as lines, or JSON objects with --json).
 
 import FleetTokenService
+import TokenAgentRuntime
 import FleetTokenStore
 import Foundation
 

@@ -1,8 +1,9 @@
-// What the agent tells systemd (through FleetTokenService.SystemdNotifier): READY=1 once every
+// What the agent tells systemd (through TokenAgentRuntime's SystemdNotifier): READY=1 once every
 // configured subject has a usable token or has failed its first attempt, STATUS= with counts
 // as they change, WATCHDOG=1 from the engine's scheduler loop, STOPPING=1 on shutdown.
 
 import FleetTokenService
+import TokenAgentRuntime
 import FleetTokenStore
 import Logging
 import ServiceLifecycle

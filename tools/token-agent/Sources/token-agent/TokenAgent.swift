@@ -100,8 +100,7 @@ struct TokenAgent: AsyncParsableCommand {
         let sources: SettingSources
         do { (settings, sources) = try await self.settings(commandLine, environment: environment) } catch { throw ValidationError(error.description) }
         if commandLine.printConfig {
-            let configuration = EffectiveConfiguration(settings: settings, configFile: sources.file?.path,
-                                                      storeVariable: environment["TOKEN_STORE_DB"])
+            let configuration = EffectiveConfiguration(settings: settings, configFile: sources.file?.path)
             Swift.print(configuration.text, terminator: "")
             return
         }
