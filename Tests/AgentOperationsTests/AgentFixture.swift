@@ -45,6 +45,19 @@ enum AgentFixture {
         return (status, process.stdout, process.stderr)
     }
 
+    /// ``run(_:environment:wrapper:in:timeout:)`` with no proxy from the machine's environment
+    /// (``noProxy`` under `environment`): the transport tests choose their proxy explicitly.
+    static func runDirect(_ arguments: [String], _ scratch: Scratch,
+                          environment: [String: String] = [:]) async throws -> (status: Int32, stdout: String, stderr: String) {
+        try await run(arguments, environment: noProxy.merging(environment) { $1 }, in: scratch, timeout: 60)
+    }
+
+    /// ``launch(_:environment:wrapper:in:)`` with no proxy from the machine's environment, as
+    /// ``runDirect(_:_:environment:)``.
+    static func launchDirect(_ arguments: [String], _ scratch: Scratch, environment: [String: String] = [:]) throws -> RunningProcess {
+        try launch(arguments, environment: noProxy.merging(environment) { $1 }, in: scratch)
+    }
+
     /// Starts a long-lived token-agent and returns once its token API listens on `listeners`
     /// addresses (its "token API listening" notices; the agent must log at notice or finer).
     /// - Throws: ``ProcessFailure`` when it exits or does not listen within `seconds` (it is

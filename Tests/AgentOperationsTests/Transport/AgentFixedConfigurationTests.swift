@@ -21,14 +21,14 @@ struct AgentFixedConfigurationTests {
             let scratch = Scratch()
             let db = scratch.file("tokens.sqlite")
             let base = ["--db", db, "--provider-url", server.baseURL + "/token/{kind}/{id}", "--vehicle", "v-tls", "--once"]
-            let refused = try await runAgent(base, scratch)
+            let refused = try await AgentFixture.runDirect(base, scratch)
             #expect(refused.status == 1)
             #expect(refused.stderr.contains("TLS certificate problem"), "\(refused.stderr)")
             // The refused run's backoff is stored and still runs (30 s for a certificate error).
             #expect(try sqlite3(db, "SELECT failure_count FROM tokens WHERE subject_id = 'v-tls'") == "1")
             #expect(try sqlite3(db, "SELECT next_attempt_at > (julianday('now') - 2440587.5) * 86400 + 5 FROM tokens WHERE subject_id = 'v-tls'") == "1")
 
-            let trusted = try await runAgent(base + ["--ca-file", pki.caPath, "--json"], scratch)
+            let trusted = try await AgentFixture.runDirect(base + ["--ca-file", pki.caPath, "--json"], scratch)
             #expect(trusted.status == 0, "the fixed configuration was not tried: \(trusted.stderr)")
             #expect(try onceResults(trusted.stdout).map { $0["source"] } == ["provider"])
             #expect(server.requests.count == 1)
@@ -47,12 +47,12 @@ struct AgentFixedConfigurationTests {
             let db = scratch.file("tokens.sqlite")
             let base = ["--db", db, "--provider-url", server.baseURL + "/token/{kind}/{id}", "--ca-file", pki.caPath,
                         "--vehicle", "v-tls", "--once"]
-            let refused = try await runAgent(base, scratch)
+            let refused = try await AgentFixture.runDirect(base, scratch)
             #expect(refused.status == 1)
             #expect(refused.stderr.contains("--client-cert"), "\(refused.stderr)")
             #expect(try sqlite3(db, "SELECT failure_count FROM tokens WHERE subject_id = 'v-tls'") == "1")
 
-            let accepted = try await runAgent(base + ["--client-cert", client.chainPath, "--client-key", client.keyPath], scratch)
+            let accepted = try await AgentFixture.runDirect(base + ["--client-cert", client.chainPath, "--client-key", client.keyPath], scratch)
             #expect(accepted.status == 0, "the fixed configuration was not tried: \(accepted.stderr)")
             #expect(server.requests.map(\.clientCommonName) == ["gateway-7"])
         }
@@ -68,13 +68,13 @@ struct AgentFixedConfigurationTests {
             let db = scratch.file("tokens.sqlite")
             let base = ["--db", db, "--provider-url", server.baseURL + "/token/{kind}/{id}", "--ca-file", pki.caPath,
                         "--vehicle", "v-tls", "--once"]
-            let refused = try await runAgent(base, scratch)
+            let refused = try await AgentFixture.runDirect(base, scratch)
             #expect(refused.status == 1)
             let connections = server.connectionCount
             #expect(connections >= 1)
             #expect(!refused.stderr.contains("not tried now"), "this run's own attempt is not an earlier one: \(refused.stderr)")
 
-            let again = try await runAgent(base, scratch)
+            let again = try await AgentFixture.runDirect(base, scratch)
             #expect(again.status == 1)
             #expect(server.connectionCount == connections, "the unchanged configuration was tried during its backoff")
             #expect(again.stderr.contains("not tried now, an earlier attempt still backs off"), "\(again.stderr)")
@@ -84,7 +84,7 @@ struct AgentFixedConfigurationTests {
             let retry = "tokenctl --db \(db) purge --vehicle v-tls --include-failures"
             #expect(again.stderr.contains(retry), "\(again.stderr)")
 
-            let json = try await runAgent(base + ["--json"], scratch)
+            let json = try await AgentFixture.runDirect(base + ["--json"], scratch)
             #expect(json.status == 1)
             #expect(server.connectionCount == connections)
             let objects = try onceResults(json.stdout)
@@ -105,14 +105,9 @@ struct AgentFixedConfigurationTests {
             // The command it names clears the backoff: the next run tries (and is refused) again.
             let purge = try await runToEnd("tokenctl", ["--db", db, "purge", "--vehicle", "v-tls", "--include-failures"], in: scratch)
             #expect(purge.status == 0, "\(purge.stderr)")
-            let retried = try await runAgent(base, scratch)
+            let retried = try await AgentFixture.runDirect(base, scratch)
             #expect(retried.status == 1)
             #expect(server.connectionCount > connections, "after the purge the subject was not tried")
         }
     }
-}
-
-/// Runs token-agent to completion (bounded), with no proxy from the machine's environment.
-private func runAgent(_ arguments: [String], _ scratch: Scratch) async throws -> (status: Int32, stdout: String, stderr: String) {
-    try await AgentFixture.run(arguments, environment: AgentFixture.noProxy, in: scratch, timeout: 60)
 }

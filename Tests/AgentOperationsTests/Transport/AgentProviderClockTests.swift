@@ -38,7 +38,7 @@ struct AgentProviderClockTests {
             let db = scratch.file("tokens.sqlite")
             let arguments = ["--db", db, "--provider-url", server.baseURL + "/token/{kind}/{id}", "--vehicle", "truck-7",
                              "--ca-file", pki.caPath, "--once", "--json"]
-            let first = try await AgentFixture.run(arguments, environment: AgentFixture.noProxy, in: scratch, timeout: 60)
+            let first = try await AgentFixture.runDirect(arguments, scratch)
             #expect(first.status == 0, "\(first.stderr)")
             #expect(try onceResults(first.stdout).map { $0["source"] } == ["provider"])
             #expect(server.requests.count == 1)
@@ -49,7 +49,7 @@ struct AgentProviderClockTests {
             let answered = try #require(server.requests.first).date.addingTimeInterval(3600)
             let expiry = Date(timeIntervalSince1970: answered.timeIntervalSince1970.rounded(.down) + 2)
             #expect(await eventually(within: 30) { Date().addingTimeInterval(3600) > expiry.addingTimeInterval(1) })
-            let second = try await AgentFixture.run(arguments, environment: AgentFixture.noProxy, in: scratch, timeout: 60)
+            let second = try await AgentFixture.runDirect(arguments, scratch)
             #expect(second.status == 0, "\(second.stderr)")
             #expect(try onceResults(second.stdout).map { $0["source"] } == ["provider"], "\(second.stdout)")
             #expect(server.requests.count == 2)

@@ -39,7 +39,7 @@ struct AgentReloadTransportTests {
                     """, to: config)
             }
             try writeConfig(headerFile: keyA, vehicles: ["v-1"])
-            let running = try startAgent(["--config", config, "--json"], scratch)
+            let running = try AgentFixture.launchDirect(["--config", config, "--json"], scratch)
 
             #expect(await eventually(within: 20) { server.requests.contains { $0.lastPathComponent == "v-1" } }, "\(running.stderr)")
             #expect(server.requests.map { $0.headers.first(name: "X-Api-Key") } == ["alpha-secret"])
@@ -101,7 +101,7 @@ struct AgentReloadTransportTests {
                 server.requests.filter { $0.lastPathComponent == subject }.map { $0.headers.first(name: "X-Api-Key") }
             }
             try writeConfig(header: "charlie-secret")
-            let fromFile = try startAgent(["--config", config, "--json"], scratch)
+            let fromFile = try AgentFixture.launchDirect(["--config", config, "--json"], scratch)
             #expect(await eventually(within: 20) { sent("v-1") == ["charlie-secret"] }, "\(fromFile.stderr)")
             try writeConfig(header: "delta-secret")
             fromFile.signal(SIGHUP)
@@ -113,7 +113,7 @@ struct AgentReloadTransportTests {
             fromFile.signal(SIGTERM)
             #expect(await fromFile.wait(upTo: 20) == 0, "\(fromFile.stderr)")
 
-            let fromEnvironment = try startAgent(["--db", scratch.file("env.sqlite"), "--provider-url", server.baseURL + "/token/{kind}/{id}",
+            let fromEnvironment = try AgentFixture.launchDirect(["--db", scratch.file("env.sqlite"), "--provider-url", server.baseURL + "/token/{kind}/{id}",
                                                   "--ca-file", pki.caPath, "--vehicle", "v-9", "--log-level", "debug", "--json"], scratch,
                                                  environment: ["TOKEN_AGENT_HEADER": "X-Api-Key: echo-secret"])
             #expect(await eventually(within: 20) { sent("v-9") == ["echo-secret"] }, "\(fromEnvironment.stderr)")
@@ -164,7 +164,7 @@ struct AgentReloadTransportTests {
             try writeConfig(caFile: wrongBundle)
             // The default backoff after a certificate error (15-30 s) is longer than the bound
             // below: the refresh has to come from the reload, which retries failing subjects.
-            let running = try startAgent(["--config", config, "--json"], scratch)
+            let running = try AgentFixture.launchDirect(["--config", config, "--json"], scratch)
             let pid = running.pid
 
             #expect(await eventually(within: 20) { events(running, "failed").contains { $0["id"] == "v-1" } }, "\(running.stderr)")
@@ -227,7 +227,7 @@ struct AgentReloadTransportTests {
                 vehicle: [v-1]
 
                 """, to: config)
-            let running = try startAgent(["--config", config, "--json"], scratch)
+            let running = try AgentFixture.launchDirect(["--config", config, "--json"], scratch)
             #expect(await eventually(within: 20) { events(running, "failed").contains { $0["error_kind"] == "tlsCertificate" } },
                     "\(running.stdout)\n\(running.stderr)")
             let nextAttempt = try #require(events(running, "failed").first?["next_attempt_at"].flatMap { try? Date($0, strategy: .iso8601) })
@@ -324,7 +324,7 @@ struct AgentReloadTransportTests {
 
                 """, to: config)
             let started = Date()
-            let running = try startAgent(["--config", config, "--json"], scratch)
+            let running = try AgentFixture.launchDirect(["--config", config, "--json"], scratch)
             #expect(await running.wait(upTo: 30) == 78, "\(running.stderr)")
             #expect(Date().timeIntervalSince(started) < 30)
             #expect(running.stderr.contains("refused every subject"), "\(running.stderr)")
@@ -343,15 +343,10 @@ struct AgentReloadTransportTests {
     }
 }
 
-/// A long-running token-agent with no proxy from the machine's environment.
-private func startAgent(_ arguments: [String], _ scratch: Scratch, environment: [String: String] = [:]) throws -> RunningProcess {
-    try AgentFixture.launch(arguments, environment: AgentFixture.noProxy.merging(environment) { $1 }, in: scratch)
-}
-
 /// The agent of the refusal tests: subjects `a` and `b`, two refusals in a row count as
 /// permanent, and backoffs short enough that they come within a second.
 private func startRefusedAgent(_ server: TLSTokenServer, _ pki: TestPKI, _ scratch: Scratch, _ extra: [String]) throws -> RunningProcess {
-    try startAgent(["--db", scratch.file("tokens.sqlite"), "--provider-url", server.baseURL + "/token/{kind}/{id}",
+    try AgentFixture.launchDirect(["--db", scratch.file("tokens.sqlite"), "--provider-url", server.baseURL + "/token/{kind}/{id}",
                     "--ca-file", pki.caPath, "--vehicle", "a", "--vehicle", "b", "--json",
                     "--permanent-error-attempts", "2", "--failure-backoff", "0.2"] + extra, scratch)
 }

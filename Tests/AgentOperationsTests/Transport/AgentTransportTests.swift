@@ -25,7 +25,7 @@ struct AgentTransportTests {
         try await server.whileRunning {
             let scratch = Scratch()
             let db = scratch.file("tokens.sqlite")
-            let refused = try await agent(["--db", db, "--provider-url", server.baseURL + "/token/{kind}/{id}", "--vehicle", "truck-7", "--once"], scratch)
+            let refused = try await AgentFixture.runDirect(["--db", db, "--provider-url", server.baseURL + "/token/{kind}/{id}", "--vehicle", "truck-7", "--once"], scratch)
             #expect(refused.status == 1)
             #expect(refused.stderr.contains("TLS certificate problem"), "\(refused.stderr)")
             #expect(refused.stderr.contains("--ca-file"), "\(refused.stderr)")
@@ -34,7 +34,7 @@ struct AgentTransportTests {
 
             // A fresh store: the refused run left its subject in backoff in the first one.
             let db2 = scratch.file("trusted.sqlite")
-            let trusted = try await agent(["--db", db2, "--provider-url", server.baseURL + "/token/{kind}/{id}", "--vehicle", "truck-7",
+            let trusted = try await AgentFixture.runDirect(["--db", db2, "--provider-url", server.baseURL + "/token/{kind}/{id}", "--vehicle", "truck-7",
                                            "--ca-file", pki.caPath, "--once", "--json"], scratch)
             #expect(trusted.status == 0, "\(trusted.stderr)")
             #expect(try onceResults(trusted.stdout).map { $0["source"] } == ["provider"])
@@ -54,7 +54,7 @@ struct AgentTransportTests {
             let scratch = Scratch()
             let db = scratch.file("tokens.sqlite")
             let base = ["--provider-url", server.baseURL + "/token/{kind}/{id}", "--ca-file", pki.caPath, "--vehicle", "truck-7", "--once"]
-            let refused = try await agent(["--db", db] + base, scratch)
+            let refused = try await AgentFixture.runDirect(["--db", db] + base, scratch)
             #expect(refused.status == 1)
             #expect(refused.stderr.contains("--client-cert"), "\(refused.stderr)")
             #expect(!server.handshakeFailures.isEmpty)
@@ -62,7 +62,7 @@ struct AgentTransportTests {
             #expect(try await storedKeys(db, scratch).isEmpty)
 
             let db2 = scratch.file("accepted.sqlite")
-            let accepted = try await agent(["--db", db2] + base + ["--client-cert", client.chainPath, "--client-key", client.keyPath], scratch)
+            let accepted = try await AgentFixture.runDirect(["--db", db2] + base + ["--client-cert", client.chainPath, "--client-key", client.keyPath], scratch)
             #expect(accepted.status == 0, "\(accepted.stderr)")
             #expect(server.requests.map(\.clientCommonName) == ["gateway-7"])
             #expect(try await storedKeys(db2, scratch) == ["vehicle/truck-7"])
@@ -106,11 +106,11 @@ struct AgentTransportTests {
         let other = try pki.issueClient(commonName: "other")
         let scratch = Scratch()
         let url = "https://127.0.0.1:9/token/{kind}/{id}"
-        let mismatch = try await agent(["--db", scratch.file("t.sqlite"), "--provider-url", url, "--vehicle", "v",
+        let mismatch = try await AgentFixture.runDirect(["--db", scratch.file("t.sqlite"), "--provider-url", url, "--vehicle", "v",
                                         "--client-cert", one.certificatePath, "--client-key", other.keyPath, "--once"], scratch)
         #expect(mismatch.status == 64)
         #expect(mismatch.stderr.contains("does not belong to the certificate"), "\(mismatch.stderr)")
-        let alone = try await agent(["--db", scratch.file("t.sqlite"), "--provider-url", url, "--vehicle", "v",
+        let alone = try await AgentFixture.runDirect(["--db", scratch.file("t.sqlite"), "--provider-url", url, "--vehicle", "v",
                                      "--client-cert", one.certificatePath, "--once"], scratch)
         #expect(alone.status == 64)
         #expect(alone.stderr.contains("--client-key"), "\(alone.stderr)")
@@ -133,7 +133,7 @@ struct AgentTransportTests {
                 let arguments = ["--db", db, "--provider-url", server.baseURL + "/token/{kind}/{id}", "--ca-file", pki.caPath,
                                  "--vehicle", "truck-7", "--once", "--log-level", "debug"]
                 let proxyURL = "http://agent:\(encoded)@127.0.0.1:\(proxy.port)"
-                let through = try await agent(arguments, scratch, environment: ["HTTPS_PROXY": proxyURL, "NO_PROXY": "example.com"])
+                let through = try await AgentFixture.runDirect(arguments, scratch, environment: ["HTTPS_PROXY": proxyURL, "NO_PROXY": "example.com"])
                 #expect(through.status == 0, "\(through.stderr)")
                 let tunnels = proxy.requests.filter { $0.outcome == .tunnelled }
                 #expect(tunnels.map(\.target) == ["127.0.0.1:\(server.port)"])
@@ -145,11 +145,11 @@ struct AgentTransportTests {
                 #expect(through.stderr.contains("agent:***@127.0.0.1"), "the proxy in use is logged, redacted: \(through.stderr)")
 
                 // Wrong credentials: the proxy answers 407; the message says so, without the password.
-                let wrong = try await agent(arguments + ["--proxy", "http://agent:wrong-\(encoded)@127.0.0.1:\(proxy.port)"], scratch,
+                let wrong = try await AgentFixture.runDirect(arguments + ["--proxy", "http://agent:wrong-\(encoded)@127.0.0.1:\(proxy.port)"], scratch,
                                             environment: ["HTTPS_PROXY": proxyURL])
                 #expect(wrong.status == 0, "a stored token is still served: \(wrong.stderr)")
                 _ = try await runToEnd("tokenctl", ["--db", db, "purge", "--all", "--yes"], in: scratch)
-                let refused = try await agent(arguments + ["--proxy", "http://agent:wrong-\(encoded)@127.0.0.1:\(proxy.port)"], scratch)
+                let refused = try await AgentFixture.runDirect(arguments + ["--proxy", "http://agent:wrong-\(encoded)@127.0.0.1:\(proxy.port)"], scratch)
                 #expect(refused.status == 1)
                 #expect(refused.stderr.contains("407"), "\(refused.stderr)")
                 #expect(!refused.stderr.contains(encoded) && !refused.stderr.contains(password), "\(refused.stderr)")
@@ -169,13 +169,13 @@ struct AgentTransportTests {
                 let arguments = ["--provider-url", server.baseURL + "/token/{kind}/{id}", "--ca-file", pki.caPath, "--vehicle", "truck-7", "--once"]
                 for (index, (extra, environment)) in [([String](), ["HTTPS_PROXY": proxy.url, "NO_PROXY": "localhost,127.0.0.0/8"]),
                                                       (["--no-proxy"], ["HTTPS_PROXY": proxy.url])].enumerated() {
-                    let result = try await agent(["--db", scratch.file("t\(index).sqlite")] + arguments + extra, scratch, environment: environment)
+                    let result = try await AgentFixture.runDirect(["--db", scratch.file("t\(index).sqlite")] + arguments + extra, scratch, environment: environment)
                     #expect(result.status == 0, "\(result.stderr)")
                 }
                 #expect(proxy.requests.isEmpty)
                 #expect(server.requests.count == 2)
                 // The same call without the exemption does use the proxy: the bypass above was real.
-                let proxied = try await agent(["--db", scratch.file("t9.sqlite")] + arguments, scratch, environment: ["HTTPS_PROXY": proxy.url])
+                let proxied = try await AgentFixture.runDirect(["--db", scratch.file("t9.sqlite")] + arguments, scratch, environment: ["HTTPS_PROXY": proxy.url])
                 #expect(proxied.status == 0, "\(proxied.stderr)")
                 #expect(proxy.requests.map(\.outcome) == [.tunnelled])
             }
@@ -194,7 +194,7 @@ struct AgentTransportTests {
         }))
         try await server.whileRunning {
             let scratch = Scratch()
-            let result = try await agent(["--db", scratch.file("t.sqlite"), "--provider-url", server.baseURL + "/mint", "--ca-file", pki.caPath,
+            let result = try await AgentFixture.runDirect(["--db", scratch.file("t.sqlite"), "--provider-url", server.baseURL + "/mint", "--ca-file", pki.caPath,
                                           "--method", "POST", "--body-template", #"{"vehicleId":"{id}","kind":"{kind}"}"#,
                                           "--vehicle", #"truck "7"/a"#, "--delivery-vehicle", "dv-1", "--once", "--json"], scratch)
             #expect(result.status == 0, "\(result.stderr)")
@@ -205,7 +205,7 @@ struct AgentTransportTests {
             #expect(requests.allSatisfy { $0.headers.first(name: "Content-Type") == "application/json" })
             #expect(try onceResults(result.stdout).map { $0["id"] ?? "" }.sorted() == ["dv-1", #"truck "7"/a"#])
 
-            let form = try await agent(["--db", scratch.file("f.sqlite"), "--provider-url", server.baseURL + "/mint", "--ca-file", pki.caPath,
+            let form = try await AgentFixture.runDirect(["--db", scratch.file("f.sqlite"), "--provider-url", server.baseURL + "/mint", "--ca-file", pki.caPath,
                                         "--method", "post", "--body-template", "subject={id}&kind={kind}",
                                         "--content-type", "application/x-www-form-urlencoded", "--task", "t 1&x=2", "--once"], scratch)
             // The form body is not JSON, so this server cannot read the subject from it: only the request matters here.
@@ -226,7 +226,7 @@ struct AgentTransportTests {
     ])
     func requestUsage(extra: [String], message: String) async throws {
         let scratch = Scratch()
-        let result = try await agent(["--db", scratch.file("t.sqlite"), "--provider-url", "https://127.0.0.1:9/token/{kind}/{id}",
+        let result = try await AgentFixture.runDirect(["--db", scratch.file("t.sqlite"), "--provider-url", "https://127.0.0.1:9/token/{kind}/{id}",
                                       "--vehicle", "v", "--once"] + extra, scratch)
         #expect(result.status == 64)
         #expect(result.stderr.contains(message), "\(result.stderr)")
@@ -236,7 +236,7 @@ struct AgentTransportTests {
     @Test("a bad proxy URL in the environment is a usage error naming the variable, password redacted")
     func badEnvironmentProxy() async throws {
         let scratch = Scratch()
-        let result = try await agent(["--db", scratch.file("t.sqlite"), "--provider-url", "https://127.0.0.1:9/token/{kind}/{id}",
+        let result = try await AgentFixture.runDirect(["--db", scratch.file("t.sqlite"), "--provider-url", "https://127.0.0.1:9/token/{kind}/{id}",
                                       "--vehicle", "v", "--once"], scratch, environment: ["https_proxy": "socks5://u:hunter2hunter2@proxy:1080"])
         #expect(result.status == 64)
         #expect(result.stderr.contains("https_proxy"), "\(result.stderr)")
@@ -255,7 +255,7 @@ struct AgentTransportTests {
         try await server.whileRunning {
             let scratch = Scratch()
             let db = scratch.file("t.sqlite")
-            let result = try await agent(["--db", db, "--provider-url", server.baseURL + "/token/{kind}/{id}", "--ca-file", pki.caPath,
+            let result = try await AgentFixture.runDirect(["--db", db, "--provider-url", server.baseURL + "/token/{kind}/{id}", "--ca-file", pki.caPath,
                                           "--token-key", "/data/token", "--expiration-key", "/data/expires/at", "--vehicle", "truck-7", "--once", "--json"], scratch)
             #expect(result.status == 0, "\(result.stderr)")
             #expect(try await storedKeys(db, scratch) == ["vehicle/truck-7"])
@@ -269,7 +269,7 @@ struct AgentTransportTests {
         let scratch = Scratch()
         let issuer = try await IssuerProcess(scratch: scratch)
         let db = scratch.file("tokens.sqlite")
-        let result = try await agent(["--db", db, "--provider-url", issuer.template, "--delivery-vehicle", "dv-1",
+        let result = try await AgentFixture.runDirect(["--db", db, "--provider-url", issuer.template, "--delivery-vehicle", "dv-1",
                                       "--task", "task-9", "--vehicle", "truck-7", "--once", "--json"], scratch)
         #expect(result.status == 0, "\(result.stderr)")
         #expect(try onceResults(result.stdout).map { "\($0["kind"] ?? "")/\($0["id"] ?? "")" }
@@ -282,12 +282,6 @@ struct AgentTransportTests {
         let stats = try await issuer.stats()
         #expect(stats.issued == 3)
     }
-}
-
-/// Runs token-agent to completion (bounded).
-private func agent(_ arguments: [String], _ scratch: Scratch, environment: [String: String] = [:]) async throws -> (status: Int32, stdout: String, stderr: String) {
-    // The tests choose their proxy explicitly: none from the machine's environment.
-    try await AgentFixture.run(arguments, environment: AgentFixture.noProxy.merging(environment) { $1 }, in: scratch, timeout: 60)
 }
 
 /// `kind/id` of every stored row that holds a token, from `tokenctl list --json`.
