@@ -106,10 +106,24 @@ static void cut_power(void) {
             outcome.unsynced++;
             int choice = (int)(next_random() % 3); // 0 keep, 1 drop, 2 tear
             if (w->isTruncate) {
-                // A truncate is kept or undone whole (its cut-off bytes written back).
-                if (choice == 0) { outcome.kept++; continue; }
-                outcome.dropped++;
-                if (pwrite(fd, w->old, (size_t)w->length, w->offset) != w->length) { /* best effort */ }
+                // A truncate is kept or undone whole. Kept, it settles what it cut off (older
+                // writes there are gone with it); undone, its cut-off bytes come back except in
+                // sectors a newer kept write settled.
+                if (choice == 0) outcome.kept++; else outcome.dropped++;
+                for (sqlite3_int64 s = w->offset / SECTOR; s * SECTOR < w->offset + w->length; s++) {
+                    if (settled(kept, keptCount, s)) continue;
+                    if (choice != 0) {
+                        sqlite3_int64 lo = s * SECTOR > w->offset ? s * SECTOR : w->offset;
+                        sqlite3_int64 hi = (s + 1) * SECTOR < w->offset + w->length ? (s + 1) * SECTOR : w->offset + w->length;
+                        if (pwrite(fd, w->old + (lo - w->offset), (size_t)(hi - lo), lo) != hi - lo) { /* best effort */ }
+                        continue;
+                    }
+                    if (keptCount == keptCapacity) {
+                        keptCapacity = keptCapacity ? keptCapacity * 2 : 256;
+                        kept = realloc(kept, sizeof(int64_t) * (size_t)keptCapacity);
+                    }
+                    kept[keptCount++] = s;
+                }
                 continue;
             }
             if (choice == 0) outcome.kept++; else if (choice == 1) outcome.dropped++; else outcome.torn++;
