@@ -33,7 +33,8 @@ struct PowerCutRound {
 
     func run() async throws -> Result {
         let dir = Scratch()
-        defer { _ = dir } // the directory lives until the checks below are done
+        // The directory (removed when Scratch goes) must outlive the checks at the end.
+        defer { withExtendedLifetime(dir) {} }
         // SQLite names files by their resolved path: arm the same spelling.
         let directory = URL(fileURLWithPath: dir.path).resolvingSymlinksInPath().path + "/"
         let path = directory + "tokens.sqlite"
@@ -50,7 +51,10 @@ struct PowerCutRound {
             guard ProcessInfo.processInfo.environment["FTS_POWER_LOSS_TRACE"] != nil else { return }
             FileHandle.standardError.write(Data("power loss: cut at \(cutAt): \(step), operations \(powerloss_operations()), cut \(powerloss_has_cut())\n".utf8))
         }
-        sessions: for _ in 0..<Self.sessions {
+        // The count of operations varies a little between runs (how the engine batches its
+        // commits and leases), so a round goes on past the calibration's sessions until its cut.
+        let sessions = cutAt > 0 ? Self.sessions * 3 : Self.sessions
+        sessions: for _ in 0..<sessions {
             let store: SQLiteTokenRepository
             do {
                 store = try openStore(path, configure: { $0.integrityCheck = .never }, logger: quiet)
@@ -168,7 +172,7 @@ struct PowerLossTests {
         print("power loss: seed \(Self.baseSeed), \(calibration.operations) operations uncut, \(cuts) cuts; unsynced writes at the cuts \(total.unsynced): kept \(total.kept), dropped \(total.dropped), torn \(total.torn); findings \(findings.count)")
         #expect(findings.isEmpty, "\(findings.count) findings: \(findings.prefix(10))")
         // The test bites only if the cuts came and found writes to drop and tear.
-        #expect(cuts >= 90, "cuts: \(cuts)")
+        #expect(cuts == 100, "cuts: \(cuts)")
         #expect(total.unsynced > 100 && total.torn > 10, "unsynced \(total.unsynced), torn \(total.torn)")
     }
 }
