@@ -44,6 +44,7 @@ struct PowerCutRound {
         // The promise: what a clean close (its checkpoint syncs the log and the file) returned
         // from before the cut is durable; commits after it may be lost, never half applied.
         var promised: [TokenKey: Date] = [:]
+        var stalls: [String] = []
 
         powerloss_arm(directory, seed, cutAt)
         // FTS_POWER_LOSS_TRACE=1 shows each session's steps with the operation count.
@@ -75,13 +76,15 @@ struct PowerCutRound {
                 // Every key's token newer than the one committed before this step (a first one at step 0).
                 let before = seen
                 var committed: [TokenKey: Date] = [:]
-                _ = await eventually(within: 20) {
+                let progressed = await eventually(within: 20) {
                     if powerloss_has_cut() != 0 { return true }
                     guard let entries = try? await store.entries(for: Self.keys) else { return false }
                     committed = entries.compactMapValues { $0.token?.expiresAt }
                     return Self.keys.allSatisfy { key in committed[key].map { $0 > before[key] ?? .distantPast } ?? false }
                 }
                 if powerloss_has_cut() != 0 { break }
+                // A workload that stalls before its cut would test nothing: a finding too.
+                if !progressed { stalls.append("seed \(seed) cut at \(cutAt): step \(step) committed no newer tokens") }
                 seen = committed
             }
             trace("stopping")
@@ -97,7 +100,7 @@ struct PowerCutRound {
         // The power is back: every connection is closed; the files are what the cut left.
         powerloss_disarm()
 
-        result.findings = await check(path: path, promised: promised, quiet: quiet)
+        result.findings = stalls + (await check(path: path, promised: promised, quiet: quiet))
         return result
     }
 
