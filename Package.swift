@@ -270,10 +270,17 @@ let package = Package(
             path: "Tests/TestSupportKit",
             swiftSettings: testSettings
         ),
+        // A test VFS simulating power loss as SQLite's crash tests do (tests only; see its header).
+        .target(
+            name: "PowerLossVFS",
+            dependencies: [.product(name: "GRDBSQLite", package: "GRDB.swift")],
+            path: "Tests/PowerLossVFS"
+        ),
         .testTarget(
             name: "FleetTokenStoreTests",
             dependencies: [
                 "TestSupportKit",
+                "PowerLossVFS",
                 "FleetTokenStoreTesting",
                 "FleetTokenStore",
                 "FleetTokenMigrations",
