@@ -4,7 +4,9 @@
 // at once: each refresh's lease call would, and a short-lived token would lapse meanwhile. A
 // request still waiting for a connection after `connectionWait` triggers one direct connection
 // attempt; when that is refused too, the database is down: calls fail at once, and one call a
-// second tries a direct connection again until one is not refused.
+// second tries a direct connection again until one is not refused. With several hosts, that
+// attempt looks for a fitting host (PostgresHostSelector) and moves the pool to it: this is how
+// the store follows a promotion without a restart.
 import FleetTokenStore
 import Logging
 import PostgresNIO
@@ -19,19 +21,38 @@ final class PostgresAvailability: Sendable {
         var probing = false
     }
 
-    private let direct: PostgresConnection.Configuration
+    private let selector: PostgresHostSelector
+    private let pool: PostgresPool
     private let store: String
-    private let statementTimeout: Duration
     /// How long between direct connection attempts while the database is down.
     static let probeInterval: Duration = .seconds(1)
     private let outage = Mutex<Outage?>(nil)
     private let logger: Logger
 
-    init(direct: PostgresConnection.Configuration, store: String, statementTimeout: Duration, logger: Logger) {
-        self.direct = direct
+    /// Judges `pool`'s host; a probe looks for a fitting host with `selector` and moves the
+    /// pool there when it is another one.
+    init(selector: PostgresHostSelector, pool: PostgresPool, store: String, logger: Logger) {
+        self.selector = selector
+        self.pool = pool
         self.store = store
-        self.statementTimeout = statementTimeout
         self.logger = logger
+    }
+
+    /// A write was refused as read-only (SQLSTATE 25006): the host in use is a standby now
+    /// (demoted, or a promotion elsewhere). With `read-write` or `primary`, the next call looks
+    /// for the writable host at once; with `any` nothing changes.
+    func hostRefusedWrite(_ error: TokenStoreError) {
+        guard selector.choice.asksServer else { return }
+        let first = outage.withLock { outage -> Bool in
+            guard outage == nil else { return false }
+            outage = Outage(error: error, nextProbe: .now)
+            return true
+        }
+        if first {
+            logger.warning("token database host refused a write as read-only; looking for the writable host", metadata: [
+                "store": .string(store), "host": .string(selector.names[pool.hostIndex]),
+            ])
+        }
     }
 
     /// True while the database is judged down (for tests).
@@ -82,22 +103,24 @@ final class PostgresAvailability: Sendable {
 
     private enum ProbeResult { case connected, refused(TokenStoreError), undecided }
 
-    /// One direct connection attempt. Its TCP connect is bounded by the connect timeout (a
-    /// dropped SYN is a refusal); the rest (TLS, authentication) only by the statement timeout,
-    /// and running out of that decides nothing: it is what a machine too busy to finish a
-    /// handshake looks like, not a missing database.
+    /// Looks for a fitting host (``PostgresHostSelector``), the one in use first: one direct
+    /// connection per host tried. Its TCP connect is bounded by the connect timeout (a dropped
+    /// SYN is a refusal); the rest (TLS, authentication) only by the statement timeout, and
+    /// running out of that decides nothing: it is what a machine too busy to finish a handshake
+    /// looks like, not a missing database. A fitting host other than the one in use becomes
+    /// the one in use (the pool moves; one warning names both hosts).
     private func probe() async -> ProbeResult {
-        let direct = self.direct, logger = self.logger.withLevelAtLeast(.error)
-        do {
-            try await PostgresFailure.withDeadline(statementTimeout) {
-                let connection = try await PostgresConnection.connect(configuration: direct, id: 0, logger: logger)
-                try? await connection.close()
+        let before = pool.hostIndex
+        switch await selector.find(current: before) {
+        case .undecided: return .undecided
+        case .refused(let error): return .refused(error)
+        case .found(let index):
+            if let from = pool.move(to: index) {
+                logger.warning("token database moved to another host (the one in use failed or turned read-only)", metadata: [
+                    "store": .string(store), "from": .string(selector.names[from]), "to": .string(selector.names[index]),
+                ])
             }
             return .connected
-        } catch is PostgresFailure.DeadlinePassed {
-            return .undecided
-        } catch {
-            return .refused(PostgresFailure.storeError(error, store: store, statementTimeout: statementTimeout))
         }
     }
 }

@@ -13,7 +13,9 @@ final class PostgresChangeFeed: ChangeFeedWatch {
     /// The LISTEN ended without an error (the server closed the session): reconnect.
     private struct ListenEnded: Error {}
 
-    private let client: PostgresClient
+    /// The pool of the host in use: each LISTEN takes the client of the moment, so after a
+    /// move the feed listens on the new host (and subscribers get `.unknown`).
+    private let pool: PostgresPool
     private let channel: String
     /// This repository's `application_name`: its own changes are not reported back.
     private let origin: String
@@ -24,9 +26,9 @@ final class PostgresChangeFeed: ChangeFeedWatch {
     /// LISTEN is in force: what commits from now on is delivered.
     private let listening = Atomic<Bool>(false)
 
-    init(client: PostgresClient, schema: String, origin: String, store: String,
+    init(pool: PostgresPool, schema: String, origin: String, store: String,
          configuration: PostgresStoreConfiguration, logger: Logger) {
-        self.client = client
+        self.pool = pool
         self.channel = schema + ".token_changes"
         self.origin = origin
         self.store = store
@@ -66,7 +68,7 @@ final class PostgresChangeFeed: ChangeFeedWatch {
     /// One connection's LISTEN, delivering notifications until the connection is lost.
     func watchOnce(_ turn: ChangeFeedRunner.Turn) async throws {
         defer { listening.store(false, ordering: .relaxed) }
-        try await client.withConnection { connection in
+        try await pool.client.withConnection { connection in
             try await connection.listen(on: channel) { notifications in
                 // Queries on one connection run in order: once this answers, LISTEN is in force.
                 _ = try await connection.query("SELECT 1", logger: logger).collect()

@@ -4,6 +4,7 @@
 import FleetTokenStore
 import Foundation
 import PostgresNIO
+import Synchronization
 
 enum PostgresFailure {
     /// `error` (anything an operation threw) as the store's error for `store`.
@@ -53,16 +54,87 @@ enum PostgresFailure {
     /// Runs `operation`, ending it (by cancellation) when `limit` passes first: a pool waiting
     /// for a server that is down would otherwise hold the caller until its circuit breaker.
     static func withDeadline<T: Sendable>(_ limit: Duration, _ operation: @escaping @Sendable () async throws -> T) async throws -> T {
-        try await withThrowingTaskGroup(of: T?.self) { group in
-            group.addTask { try await operation() }
-            group.addTask {
-                try await Task.sleep(for: limit)
-                return nil
+        try await race(operation, timer: { try await Task.sleep(for: limit) })
+    }
+
+    /// Runs `operation` against `timer`: the caller gets what comes first, `operation`'s result
+    /// or `timer`'s error (`DeadlinePassed` when `timer` returns), and the other is cancelled.
+    ///
+    /// The caller gets its answer at once even if the loser ignores the cancellation (a
+    /// postgres-nio query or connection request may wait whatever happens): a task group would
+    /// wait for it, and a refresh flight held that way kept its fetch slot until every slot was
+    /// held and the agent stopped refreshing. So each runs in a task of its own, left to end by
+    /// itself once the caller has its answer.
+    static func race<T: Sendable>(_ operation: @escaping @Sendable () async throws -> T,
+                                  timer: @escaping @Sendable () async throws -> Void) async throws -> T {
+        let race = DeadlineRace<T>()
+        return try await withTaskCancellationHandler {
+            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
+                race.start(continuation, timer: timer, operation)
             }
-            defer { group.cancelAll() }
-            guard let first = try await group.next() else { throw DeadlinePassed() }
-            guard let value = first else { throw DeadlinePassed() }
-            return value
+        } onCancel: {
+            race.finish(.failure(CancellationError()))
         }
+    }
+}
+
+/// The first of `operation`'s result, its timer, or the caller's cancellation answers the
+/// caller (see ``PostgresFailure/race(_:timer:)``); the others are ignored.
+private final class DeadlineRace<T: Sendable>: Sendable {
+    private struct State: Sendable {
+        var continuation: CheckedContinuation<T, any Error>?
+        var tasks: [Task<Void, Never>] = []
+        /// An answer that came before ``start(_:limit:_:)`` (the caller was cancelled already).
+        var early: Result<T, any Error>?
+        var finished = false
+    }
+
+    private let state = Mutex(State())
+
+    func start(_ continuation: CheckedContinuation<T, any Error>, timer: @escaping @Sendable () async throws -> Void,
+               _ operation: @escaping @Sendable () async throws -> T) {
+        let early = state.withLock { state -> Result<T, any Error>? in
+            if state.finished { return state.early }
+            state.continuation = continuation
+            return nil
+        }
+        if let early {
+            continuation.resume(with: early)
+            return
+        }
+        let work = Task {
+            do { self.finish(.success(try await operation())) } catch { self.finish(.failure(error)) }
+        }
+        let clock = Task {
+            do {
+                try await timer()
+                self.finish(.failure(PostgresFailure.DeadlinePassed()))
+            } catch {
+                self.finish(.failure(error))
+            }
+        }
+        let answered = state.withLock { state -> Bool in
+            if !state.finished { state.tasks = [work, clock] }
+            return state.finished
+        }
+        if answered {
+            work.cancel()
+            clock.cancel()
+        }
+    }
+
+    func finish(_ result: Result<T, any Error>) {
+        let (continuation, tasks) = state.withLock { state -> (CheckedContinuation<T, any Error>?, [Task<Void, Never>]) in
+            guard !state.finished else { return (nil, []) }
+            state.finished = true
+            if state.continuation == nil { state.early = result }
+            defer {
+                state.continuation = nil
+                state.tasks = []
+            }
+            return (state.continuation, state.tasks)
+        }
+        continuation?.resume(with: result)
+        for task in tasks { task.cancel() }
     }
 }

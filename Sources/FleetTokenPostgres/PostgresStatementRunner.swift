@@ -8,20 +8,23 @@ import Synchronization
 
 /// Runs the repository's statements on its connection pool.
 final class PostgresStatementRunner: Sendable {
-    private let client: PostgresClient
+    private let pool: PostgresPool
     private let availability: PostgresAvailability
     private let configuration: PostgresStoreConfiguration
     private let store: String
     private let logger: Logger
     private let closed = Atomic<Bool>(false)
+    /// The schema and the statement timeout, set on each pooled connection at its first use.
+    let session: PostgresSessionSettings
 
-    init(client: PostgresClient, availability: PostgresAvailability, configuration: PostgresStoreConfiguration,
+    init(pool: PostgresPool, availability: PostgresAvailability, configuration: PostgresStoreConfiguration,
          store: String, logger: Logger) {
-        self.client = client
+        self.pool = pool
         self.availability = availability
         self.configuration = configuration
         self.store = store
         self.logger = logger
+        self.session = PostgresSessionSettings(schema: configuration.location.schema, statementTimeout: configuration.statementTimeout)
     }
 
     /// Later calls fail with `TokenStoreError/Code/closed`.
@@ -39,31 +42,50 @@ final class PostgresStatementRunner: Sendable {
     func perform<T: Sendable>(_ operation: @escaping @Sendable (PostgresConnection) async throws -> T) async throws(TokenStoreError) -> T {
         guard !closed.load(ordering: .relaxed) else { throw .closed(path: store) }
         try await availability.admit()
-        let client = self.client, availability = self.availability
-        let wait = configuration.connectionWait, limit = configuration.statementTimeout + .seconds(1)
-        let leased = LeaseFlag()
-        do {
-            return try await withThrowingTaskGroup(of: T?.self) { group in
-                group.addTask {
-                    try await client.withConnection { connection in
-                        leased.set()
-                        return try await operation(connection)
-                    }
+        // One deadline for the call, a retry after a move included.
+        let deadline = ContinuousClock.now + configuration.statementTimeout + .seconds(1)
+        var retried = false
+        while true {
+            // The client of the host in use now: admit() may just have moved to another, whose
+            // connections need their session settings again (their ids start over).
+            let (client, generation) = pool.clientAndGeneration
+            let leased = LeaseFlag()
+            do {
+                return try await once(operation, client: client, generation: generation, leased: leased, deadline: deadline)
+            } catch {
+                // The pool moved to another host while this call waited for a connection of
+                // the old one (closed with it): the statement never ran, so it runs once on
+                // the new host instead of failing (a failed lease call would fetch without it).
+                if !retried, !leased.isSet, !closed.load(ordering: .relaxed), pool.clientAndGeneration.generation != generation {
+                    retried = true
+                    continue
                 }
-                group.addTask {
-                    let deadline = ContinuousClock.now + limit
-                    try await Task.sleep(for: wait)
-                    if !leased.isSet, let down = await availability.connectionIsSlow() { throw down }
-                    try await Task.sleep(until: deadline, clock: .continuous)
-                    return nil
-                }
-                defer { group.cancelAll() }
-                guard let first = try await group.next(), let value = first else { throw PostgresFailure.DeadlinePassed() }
-                return value
+                let failure = PostgresFailure.storeError(error, store: store, statementTimeout: configuration.statementTimeout)
+                // read_only_sql_transaction: the host is a standby now; the next call looks for the writable one.
+                if failure.sqlState == "25006" { availability.hostRefusedWrite(failure) }
+                throw failure
             }
-        } catch {
-            throw PostgresFailure.storeError(error, store: store, statementTimeout: configuration.statementTimeout)
         }
+    }
+
+    /// One attempt of ``perform(_:)`` on `client`, until `deadline`.
+    private func once<T: Sendable>(_ operation: @escaping @Sendable (PostgresConnection) async throws -> T, client: PostgresClient,
+                                   generation: Int, leased: LeaseFlag, deadline: ContinuousClock.Instant) async throws -> T {
+        let availability = self.availability, session = self.session, logger = self.logger
+        let wait = configuration.connectionWait
+        // A race rather than a task group: a group would wait for its statement, and a query or
+        // a connection request waits for the server whatever the cancellation (PostgresFailure.race).
+        return try await PostgresFailure.race({
+            try await client.withConnection { connection in
+                leased.set()
+                try await session.prepare(connection, generation: generation, logger: logger)
+                return try await operation(connection)
+            }
+        }, timer: {
+            try await Task.sleep(for: wait)
+            if !leased.isSet, let down = await availability.connectionIsSlow() { throw down }
+            try await Task.sleep(until: deadline, clock: .continuous)
+        })
     }
 
     /// Runs `sql` with `bindings`, returning each row through `decode`.

@@ -49,30 +49,28 @@ public struct PostgresStoreConfiguration: Sendable {
 
     /// The postgres-nio settings for the pool and for one direct connection (opening and
     /// migrating, where a refusal must be reported at once, not after the pool's retries);
-    /// `applicationName` marks this repository's own writes in the change feed.
-    func clientConfigurations(applicationName: String) throws(TokenStoreError)
+    /// `applicationName` marks this repository's own writes in the change feed. `hostIndex`
+    /// picks the server of the URL's host list.
+    func clientConfigurations(applicationName: String, hostIndex: Int = 0) throws(TokenStoreError)
         -> (pool: PostgresClient.Configuration, direct: PostgresConnection.Configuration) {
+        let server = location.hosts[min(max(0, hostIndex), location.hosts.count - 1)]
         let password: String?
-        do { password = try location.password(passwordFile: passwordFile, environment: environment) } catch {
+        do { password = try location.password(passwordFile: passwordFile, environment: environment, host: server) } catch {
             throw .databaseUnavailable(path: location.description, reason: error.description)
         }
-        // Every statement of every connection: the tables live in the configured schema, and
-        // the server ends what runs too long.
-        let timeout = statementTimeout.components
-        let parameters = [
-            ("search_path", location.schema),
-            ("statement_timeout", String(timeout.seconds * 1000 + timeout.attoseconds / 1_000_000_000_000_000)),
-            ("application_name", applicationName),
-        ]
+        // application_name is the one startup parameter PgBouncer passes on; the schema
+        // (search_path) and the statement timeout are set on each session by
+        // PostgresSessionSettings, as a pooler refuses them in the startup packet.
+        let parameters = [("application_name", applicationName)]
         var pool: PostgresClient.Configuration
         var direct: PostgresConnection.Configuration
         if let socketPath = location.socketPath {
             pool = .init(unixSocketPath: socketPath, username: location.user, password: password, database: location.database)
             direct = .init(unixSocketPath: socketPath, username: location.user, password: password, database: location.database)
         } else {
-            let host = location.host ?? "localhost"
+            let host = server.name
             let tls = try tlsConfiguration()
-            pool = .init(host: host, port: location.port, username: location.user, password: password,
+            pool = .init(host: host, port: server.port, username: location.user, password: password,
                          database: location.database, tls: tls.map { $0.enforced ? .require($0.settings) : .prefer($0.settings) } ?? .disable)
             let directTLS: PostgresConnection.Configuration.TLS
             do {
@@ -81,7 +79,7 @@ public struct PostgresStoreConfiguration: Sendable {
             } catch {
                 throw .databaseUnavailable(path: location.description, reason: "TLS could not be set up: \(error)")
             }
-            direct = .init(host: host, port: location.port, username: location.user, password: password,
+            direct = .init(host: host, port: server.port, username: location.user, password: password,
                            database: location.database, tls: directTLS)
         }
         pool.options.connectTimeout = connectTimeout

@@ -6,15 +6,18 @@ import Foundation
 
 /// Where a PostgreSQL token store lives and how to reach it, from a connection URL.
 ///
-/// Accepted: `postgres://` or `postgresql://`, then `user[:password]@host[:port]/database`, then
-/// query parameters:
+/// Accepted: `postgres://` or `postgresql://`, then `user[:password]@host[:port]/database`
+/// (several hosts as libpq takes them: `user@h1:5432,h2:5433/database`), then query parameters:
 /// - `sslmode`: `disable`, `prefer` (the default), `require` (encrypted, server not verified),
 ///   `verify-ca` (the server's certificate chains to `sslrootcert`) or `verify-full` (that,
 ///   and the certificate names the host);
 /// - `sslrootcert`: a PEM file of the CA(s) to trust (`verify-ca`, `verify-full`); without it
 ///   the system's trust store is used;
 /// - `host`: a directory holding the server's Unix socket (`/var/run/postgresql`), instead of
-///   a TCP host;
+///   a TCP host; or host names separated by `,`, in place of the URL's;
+/// - `port`: one port for every host, or one per host, separated by `,`;
+/// - `target_session_attrs`: `any` (the default with one host), `read-write` (the default with
+///   several: a standby is skipped) or `primary`;
 /// - `schema`: the schema holding the store's tables (default `fleet_token_store`), so several
 ///   fleets can share one database;
 /// - `passfile`: a libpq password file (`host:port:database:user:password` lines).
@@ -41,10 +44,43 @@ public struct PostgresStoreLocation: Sendable, Equatable, CustomStringConvertibl
         case verifyFull = "verify-full"
     }
 
-    /// The TCP host, or nil when ``socketDirectory`` is set.
-    public var host: String?
-    /// The TCP port, also the number in the Unix socket's name.
-    public var port: Int
+    /// Which server of several the store uses (libpq's `target_session_attrs`).
+    public enum TargetSessionAttributes: String, Sendable, Equatable, CaseIterable {
+        /// The first server that answers, whatever it is.
+        case any
+        /// The first server that accepts writes (`transaction_read_only` off): a standby is
+        /// skipped. The default when several hosts are given.
+        case readWrite = "read-write"
+        /// The first server not in recovery (not a standby).
+        case primary
+    }
+
+    /// One server of the URL's host list.
+    public struct Host: Sendable, Equatable, CustomStringConvertible {
+        /// The host name or address.
+        public var name: String
+        /// The TCP port, also the number in the Unix socket's name.
+        public var port: Int
+
+        /// A server at `name`:`port`.
+        public init(name: String, port: Int) {
+            self.name = name
+            self.port = port
+        }
+
+        /// `name:port`, an IPv6 address in brackets.
+        public var description: String { (name.contains(":") ? "[\(name)]" : name) + ":\(port)" }
+    }
+
+    /// The servers, in the order they are tried (one for a Unix socket, whose port it gives).
+    public var hosts: [Host]
+    /// The first TCP host, or nil when ``socketDirectory`` is set.
+    public var host: String? { socketDirectory == nil ? hosts.first?.name : nil }
+    /// The first host's TCP port, also the number in the Unix socket's name.
+    public var port: Int { hosts.first?.port ?? 5432 }
+    /// Which host fits (``TargetSessionAttributes``): `read-write` by default when several
+    /// hosts are given, `any` with one.
+    public var targetSessionAttributes: TargetSessionAttributes
     /// The directory of the server's Unix socket, when connecting through one.
     public var socketDirectory: String?
     /// The database user.
@@ -92,14 +128,17 @@ public struct PostgresStoreLocation: Sendable, Equatable, CustomStringConvertibl
         switch name {
         case "sslmode": SSLMode(rawValue: value) != nil
         case "schema": isPlainIdentifier(value)
-        case "host": value.hasPrefix("/")
+        case "host": value.hasPrefix("/") || PostgresHostList.names(value) != nil
+        case "port": PostgresHostList.ports(value) != nil
+        case "target_session_attrs": TargetSessionAttributes(rawValue: value) != nil
         case "sslrootcert", "passfile": true
         default: false
         }
     }
 
     /// `text` fit to print: for a PostgreSQL URL, its password (`USER:PASSWORD@`) and the
-    /// value of every parameter but the plain ones (`sslmode`, `sslrootcert`, `host`, `schema`,
+    /// value of every parameter but the plain ones (`sslmode`, `sslrootcert`, `host`, `port`,
+    /// `target_session_attrs`, `schema`,
     /// `passfile`, when their value is one they take) as `***`, whether or not the URL would be
     /// accepted; a URL that cannot be parsed at all is not shown. Any other text (a SQLite
     /// path) as it is.
@@ -110,7 +149,8 @@ public struct PostgresStoreLocation: Sendable, Equatable, CustomStringConvertibl
         guard isPostgresURL(text) else { return text }
         if isKeywordConnectionString(text) { return keywordStringNotShown }
         let lower = text.lowercased()
-        guard lower.hasPrefix("postgres://") || lower.hasPrefix("postgresql://"), var components = URLComponents(string: text) else {
+        guard lower.hasPrefix("postgres://") || lower.hasPrefix("postgresql://"), let split = PostgresHostList.split(text),
+              split.hostList.isEmpty || PostgresHostList.hasHostShape(split.hostList), var components = URLComponents(string: split.withPlaceholder) else {
             return notShown
         }
         if components.percentEncodedPassword != nil { components.percentEncodedPassword = "***" }
@@ -122,7 +162,9 @@ public struct PostgresStoreLocation: Sendable, Equatable, CustomStringConvertibl
             }
         }
         if components.percentEncodedFragment != nil { components.percentEncodedFragment = "***" }
-        return components.string ?? notShown
+        guard let shown = components.string else { return notShown }
+        guard !split.hostList.isEmpty, let place = shown.range(of: PostgresHostList.placeholder) else { return shown }
+        return shown.replacingCharacters(in: place, with: split.hostList)
     }
 
     /// What ``redacted(_:)`` prints for a PostgreSQL URL it cannot parse.
@@ -137,28 +179,32 @@ public struct PostgresStoreLocation: Sendable, Equatable, CustomStringConvertibl
             && name.unicodeScalars.allSatisfy { ("a"..."z").contains($0) || ("A"..."Z").contains($0) || ("0"..."9").contains($0) || $0 == "_" || $0 == "-" }
     }
 
-    /// Reads `url`.
+    /// Reads `url`: one host (`postgres://user@db:5432/fleet`) or several, as libpq takes them
+    /// (`postgres://user@h1:5432,h2:5433/fleet`, or `host=h1,h2&port=5432,5433`).
     /// - Throws: ``PostgresURLError`` naming what is wrong: a parameter by its name, never its
     ///   value, and never the password.
     public init(url: String) throws(PostgresURLError) {
         guard !Self.isKeywordConnectionString(url) else { throw .keywordString }
         guard Self.isPostgresURL(url) else { throw .notAPostgresURL }
-        // URLComponents wants a host; libpq allows `postgres:///db` and `postgres://user@/db`.
-        guard let components = URLComponents(string: url) else { throw .malformed("not a valid URL") }
+        // URLComponents takes one host: the host list is read by PostgresHostList and the rest
+        // of the URL by URLComponents with a placeholder host in its place.
+        guard let split = PostgresHostList.split(url), let components = URLComponents(string: split.withPlaceholder) else {
+            throw .malformed("not a valid URL")
+        }
         guard let user = components.user, !user.isEmpty else {
             throw .malformed("no user: write postgres://USER@HOST:PORT/DATABASE")
         }
         self.user = user.removingPercentEncoding ?? user
         urlPassword = components.password.map { $0.removingPercentEncoding ?? $0 }
-        let hostPart = components.host ?? ""
-        host = hostPart.isEmpty ? nil : hostPart.trimmingCharacters(in: CharacterSet(charactersIn: "[]"))
-        port = components.port ?? 5432
-        guard (1...65535).contains(port) else { throw .malformed("port \(port) is out of range") }
+        var hosts = try PostgresHostList.hosts(split.hostList)
         let path = components.path.hasPrefix("/") ? String(components.path.dropFirst()) : components.path
         database = path.isEmpty ? self.user : (path.removingPercentEncoding ?? path)
         guard !database.contains("/") else { throw .malformed("the database name contains '/'") }
         schema = Self.defaultSchema
         sslMode = .prefer
+        var hostNames: [String]?
+        var ports: [Int]?
+        var attributes: TargetSessionAttributes?
         for item in components.queryItems ?? [] {
             let value = item.value ?? ""
             switch item.name {
@@ -169,10 +215,25 @@ public struct PostgresStoreLocation: Sendable, Equatable, CustomStringConvertibl
                 sslMode = mode
             case "sslrootcert": sslRootCertificate = value
             case "host":
-                guard value.hasPrefix("/") else {
-                    throw .badParameter(name: "host", expected: "an absolute directory holding the server's Unix socket")
+                if value.hasPrefix("/") && !value.contains(",") {
+                    socketDirectory = value
+                } else if let names = PostgresHostList.names(value) {
+                    hostNames = names
+                } else {
+                    throw .badParameter(name: "host", expected: "an absolute directory holding the server's Unix socket, "
+                                        + "or host names separated by ',' (host=db1,db2)")
                 }
-                socketDirectory = value
+            case "port":
+                guard let list = PostgresHostList.ports(value) else {
+                    throw .badParameter(name: "port", expected: "port numbers from 1 to 65535 separated by ',' (port=5432,5433)")
+                }
+                ports = list
+            case "target_session_attrs":
+                guard let wanted = TargetSessionAttributes(rawValue: value) else {
+                    throw .badParameter(name: "target_session_attrs",
+                                        expected: TargetSessionAttributes.allCases.map(\.rawValue).joined(separator: ", "))
+                }
+                attributes = wanted
             case "schema":
                 guard Self.isPlainIdentifier(value) else {
                     throw .badParameter(name: "schema",
@@ -185,10 +246,23 @@ public struct PostgresStoreLocation: Sendable, Equatable, CustomStringConvertibl
                                     + "or in a password file (passfile=, PGPASSFILE, ~/.pgpass)")
             default:
                 throw .badParameter(name: Self.isShowableName(item.name) ? item.name : "(its name not shown)",
-                                    expected: "one of sslmode, sslrootcert, host, schema, passfile")
+                                    expected: "one of sslmode, sslrootcert, host, port, target_session_attrs, schema, passfile")
             }
         }
-        if socketDirectory == nil && host == nil { host = "localhost" }
+        // As libpq: host= replaces the URL's hosts, port= their ports (one port for all, or one each).
+        if let hostNames { hosts = hostNames.map { Host(name: $0, port: 5432) } }
+        if hosts.isEmpty { hosts = [Host(name: "localhost", port: 5432)] }
+        if let ports {
+            guard ports.count == 1 || ports.count == hosts.count else {
+                throw .malformed("port= lists \(ports.count) ports for \(hosts.count) hosts: give one port, or one per host")
+            }
+            for index in hosts.indices { hosts[index].port = ports.count == 1 ? ports[0] : ports[index] }
+        }
+        self.hosts = hosts
+        targetSessionAttributes = attributes ?? (hosts.count > 1 ? .readWrite : .any)
+        if socketDirectory != nil && hosts.count > 1 {
+            throw .badParameter(name: "host", expected: "one server with a Unix socket directory: give no host list with it")
+        }
         if socketDirectory != nil && sslMode != .disable && sslMode != .prefer {
             throw .badParameter(name: "sslmode", expected: "disable or prefer with a Unix socket (TLS runs over TCP)")
         }
@@ -209,11 +283,18 @@ public struct PostgresStoreLocation: Sendable, Equatable, CustomStringConvertibl
     /// The URL without its password, and the schema: for logs, errors and reports.
     public var description: String {
         var text = "postgres://\(user)@"
-        if let host { text += host.contains(":") ? "[\(host)]" : host }
-        text += ":\(port)/\(database)"
+        if socketDirectory == nil {
+            text += hosts.map(\.description).joined(separator: ",")
+        } else {
+            text += ":\(port)"
+        }
+        text += "/\(database)"
         var parameters: [String] = []
         if let socketDirectory { parameters.append("host=\(socketDirectory)") }
         if sslMode != .prefer { parameters.append("sslmode=\(sslMode.rawValue)") }
+        if targetSessionAttributes != (hosts.count > 1 ? .readWrite : .any) {
+            parameters.append("target_session_attrs=\(targetSessionAttributes.rawValue)")
+        }
         if schema != Self.defaultSchema { parameters.append("schema=\(schema)") }
         if !parameters.isEmpty { text += "?" + parameters.joined(separator: "&") }
         return text
@@ -230,7 +311,7 @@ public struct PostgresStoreLocation: Sendable, Equatable, CustomStringConvertibl
     /// refused when another user could have written or replaced it. A libpq password file
     /// that is not a regular file (`PGPASSFILE=/dev/null`) is no password file, as with libpq.
     /// - Throws: ``PostgresURLError/passwordFile(path:reason:)`` when a named file cannot be used.
-    func password(passwordFile: String?, environment: [String: String]) throws(PostgresURLError) -> String? {
+    func password(passwordFile: String?, environment: [String: String], host server: Host? = nil) throws(PostgresURLError) -> String? {
         if let passwordFile {
             let data: Data
             do { data = try SteeringFileCheck.read(path: passwordFile, role: "database password file") } catch {
@@ -258,7 +339,8 @@ public struct PostgresStoreLocation: Sendable, Equatable, CustomStringConvertibl
             }
         }
         guard let text = String(data: data, encoding: .utf8) else { throw .passwordFile(path: file, reason: "cannot be read") }
-        return PasswordFileLines(text).password(host: socketDirectory ?? host ?? "localhost", port: port,
+        let server = server ?? hosts.first ?? Host(name: "localhost", port: 5432)
+        return PasswordFileLines(text).password(host: socketDirectory ?? server.name, port: server.port,
                                                 database: database, user: user)
     }
 

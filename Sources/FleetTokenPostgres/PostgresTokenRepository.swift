@@ -36,19 +36,22 @@ public final class PostgresTokenRepository: Sendable {
     private let feed: PostgresChangeFeed
     private let report = Mutex(PostgresOpenReport(created: false, schemaVersionBefore: 0, schemaVersion: 0))
 
-    private init(client: PostgresClient, direct: PostgresConnection.Configuration, configuration: PostgresStoreConfiguration,
+    /// The pool of the host in use (moved to another host by the availability check).
+    private let pool: PostgresPool
+
+    private init(pool: PostgresPool, selector: PostgresHostSelector, configuration: PostgresStoreConfiguration,
                  origin: String, logger: Logger) {
         let store = configuration.location.description
-        let availability = PostgresAvailability(direct: direct, store: store,
-                                                statementTimeout: configuration.statementTimeout, logger: logger)
-        self.runner = PostgresStatementRunner(client: client, availability: availability, configuration: configuration,
+        let availability = PostgresAvailability(selector: selector, pool: pool, store: store, logger: logger)
+        self.pool = pool
+        self.runner = PostgresStatementRunner(pool: pool, availability: availability, configuration: configuration,
                                               store: store, logger: logger)
         self.configuration = configuration
         self.logger = logger
         self.storeDescription = store
         self.migrator = PostgresSchemaMigrator(schema: configuration.location.schema, store: store,
                                                migrations: configuration.migrations)
-        self.feed = PostgresChangeFeed(client: client, schema: configuration.location.schema, origin: origin,
+        self.feed = PostgresChangeFeed(pool: pool, schema: configuration.location.schema, origin: origin,
                                        store: store, configuration: configuration, logger: logger)
     }
 
@@ -63,13 +66,31 @@ public final class PostgresTokenRepository: Sendable {
         _ body: (PostgresTokenRepository) async throws -> Result
     ) async throws -> Result {
         let origin = "fleet-token-store/" + UUID().uuidString.prefix(8).lowercased()
-        let settings = try configuration.clientConfigurations(applicationName: origin)
-        let client = PostgresClient(configuration: settings.pool, backgroundLogger: logger.withLevelAtLeast(.warning))
-        let repository = PostgresTokenRepository(client: client, direct: settings.direct, configuration: configuration,
+        let location = configuration.location
+        var settings: [(pool: PostgresClient.Configuration, direct: PostgresConnection.Configuration)] = []
+        for index in location.hosts.indices {
+            settings.append(try configuration.clientConfigurations(applicationName: origin, hostIndex: index))
+        }
+        let selector = PostgresHostSelector(
+            choice: PostgresHostChoice(count: location.hosts.count, wanted: location.targetSessionAttributes),
+            directs: settings.map(\.direct), names: location.hosts.map(\.description), store: location.description,
+            statementTimeout: configuration.statementTimeout, logger: logger)
+        // The first fitting host, as libpq picks it (one host taking any server: no probe, open tells).
+        var hostIndex = 0
+        if selector.choice.count > 1 || selector.choice.asksServer {
+            switch await selector.find(current: nil) {
+            case .found(let index): hostIndex = index
+            case .refused(let error): throw error
+            case .undecided:
+                throw TokenStoreError.databaseUnavailable(path: location.description, reason: "no host answered within \(configuration.statementTimeout)")
+            }
+        }
+        let pool = PostgresPool(configurations: settings.map(\.pool), hostIndex: hostIndex, logger: logger)
+        let repository = PostgresTokenRepository(pool: pool, selector: selector, configuration: configuration,
                                                  origin: origin, logger: logger)
-        try await repository.open(mode: mode, direct: settings.direct)
+        try await repository.open(mode: mode, direct: settings[hostIndex].direct)
         return try await withThrowingTaskGroup(of: Void.self) { group in
-            group.addTask { await client.run() }
+            group.addTask { await pool.run() }
             defer {
                 repository.close()
                 group.cancelAll()
@@ -81,12 +102,19 @@ public final class PostgresTokenRepository: Sendable {
     /// Checks (and as `mode` allows, creates and migrates) the schema over one direct
     /// connection, so that a refused password or an unreachable server is reported at once.
     private func open(mode: StoreOpenMode, direct: PostgresConnection.Configuration) async throws(TokenStoreError) {
-        let migrator = self.migrator, logger = self.logger
+        let migrator = self.migrator, logger = self.logger, session = runner.session
+        // Before anything else: a pooler sharing sessions would break LISTEN and advisory locks.
+        let sessionCheck = PostgresSessionCheck(store: storeDescription, limit: configuration.statementTimeout,
+                                                logger: logger.withLevelAtLeast(.warning))
         let opened: PostgresOpenReport
         do {
             opened = try await PostgresFailure.withDeadline(configuration.connectTimeout + max(configuration.statementTimeout, .seconds(30))) {
                 let connection = try await PostgresConnection.connect(configuration: direct, id: 0, logger: logger.withLevelAtLeast(.warning))
                 do {
+                    try await sessionCheck.verify(connection) {
+                        try await PostgresConnection.connect(configuration: direct, id: 1, logger: logger.withLevelAtLeast(.warning))
+                    }
+                    try await session.apply(to: connection, logger: logger)
                     let report = try await migrator.prepare(connection, mode: mode, logger: logger)
                     try? await connection.close()
                     return report
@@ -112,6 +140,7 @@ public final class PostgresTokenRepository: Sendable {
     public func close() {
         runner.close()
         feed.close()
+        pool.close()
     }
 
     /// True while the database is judged down and calls fail at once (for tests).

@@ -115,7 +115,7 @@ extension PostgresServer {
         throw ProcessFailure(message: lastFailure)
     }
 
-    private static func freePort() throws -> Int {
+    static func freePort() throws -> Int {
         let socketDescriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         guard socketDescriptor >= 0 else { throw ProcessFailure(message: "socket failed: errno \(errno)") }
         defer { close(socketDescriptor) }

@@ -36,7 +36,7 @@ public final class PostgresServer: Sendable {
     public let caFile: String
     public let logFile: String
 
-    private let tools: PostgresBinaries
+    let tools: PostgresBinaries
     private let phase = Mutex<Phase>(.running)
     private enum Phase { case running, shutDown, removed }
 
@@ -58,6 +58,20 @@ public final class PostgresServer: Sendable {
         self.tools = tools
         self.password = password
         self.directory = directory
+        dataDirectory = layout.data
+        socketDirectory = layout.socket
+        caFile = layout.caFile
+        logFile = layout.log
+    }
+
+    /// A server whose cluster is already made and running in `directory` (a standby: see
+    /// PostgresStandby.swift).
+    init(running directory: String, port: Int, password: String, tools: PostgresBinaries) {
+        let layout = ClusterLayout(directory: directory)
+        self.tools = tools
+        self.password = password
+        self.directory = directory
+        self.port = port
         dataDirectory = layout.data
         socketDirectory = layout.socket
         caFile = layout.caFile
@@ -184,7 +198,7 @@ public final class PostgresServer: Sendable {
         tools.asServerUser + ["\(tools.bin)/pg_ctl", "-D", dataDirectory, "-w", "-t", "30"] + arguments
     }
 
-    private func pgCtlChecked(_ arguments: [String], what: String) throws {
+    func pgCtlChecked(_ arguments: [String], what: String) throws {
         let result = try PostgresBinaries.run(pgCtl(arguments), timeout: 60)
         guard result.status == 0 else {
             throw ProcessFailure(message: "pg_ctl \(what) exited with \(result.status): \(result.stdout)\(result.stderr)\nserver log:\n\(logTail())")

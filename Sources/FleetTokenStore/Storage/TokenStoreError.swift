@@ -17,6 +17,7 @@ public struct TokenStoreError: Error, Sendable, Equatable, CustomStringConvertib
             case symbolicLink, notOwnedByUser, fileModeTooOpen
             case databaseUnavailable, database
             case encryptionKeyMissing
+            case sessionPoolingRequired
         }
 
         fileprivate let value: Value
@@ -59,6 +60,10 @@ public struct TokenStoreError: Error, Sendable, Equatable, CustomStringConvertib
         public static let database = Code(value: .database)
         /// The store holds token values sealed with keys that were not given.
         public static let encryptionKeyMissing = Code(value: .encryptionKeyMissing)
+        /// The database (PostgreSQL) is reached through a pooler that shares server sessions
+        /// between clients (PgBouncer in transaction or statement mode); the store needs a
+        /// session of its own per connection.
+        public static let sessionPoolingRequired = Code(value: .sessionPoolingRequired)
 
         /// The code's stable name, e.g. `busy`.
         public var description: String { value.rawValue }
@@ -203,6 +208,12 @@ public struct TokenStoreError: Error, Sendable, Equatable, CustomStringConvertib
         Self(.encryptionKeyMissing, path: path, reason: keyGiven ? "given keys differ" : nil, keyIDs: keyIDs, valueCount: valueCount)
     }
 
+    /// The database server at `path` is reached through a pooler that hands one client's server
+    /// session to others (`evidence`: what the check at open saw). Nothing was changed.
+    package static func sessionPoolingRequired(path: String, evidence: String) -> Self {
+        Self(.sessionPoolingRequired, path: path, reason: evidence)
+    }
+
     /// What happened and what to do next.
     public var description: String {
         switch code.value {
@@ -246,6 +257,8 @@ public struct TokenStoreError: Error, Sendable, Equatable, CustomStringConvertib
             "the token database \(path) refused a statement: PostgreSQL error \(sqlState ?? "?"): \(reason ?? "")"
         case .encryptionKeyMissing:
             "token store \(path) holds \(valueCount ?? 0) token value(s) sealed with encryption key id \((keyIDs ?? []).joined(separator: ", ")), and \(reason == nil ? "no encryption key was given" : "no key given has that id"): open it with that key file (keep it as a second key while rotating), or purge those tokens to refetch them; no token in the store was changed"
+        case .sessionPoolingRequired:
+            "the token database \(path) is reached through PgBouncer (or another pooler) in transaction or statement mode (\(reason ?? "")): the store needs session pooling (pool_mode = session) for LISTEN/NOTIFY (without it replicas would silently miss each other's changes), advisory locks and its session settings; set pool_mode = session for this database in the pooler, or connect to PostgreSQL directly. Nothing was changed in the database"
         case .fileModeTooOpen:
             "token store file \(file ?? path) has mode \(String(mode ?? 0, radix: 8)) and could not be set to 0600 (\(reason ?? "")), so other users could read its tokens: chmod 600 it as its owner, or keep the store on a file system that keeps Unix modes"
         }
