@@ -23,8 +23,15 @@ public final class ScriptedFetcher: TokenFetcher, Sendable {
     /// An answer: the key, and the number of this call for the key (1 for the first).
     public typealias Answer = @Sendable (TokenKey, Int) async throws(TokenProviderError) -> FetchedToken
 
+    /// The answer in a struct: a bare closure type read out of a `Mutex` at -Onone is wrapped in
+    /// one more pair of reabstraction thunks, stored back, on every read (swiftlang/swift#91348),
+    /// so every fetch would walk every earlier one. A struct's stored closure is not re-wrapped.
+    private struct Script: Sendable {
+        let answer: Answer
+    }
+
     private let calls = Mutex<[TokenKey: Int]>([:])
-    private let answer: Mutex<Answer>
+    private let script: Mutex<Script>
     private let gate = Mutex<[(UUID, CheckedContinuation<Void, Never>)]?>(nil)
     private let secrets: SecretScanner?
 
@@ -34,7 +41,7 @@ public final class ScriptedFetcher: TokenFetcher, Sendable {
     ///   - answer: The first script; ``setAnswer(_:)`` replaces it.
     public init(secrets: SecretScanner? = nil, _ answer: @escaping Answer) {
         self.secrets = secrets
-        self.answer = Mutex(answer)
+        self.script = Mutex(Script(answer: answer))
     }
 
     /// A fetcher minting valid Fleet Engine-shaped JWTs (``TestJWT``) of `lifetime` seconds,
@@ -44,7 +51,7 @@ public final class ScriptedFetcher: TokenFetcher, Sendable {
     }
 
     /// Replaces the script for every later call.
-    public func setAnswer(_ answer: @escaping Answer) { self.answer.withLock { $0 = answer } }
+    public func setAnswer(_ answer: @escaping Answer) { script.withLock { $0 = Script(answer: answer) } }
 
     /// Holds every later fetch at the gate until ``open()``.
     public func close() { gate.withLock { $0 = $0 ?? [] } }
@@ -93,8 +100,8 @@ public final class ScriptedFetcher: TokenFetcher, Sendable {
             waiter?.resume()
         }
         if Task.isCancelled { throw .other(detail: "cancelled") }
-        let answer = self.answer.withLock { $0 }
-        let fetched = try await answer(key, n)
+        let script = self.script.withLock { $0 }
+        let fetched = try await script.answer(key, n)
         secrets?.remember(fetched.value)
         return fetched
     }
