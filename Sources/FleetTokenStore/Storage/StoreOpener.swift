@@ -157,7 +157,9 @@ struct StoreOpener {
             // Every connection, readers opened later included, must be to the file checked.
             try files.verifyConnection(db, expected: expected)
             // WAL makes NORMAL durable against crashes of the process; only a power loss can
-            // drop the last commits, and tokens are refetchable.
+            // drop the last commits, and tokens are refetchable (README, "What a power cut can
+            // take"). GRDB sets the writer's NORMAL again after this closure, so a different
+            // setting for commits would have to run on the writer once the pool is open.
             try db.execute(sql: "PRAGMA synchronous = NORMAL")
             // A purged or replaced token must not stay readable in free pages: SQLite's default
             // is off, and only some builds (Debian's) turn it on.

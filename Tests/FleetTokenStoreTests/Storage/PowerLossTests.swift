@@ -72,7 +72,11 @@ struct PowerCutRound {
             trace("tracked")
             for step in 0..<Self.refreshesPerSession {
                 // Past the soft point (80% of an hour, less up to 2.5% jitter): every key refreshes.
-                if step > 0 { await time.advance(by: 3000) }
+                if step > 0 {
+                    // Only once the engine sleeps: see settledOrCut (PowerCutCampaign.swift).
+                    await settledOrCut(engine)
+                    await time.advance(by: 3000)
+                }
                 // Every key's token newer than the one committed before this step (a first one at step 0).
                 let before = seen
                 var committed: [TokenKey: Date] = [:]
@@ -100,7 +104,14 @@ struct PowerCutRound {
         // The power is back: every connection is closed; the files are what the cut left.
         powerloss_disarm()
 
-        result.findings = stalls + (await check(path: path, promised: promised, quiet: quiet))
+        // Checked on a copy, as a rebooted machine finds it: see PowerCutCampaign.round.
+        let rebooted = Scratch()
+        defer { withExtendedLifetime(rebooted) {} }
+        let copy = rebooted.file("tokens.sqlite")
+        for suffix in ["", "-wal"] where FileManager.default.fileExists(atPath: path + suffix) {
+            try FileManager.default.copyItem(atPath: path + suffix, toPath: copy + suffix)
+        }
+        result.findings = stalls + (await check(path: copy, promised: promised, quiet: quiet))
         return result
     }
 
@@ -149,8 +160,8 @@ struct PowerLossTests {
     /// Fixed, so a run repeats; a finding names its seed and cut point to replay it.
     static let baseSeed: UInt64 = 0x5EED_0030
 
-    @Test("100 power cuts at seeded random points: the store is sound and keeps every token the README promises")
-    func hundredCuts() async throws {
+    @Test("the engine refreshing: power cuts at seeded random points (60% of FTS_POWER_LOSS_CUTS, default 100); the store is sound and keeps every token the README promises")
+    func engineCuts() async throws {
         #expect(powerloss_install() == 0)
         // An uncut run counts the workload's watched operations and must keep all of it.
         let calibration = try await PowerCutRound(seed: Self.baseSeed, cutAt: 0).run()
@@ -161,7 +172,8 @@ struct PowerLossTests {
         var findings: [String] = []
         var cuts = 0
         var total = powerloss_outcome()
-        for round in 0..<100 {
+        let rounds = PowerCutBudget.share(60)
+        for round in 0..<rounds {
             let cutAt = Int64.random(in: 1...calibration.operations, using: &random)
             let result = try await PowerCutRound(seed: Self.baseSeed &+ UInt64(round), cutAt: cutAt).run()
             if result.cut { cuts += 1 }
@@ -172,10 +184,41 @@ struct PowerLossTests {
             total.torn += outcome.torn
             findings += result.findings
         }
-        print("power loss: seed \(Self.baseSeed), \(calibration.operations) operations uncut, \(cuts) cuts; unsynced writes at the cuts \(total.unsynced): kept \(total.kept), dropped \(total.dropped), torn \(total.torn); findings \(findings.count)")
+        print("power loss engine: seed \(Self.baseSeed), \(calibration.operations) operations uncut, \(cuts) cuts of \(rounds); unsynced writes at the cuts \(total.unsynced): kept \(total.kept), dropped \(total.dropped), torn \(total.torn); findings \(findings.count)")
         #expect(findings.isEmpty, "\(findings.count) findings: \(findings.prefix(10))")
         // The test bites only if the cuts came and found writes to drop and tear.
-        #expect(cuts == 100, "cuts: \(cuts)")
+        #expect(cuts == rounds, "cuts: \(cuts) of \(rounds)")
         #expect(total.unsynced > 100 && total.torn > 10, "unsynced \(total.unsynced), torn \(total.torn)")
+    }
+
+    /// Each of the other workloads gets 10% of the cuts (10 of 100 in CI, 100 of 1,000 in the soak).
+    func campaign<W: PowerCutWorkload>(_ name: String, _ workload: W, seed: UInt64) async throws {
+        #expect(powerloss_install() == 0)
+        let rounds = PowerCutBudget.share(10)
+        let summary = try await PowerCutCampaign(name: name, workload: workload, baseSeed: seed).run(cuts: rounds)
+        #expect(summary.findings.isEmpty, "\(summary.findings.count) findings: \(summary.findings.prefix(10))")
+        #expect(summary.operations > 10, "operations: \(summary.operations)")
+        #expect(summary.cuts == rounds, "cuts: \(summary.cuts) of \(rounds)")
+        #expect(summary.outcome.unsynced > 0, "no unsynced write at any cut")
+    }
+
+    @Test("tokenctl purge --expired on a second connection beside the engine's refreshes, cut: all expired tokens or none, promised tokens kept")
+    func purgeCuts() async throws {
+        try await campaign("purge", try await PurgeBesideEngineWorkload(), seed: Self.baseSeed &+ 0x1_0000)
+    }
+
+    @Test("a V0001 store migrated, cut: at a version this build knows with exactly that version's schema, every old token kept")
+    func migrationCuts() async throws {
+        try await campaign("migration", try await MigrationWorkload(), seed: Self.baseSeed &+ 0x2_0000)
+    }
+
+    @Test("tokenctl rekey of an encrypted store, cut: every token opens with the old or the new key; all with the new one once rekey returned")
+    func rekeyCuts() async throws {
+        try await campaign("rekey", try await RekeyWorkload(), seed: Self.baseSeed &+ 0x3_0000)
+    }
+
+    @Test("the retention sweep deleting finished trips, cut: whole batches in key order, tracked tokens kept")
+    func retentionCuts() async throws {
+        try await campaign("retention", try await RetentionWorkload(), seed: Self.baseSeed &+ 0x4_0000)
     }
 }
