@@ -7,6 +7,12 @@
 // second tries a direct connection again until one is not refused. With several hosts, that
 // attempt looks for a fitting host (PostgresHostSelector) and moves the pool to it: this is how
 // the store follows a promotion without a restart.
+//
+// One search at a time, run by run() (a child task of the repository's background work), and
+// no call waits for it beyond `connectionWait`: a host that is starting up can hold a search up
+// to the statement timeout, and a refresh's lease call waiting that long kept its API callers
+// past their own timeouts. While a search runs or the database is judged down, calls fail at
+// once as unavailable, so the engine fetches without the lease, as it does when the database is down.
 import FleetTokenStore
 import Logging
 import PostgresNIO
@@ -15,27 +21,49 @@ import Synchronization
 final class PostgresAvailability: Sendable {
     private struct Outage {
         var error: TokenStoreError
-        /// When the next call may try a direct connection.
+        /// When the next call may start a search.
         var nextProbe: ContinuousClock.Instant
-        /// A call is trying one now: the others still fail at once.
-        var probing = false
+    }
+
+    private struct State {
+        var outage: Outage?
+        /// A search was asked for or runs: calls fail at once, and no second one starts.
+        var searching = false
+        /// Calls waiting (each at most its `connectionWait`) for the search to end.
+        var waiters: [CheckedContinuation<Void, Never>] = []
     }
 
     private let selector: PostgresHostSelector
     private let pool: PostgresPool
     private let store: String
-    /// How long between direct connection attempts while the database is down.
+    /// How long between searches while the database is down.
     static let probeInterval: Duration = .seconds(1)
-    private let outage = Mutex<Outage?>(nil)
+    private let state = Mutex(State())
+    private let requests: AsyncStream<Void>
+    private let request: AsyncStream<Void>.Continuation
     private let logger: Logger
 
-    /// Judges `pool`'s host; a probe looks for a fitting host with `selector` and moves the
+    /// Judges `pool`'s host; a search looks for a fitting host with `selector` and moves the
     /// pool there when it is another one.
     init(selector: PostgresHostSelector, pool: PostgresPool, store: String, logger: Logger) {
         self.selector = selector
         self.pool = pool
         self.store = store
         self.logger = logger
+        (requests, request) = AsyncStream.makeStream(bufferingPolicy: .bufferingNewest(1))
+    }
+
+    /// Runs the searches calls ask for, one at a time, until the calling task is cancelled.
+    func run() async {
+        for await _ in requests {
+            await search()
+        }
+        // Cancelled: no search will end the waits.
+        let waiters = state.withLock { state in
+            defer { state.waiters = [] }
+            return state.waiters
+        }
+        for waiter in waiters { waiter.resume() }
     }
 
     /// A write was refused as read-only (SQLSTATE 25006): the host in use is a standby now
@@ -43,9 +71,9 @@ final class PostgresAvailability: Sendable {
     /// for the writable host at once; with `any` nothing changes.
     func hostRefusedWrite(_ error: TokenStoreError) {
         guard selector.choice.asksServer else { return }
-        let first = outage.withLock { outage -> Bool in
-            guard outage == nil else { return false }
-            outage = Outage(error: error, nextProbe: .now)
+        let first = state.withLock { state -> Bool in
+            guard state.outage == nil else { return false }
+            state.outage = Outage(error: error, nextProbe: .now)
             return true
         }
         if first {
@@ -56,49 +84,87 @@ final class PostgresAvailability: Sendable {
     }
 
     /// True while the database is judged down (for tests).
-    var isDown: Bool { outage.withLock { $0 != nil } }
+    var isDown: Bool { state.withLock { $0.outage != nil } }
 
-    /// Before a call: throws the outage's error at once while the database is down, except for
-    /// one call a second, which tries a direct connection and goes ahead unless it is refused.
-    func admit() async throws(TokenStoreError) {
-        enum Admission { case go, fail(TokenStoreError), probe }
-        let admission = outage.withLock { outage -> Admission in
-            guard var current = outage else { return .go }
-            guard !current.probing, ContinuousClock.now >= current.nextProbe else { return .fail(current.error) }
-            current.probing = true
-            outage = current
-            return .probe
+    /// True while a host search is asked for or runs (for tests).
+    var isSearching: Bool { state.withLock { $0.searching } }
+
+    /// Before a call: throws at once while the database is judged down or a search runs; once
+    /// a second while down, the call starts a search (and still fails: it does not wait for it).
+    func admit() throws(TokenStoreError) {
+        let (failure, start) = state.withLock { state -> (TokenStoreError?, Bool) in
+            if state.searching { return (state.outage?.error ?? searchRunning(), false) }
+            guard let outage = state.outage else { return (nil, false) }
+            guard ContinuousClock.now >= outage.nextProbe else { return (outage.error, false) }
+            state.searching = true
+            return (outage.error, true)
         }
-        switch admission {
-        case .go: return
-        case .fail(let error): throw error
-        case .probe:
-            if case .refused(let error) = await probe() {
-                outage.withLock { $0 = Outage(error: error, nextProbe: .now + Self.probeInterval) }
-                throw error
-            }
-            outage.withLock { $0 = nil }
-            logger.notice("token database reachable again", metadata: ["store": .string(store)])
+        if start { request.yield() }
+        if let failure { throw failure }
+    }
+
+    /// A call waited `connectionWait` for a connection: is the database there? It starts a
+    /// search unless one runs, and waits for it at most `wait` more. Nil when a direct
+    /// connection works or is merely slow (a busy pool, a loaded machine); the error when it
+    /// is refused or fails (from now on the database is judged down), or when the search has
+    /// not ended within `wait` (this call fails as unavailable; the search goes on).
+    func connectionIsSlow(wait: Duration) async -> TokenStoreError? {
+        let (down, start) = state.withLock { state -> (TokenStoreError?, Bool) in
+            if let outage = state.outage { return (outage.error, false) }
+            if state.searching { return (nil, false) }
+            state.searching = true
+            return (nil, true)
+        }
+        if let down { return down }
+        if start { request.yield() }
+        _ = try? await PostgresFailure.withDeadline(wait) { await self.searchEnded() }
+        return state.withLock { state in
+            if let outage = state.outage { return outage.error }
+            return state.searching ? searchRunning() : nil
         }
     }
 
-    /// A call waited `connectionWait` for a connection: is the database there? Nil when a
-    /// direct connection works or is merely slow (a busy pool, a loaded machine); the error
-    /// when it is refused or fails (the server down, the network unreachable, the TCP connect
-    /// timing out), and from now on the database is judged down.
-    func connectionIsSlow() async -> TokenStoreError? {
-        if let current = outage.withLock({ $0?.error }) { return current }
-        guard case .refused(let error) = await probe() else { return nil }
-        let first = outage.withLock { outage -> Bool in
-            defer { if outage == nil { outage = Outage(error: error, nextProbe: .now + Self.probeInterval) } }
-            return outage == nil
+    private func searchRunning() -> TokenStoreError {
+        .databaseUnavailable(path: store, reason: "looking for a fitting database host; calls fail at once until it ends")
+    }
+
+    /// Returns once no search runs.
+    private func searchEnded() async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let waiting = state.withLock { state -> Bool in
+                guard state.searching else { return false }
+                state.waiters.append(continuation)
+                return true
+            }
+            if !waiting { continuation.resume() }
         }
-        if first {
+    }
+
+    /// One search and its verdict: refused, the database is down (a search again a second
+    /// later at the earliest); otherwise it is there.
+    private func search() async {
+        let result = await probe()
+        let (wasDown, waiters) = state.withLock { state -> (Bool, [CheckedContinuation<Void, Never>]) in
+            let wasDown = state.outage != nil
+            if case .refused(let error) = result {
+                state.outage = Outage(error: error, nextProbe: .now + Self.probeInterval)
+            } else {
+                state.outage = nil
+            }
+            state.searching = false
+            defer { state.waiters = [] }
+            return (wasDown, state.waiters)
+        }
+        for waiter in waiters { waiter.resume() }
+        switch result {
+        case .refused(let error) where !wasDown:
             logger.warning("token database unreachable; calls fail at once until it answers again", metadata: [
                 "store": .string(store), "reason": .string(error.description),
             ])
+        case .connected where wasDown, .undecided where wasDown:
+            logger.notice("token database reachable again", metadata: ["store": .string(store)])
+        default: break
         }
-        return error
     }
 
     private enum ProbeResult { case connected, refused(TokenStoreError), undecided }

@@ -41,7 +41,7 @@ final class PostgresStatementRunner: Sendable {
     /// whole call is bounded by the statement timeout (the server ends the statement then too).
     func perform<T: Sendable>(_ operation: @escaping @Sendable (PostgresConnection) async throws -> T) async throws(TokenStoreError) -> T {
         guard !closed.load(ordering: .relaxed) else { throw .closed(path: store) }
-        try await availability.admit()
+        try availability.admit()
         // One deadline for the call, a retry after a move included.
         let deadline = ContinuousClock.now + configuration.statementTimeout + .seconds(1)
         var retried = false
@@ -83,7 +83,7 @@ final class PostgresStatementRunner: Sendable {
             }
         }, timer: {
             try await Task.sleep(for: wait)
-            if !leased.isSet, let down = await availability.connectionIsSlow() { throw down }
+            if !leased.isSet, let down = await availability.connectionIsSlow(wait: wait) { throw down }
             try await Task.sleep(until: deadline, clock: .continuous)
         })
     }

@@ -38,12 +38,15 @@ public final class PostgresTokenRepository: Sendable {
 
     /// The pool of the host in use (moved to another host by the availability check).
     private let pool: PostgresPool
+    /// Judges the database and runs the host searches (``PostgresAvailability/run()``).
+    private let availability: PostgresAvailability
 
     private init(pool: PostgresPool, selector: PostgresHostSelector, configuration: PostgresStoreConfiguration,
                  origin: String, logger: Logger) {
         let store = configuration.location.description
         let availability = PostgresAvailability(selector: selector, pool: pool, store: store, logger: logger)
         self.pool = pool
+        self.availability = availability
         self.runner = PostgresStatementRunner(pool: pool, availability: availability, configuration: configuration,
                                               store: store, logger: logger)
         self.configuration = configuration
@@ -91,6 +94,7 @@ public final class PostgresTokenRepository: Sendable {
         try await repository.open(mode: mode, direct: settings[hostIndex].direct)
         return try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask { await pool.run() }
+            group.addTask { await repository.availability.run() }
             defer {
                 repository.close()
                 group.cancelAll()
