@@ -2,10 +2,10 @@
 // request waiting while it retries connecting (until its circuit breaker, a minute later), so a
 // call would take the whole statement timeout (10 s) while the server refuses every connection
 // at once: each refresh's lease call would, and a short-lived token would lapse meanwhile. A
-// request still waiting for a connection after `connectionWait` triggers one direct connection
-// attempt; when that is refused too, the database is down: calls fail at once, and one call a
-// second tries a direct connection again until one is not refused. With several hosts, that
-// attempt looks for a fitting host (PostgresHostSelector) and moves the pool to it: this is how
+// request still waiting for a connection after `connectionWait` triggers a search (a direct
+// connection per host); when every host refuses, the database is down: calls fail at once, and
+// one call a second starts a search again until one is not refused. With several hosts, the
+// search looks for a fitting host (PostgresHostSelector) and moves the pool to it: this is how
 // the store follows a promotion without a restart.
 //
 // One search at a time, run by run() (a child task of the repository's background work), and

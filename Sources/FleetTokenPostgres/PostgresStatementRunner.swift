@@ -36,8 +36,9 @@ final class PostgresStatementRunner: Sendable {
     var isJudgedDown: Bool { availability.isDown }
 
     /// Runs `operation` on a pooled connection, with its failure as a store error. It fails at
-    /// once while the database is known to be down (see `PostgresAvailability`); a connection
-    /// not leased within ``PostgresStoreConfiguration/connectionWait`` makes it find out; the
+    /// once while the database is known to be down or a host search runs (see
+    /// `PostgresAvailability`); a connection not leased within
+    /// ``PostgresStoreConfiguration/connectionWait`` starts a search, waited for at most as long; the
     /// whole call is bounded by the statement timeout (the server ends the statement then too).
     func perform<T: Sendable>(_ operation: @escaping @Sendable (PostgresConnection) async throws -> T) async throws(TokenStoreError) -> T {
         guard !closed.load(ordering: .relaxed) else { throw .closed(path: store) }
@@ -46,7 +47,7 @@ final class PostgresStatementRunner: Sendable {
         let deadline = ContinuousClock.now + configuration.statementTimeout + .seconds(1)
         var retried = false
         while true {
-            // The client of the host in use now: admit() may just have moved to another, whose
+            // The client of the host in use now: a search may just have moved to another, whose
             // connections need their session settings again (their ids start over).
             let (client, generation) = pool.clientAndGeneration
             let leased = LeaseFlag()

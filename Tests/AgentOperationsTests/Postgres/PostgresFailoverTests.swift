@@ -96,7 +96,7 @@ struct PostgresFailoverTests {
         #expect(allValid == "200", "\(allValid) of 200 keys valid on the new primary")
         let (rounds, problems) = await callers.finish()
         #expect(rounds >= 20, "only \(rounds) caller rounds")
-        #expect(problems.isEmpty, "\(problems.count) API answers were errors while the caller's token was still valid, or tokens below the floor: \(problems.prefix(10))")
+        #expect(problems.isEmpty, "\(problems.count) API answers were errors while the caller's token was still valid, or tokens below the floor: \(problems.prefix(10)); crash at \(String(format: "%.2f", stopped)), promotion at \(String(format: "%.2f", promoted)); \(agents.map { Self.warnings($0.process.stderr) })")
 
         // Fetches: two issues of a key closer than a lifetime allows are a second fetch for one lifetime.
         let times = try await issuer.issuedTimes()
