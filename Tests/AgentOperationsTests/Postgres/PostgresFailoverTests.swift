@@ -131,7 +131,7 @@ struct PostgresFailoverTests {
         let perLifetime = Double(total) / Double(max(1, total - extra))
         let apartFromExcused = Double(total - lostWrite.count - inOutage.count) / Double(max(1, total - extra))
         #expect(lostWriteExtra.values.allSatisfy { $0 <= 1 }, "a key whose last write was lost was fetched again more than once: \(lostWriteExtra.filter { $0.value > 1 }) in \(lostWrite)")
-        #expect(broken.isEmpty, "\(broken.count) second fetches for one lifetime outside the failover (single flight broken, or not resumed within 10 s of the promotion): \(broken.prefix(10))")
+        #expect(broken.isEmpty, "\(broken.count) second fetches for one lifetime outside the failover (single flight broken, or not resumed within 10 s of the promotion): \(broken.prefix(10)); \(agents.map { Self.warnings($0.process.stderr) })")
         #expect(apartFromExcused == 1, "fetches per key per lifetime apart from lost writes and the failover window: \(apartFromExcused)")
 
         // tokenctl on the same URL finds the new primary.
