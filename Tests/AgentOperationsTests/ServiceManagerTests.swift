@@ -37,7 +37,7 @@ struct ServiceManagerTests {
         let readyFields = NotifySocketReceiver.assignments(ready.message)
         #expect(readyFields["STATUS"] == "2 valid", "\(ready.message)")
         // Both subjects had tokens before READY=1 (their events may still be on their way to stdout).
-        #expect(await eventually(within: 10) {
+        #expect(await eventually(within: 30) {
             Set(Self.events(agent.stdout).filter { $0["event"] == "refreshed" }.compactMap { $0["id"] }) == ["a", "b"]
         })
 

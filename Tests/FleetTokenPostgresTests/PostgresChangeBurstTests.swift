@@ -89,10 +89,10 @@ struct PostgresChangeBurstTests {
                 let running = Task { try await engine.run() }
                 defer { running.cancel() }
                 #expect(await eventually(within: 20) { await engine.isRunning && store.isListening })
-                #expect(await eventually(within: 10) { events.elements.contains(.removedExternally(key: key)) },
+                #expect(await eventually(within: 30) { events.elements.contains(.removedExternally(key: key)) },
                         "the purge before run() was never seen")
-                #expect(await eventually(within: 10) { fetcher.count(key) == 1 })
-                #expect(await eventually(within: 10) {
+                #expect(await eventually(within: 30) { fetcher.count(key) == 1 })
+                #expect(await eventually(within: 30) {
                     let served = engine.heldToken(for: key)?.token.value
                     return served != nil && served != before.value
                 })
@@ -114,7 +114,7 @@ struct PostgresChangeBurstTests {
                 let work = Task { await store.runBackgroundWork() }
                 defer { work.cancel() }
                 #expect(await eventually(within: 20) { store.isListening })
-                #expect(await eventually(within: 10) {
+                #expect(await eventually(within: 30) {
                     recorder.elements.contains(.unknown) || recorder.elements.contains(.upserted(key))
                 }, "\(recorder.elements)")
             }

@@ -334,7 +334,7 @@ struct PostgresEncryptionTests {
                 try await writer.upsert(newer)
                 await time.advance(by: 850)
                 var served = first.value
-                let changed = await eventually(within: 10) {
+                let changed = await eventually(within: 30) {
                     served = (try? await engine.token(for: subject).value) ?? served
                     return served != first.value
                 }

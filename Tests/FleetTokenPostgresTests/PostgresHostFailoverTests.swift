@@ -30,7 +30,7 @@ struct PostgresHostFailoverTests {
         }
         let stored = "SELECT count(*) FROM fleet_token_store.tokens WHERE subject_id = 'first'"
         #expect(try await primary.psql(stored, database: "hosts") == "1")
-        #expect(await eventually(within: 10) { (try? standby.psql(stored, database: "hosts")) == "1" }, "replicated to the standby")
+        #expect(await eventually(within: 30) { (try? standby.psql(stored, database: "hosts")) == "1" }, "replicated to the standby")
         #expect(!log.allText.contains(primary.password))
     }
 

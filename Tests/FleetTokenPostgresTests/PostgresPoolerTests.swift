@@ -49,7 +49,7 @@ struct PostgresPoolerTests {
     @Test("session mode: two repositories through PgBouncer migrate, write, read, take leases one at a time and hear each other's changes")
     func sessionMode() async throws {
         let (server, database) = try await PostgresServer.makeDatabase()
-        let bouncer = try PgBouncer(in: server, mode: .session)
+        let bouncer = try await PgBouncer.make(in: server, mode: .session)
         defer { bouncer.stop() }
         let configuration = try throughBouncer(bouncer, server, database)
         try await PostgresTokenRepository.withRepository(configuration, logger: logger) { store in
@@ -58,7 +58,7 @@ struct PostgresPoolerTests {
                 let work = Task { await store.runBackgroundWork() }
                 defer { work.cancel() }
                 let recorder = StreamRecorder(store.changes())
-                #expect(await eventually(within: 10) { store.isListening })
+                #expect(await eventually(within: 30) { store.isListening })
                 let key = try TokenKey.vehicle("through-bouncer")
                 try await other.upsert(token(key, expiresIn: 600))
                 #expect(await eventually(within: 5) { recorder.elements.contains(.upserted(key)) },
@@ -84,7 +84,7 @@ struct PostgresPoolerTests {
     @Test("transaction and statement mode: opening is refused with sessionPoolingRequired, and the database is left untouched", arguments: [PgBouncer.PoolMode.transaction, .statement])
     func sharingModesRefused(_ mode: PgBouncer.PoolMode) async throws {
         let (server, database) = try await PostgresServer.makeDatabase()
-        let bouncer = try PgBouncer(in: server, mode: mode)
+        let bouncer = try await PgBouncer.make(in: server, mode: mode)
         defer { bouncer.stop() }
         let configuration = try throughBouncer(bouncer, server, database)
         for openMode in [StoreOpenMode.agent, .readOnly] {

@@ -236,7 +236,7 @@ struct PostgresFaultTests {
             let held = try TokenKey.vehicle("held"), later = try TokenKey.vehicle("later")
             let first = try await engine.token(for: held)
             let stored = "SELECT count(*) FROM fleet_token_store.tokens WHERE token IS NOT NULL"
-            #expect(await eventually(within: 10) { (try? server.psql(stored, database: "faults")) == "1" })
+            #expect(await eventually(within: 30) { (try? server.psql(stored, database: "faults")) == "1" })
 
             try await server.shutDown(mode: .fast)
             // Found out within the connection wait (1 s) and a refused direct connection, not
@@ -262,8 +262,8 @@ struct PostgresFaultTests {
             #expect(await eventually(within: 60) { events.elements.contains(.storeRecovered) }, "\(log.messages(at: .warning))")
             // A call that waited through the outage may judge it down once more; the next call
             // a second later finds the server and clears it.
-            #expect(await eventually(within: 10) { (try? await store.entry(for: held)) != nil && !store.isJudgedDown })
-            #expect(await eventually(within: 10) { (try? server.psql(stored, database: "faults")) == "2" },
+            #expect(await eventually(within: 30) { (try? await store.entry(for: held)) != nil && !store.isJudgedDown })
+            #expect(await eventually(within: 30) { (try? server.psql(stored, database: "faults")) == "2" },
                     "the token fetched while the database was down is written once it is back")
             #expect(fetcher.count(later) == 1 && fetcher.count(held) == 1)
             #expect(!log.allText.contains(server.password))
@@ -285,7 +285,7 @@ struct PostgresFeedTests {
                 let work = Task { await store.runBackgroundWork() }
                 defer { work.cancel() }
                 let recorder = StreamRecorder(store.changes())
-                #expect(await eventually(within: 10) { store.isListening })
+                #expect(await eventually(within: 30) { store.isListening })
                 let first = try TokenKey.vehicle("before")
                 try await other.upsert(token(first, expiresIn: 600))
                 #expect(await eventually(within: 5) { recorder.elements.contains(.upserted(first)) })
@@ -299,9 +299,9 @@ struct PostgresFeedTests {
                     WHERE datname = '\(database)' AND pid <> pg_backend_pid()
                     """, database: database)
                 #expect((Int(ended) ?? 0) >= 1)
-                #expect(await eventually(within: 10) { recorder.elements.filter { $0 == .unknown }.count > unknownsBefore },
+                #expect(await eventually(within: 30) { recorder.elements.filter { $0 == .unknown }.count > unknownsBefore },
                         "\(recorder.elements)")
-                #expect(await eventually(within: 10) { store.isListening })
+                #expect(await eventually(within: 30) { store.isListening })
                 let second = try TokenKey.vehicle("after")
                 try await other.upsert(token(second, expiresIn: 600))
                 #expect(await eventually(within: 5) { recorder.elements.contains(.upserted(second)) })
@@ -320,13 +320,13 @@ struct PostgresFeedTests {
                 let b = TokenSyncEngine(repository: second, fetcher: fetcher, logger: logger)
                 fetcher.close()
                 async let fromA = a.token(for: key)
-                #expect(await eventually(within: 10) { fetcher.waitingAtGate == 1 })
+                #expect(await eventually(within: 30) { fetcher.waitingAtGate == 1 })
                 async let fromB = b.token(for: key)
-                #expect(await eventually(within: 10) {
+                #expect(await eventually(within: 30) {
                     if case .waitingForHolder = b.flightPhase(of: key) { true } else { false }
                 })
                 // b listens for the length of its wait (no run()): a's write reaches it by NOTIFY.
-                #expect(await eventually(within: 10) { second.isListening })
+                #expect(await eventually(within: 30) { second.isListening })
                 fetcher.open()
                 let started = ContinuousClock.now
                 let (tokenA, tokenB) = try await (fromA, fromB)

@@ -23,11 +23,11 @@ struct PostgresShutdownTests {
             try await PostgresTokenRepository.withRepository(configuration, logger: logger) { second in
                 let engine = TokenSyncEngine(repository: first, fetcher: fetcher, logger: logger)
                 let running = Task { try await engine.run() }
-                #expect(await eventually(within: 10) { await engine.isRunning })
+                #expect(await eventually(within: 30) { await engine.isRunning })
                 fetcher.close()
                 let asking = Task { try? await engine.token(for: key) }
                 // The flight holds the key's lease while its fetch waits.
-                #expect(await eventually(within: 10) { fetcher.waitingAtGate == 1 })
+                #expect(await eventually(within: 30) { fetcher.waitingAtGate == 1 })
                 let seen = try await second.acquireRefreshLease(for: key, holder: "other-host", now: Date(), duration: 30)
                 guard case .heldElsewhere = seen else {
                     Issue.record("the engine's flight did not hold the lease: \(seen)")

@@ -6,7 +6,7 @@ import Synchronization
 
 /// Waits (polling every 20 ms, at most `seconds` of real time) until `condition` holds;
 /// returns whether it did.
-public func eventually(within seconds: Double = 10, _ condition: () async throws -> Bool) async rethrows -> Bool {
+public func eventually(within seconds: Double = 30, _ condition: () async throws -> Bool) async rethrows -> Bool {
     let deadline = Date().addingTimeInterval(seconds)
     while Date() < deadline {
         if try await condition() { return true }

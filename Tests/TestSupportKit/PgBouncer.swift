@@ -73,6 +73,12 @@ public final class PgBouncer: Sendable {
         throw ProcessFailure(message: "pgbouncer did not listen within 10 s; its log:\n\(lastFailure)")
     }
 
+    /// ``init(in:mode:)`` from an async test: starting PgBouncer waits (up to 10 s) on another
+    /// thread, not on one of the cooperative pool's, which every other test of the process shares.
+    public static func make(in front: PostgresServer, mode: PoolMode) async throws -> PgBouncer {
+        try await offCooperativePool { try PgBouncer(in: front, mode: mode) }
+    }
+
     deinit { stop() }
 
     /// `postgres://fleet@127.0.0.1:PORT/DATABASE?sslmode=disable` (loopback, no TLS to

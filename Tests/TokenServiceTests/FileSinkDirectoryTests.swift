@@ -143,9 +143,9 @@ struct FileSinkDirectoryTests {
 
         // An embedder that runs the sink anyway: the trip file shows it works; the link is not followed.
         try await Self.running([engine, sink], logger: logs.logger) {
-            #expect(await eventually(within: 10) { FileManager.default.fileExists(atPath: scratch.file("sink/trip/t-1.jwt")) }, "\(logs.allText)")
+            #expect(await eventually(within: 30) { FileManager.default.fileExists(atPath: scratch.file("sink/trip/t-1.jwt")) }, "\(logs.allText)")
             // The sink has dealt with the linked vehicle directory: it logged its refusal.
-            #expect(await eventually(within: 10) {
+            #expect(await eventually(within: 30) {
                 logs.allText.contains(scratch.file("sink/vehicle")) && logs.allText.contains("symbolic link")
             }, "\(logs.allText)")
         }
@@ -158,7 +158,7 @@ struct FileSinkDirectoryTests {
         let (engine2, sink2) = await Self.librarySink(scratch, logger: logs.logger, keys: keys)
         try sink2.prepare()
         try await Self.running([engine2, sink2], logger: logs.logger) {
-            #expect(await eventually(within: 10) { FileManager.default.fileExists(atPath: scratch.file("sink/vehicle/truck-7.jwt")) }, "\(logs.allText)")
+            #expect(await eventually(within: 30) { FileManager.default.fileExists(atPath: scratch.file("sink/vehicle/truck-7.jwt")) }, "\(logs.allText)")
             try FileManager.default.moveItem(atPath: scratch.file("sink/vehicle"), toPath: scratch.file("moved"))
             try FileManager.default.createSymbolicLink(atPath: scratch.file("sink/vehicle"), withDestinationPath: target)
             logs.clear()
@@ -207,13 +207,13 @@ extension FileSinkDirectoryTests {
         let file1 = scratch.file("sink/vehicle/v-1.jwt"), file2 = scratch.file("sink/vehicle/v-2.jwt")
 
         try await Self.running([engine, sink], logger: logs.logger) {
-            #expect(await eventually(within: 10) { FileManager.default.fileExists(atPath: file1) }, "\(logs.allText)")
+            #expect(await eventually(within: 30) { FileManager.default.fileExists(atPath: file1) }, "\(logs.allText)")
             // An on-demand (untracked) subject's fetch: an event the sink drops.
             _ = try await engine.token(for: try .trip("t-1"))
             // A newly tracked subject is fetched at once; its event writes its file. Events are
             // handled in order, so the trip's event was handled before.
             await engine.track([v2])
-            #expect(await eventually(within: 10) { Self.contents(file2) == engine.heldToken(for: v2)?.token.value }, "\(logs.allText)")
+            #expect(await eventually(within: 30) { Self.contents(file2) == engine.heldToken(for: v2)?.token.value }, "\(logs.allText)")
             #expect(!FileManager.default.fileExists(atPath: scratch.file("sink/trip")), "no file for an untracked subject")
 
             // Untracked: its file goes at the next event (here another on-demand fetch).

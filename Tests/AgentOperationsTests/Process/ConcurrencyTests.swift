@@ -124,9 +124,9 @@ struct ConcurrencyTests {
             "DELETE FROM tokens WHERE kind = 'vehicle' AND subject_id = 'v03';",
             "BEGIN IMMEDIATE;", ".shell touch \(locked)", ".shell sleep 3", "COMMIT;", ".shell touch \(released)",
         ], in: scratch)
-        #expect(await eventually(within: 10) { FileManager.default.fileExists(atPath: locked) })
+        #expect(await eventually(within: 30) { FileManager.default.fileExists(atPath: locked) })
         let lockedAt = Date()
-        #expect(await eventually(within: 10) { FileManager.default.fileExists(atPath: released) })
+        #expect(await eventually(within: 30) { FileManager.default.fileExists(atPath: released) })
         let releasedAt = Date()
         #expect(await shell.wait(upTo: 5) == 0, "sqlite3: \(shell.stderr)")
         #expect(releasedAt.timeIntervalSince(lockedAt) >= 2.5, "the lock was held only \(releasedAt.timeIntervalSince(lockedAt)) s")
@@ -136,7 +136,7 @@ struct ConcurrencyTests {
         let removedAt = removal.flatMap { $0.split(separator: " ").first }.flatMap(parseISO)
         #expect(removedAt.map { $0 < releasedAt } == true, "removal not seen during the lock: \(removal ?? "none")")
         // ...and the refetched token is in the store once the lock is gone.
-        let refetched = await eventually(within: 10) { (try? storeSnapshot(db))?["vehicle/v03"] != nil }
+        let refetched = await eventually(within: 30) { (try? storeSnapshot(db))?["vehicle/v03"] != nil }
         #expect(refetched, "\(agent.stderr.suffix(3000))")
         #expect(agent.isRunning)
         #expect(await agent.waitForOutput("refreshed vehicle/v03", within: 5))

@@ -239,7 +239,7 @@ struct StoreFaultTests {
         #expect(await agent.waitForOutput("store-degraded", within: 20), "\(agent.stderr.suffix(3000))")
         #expect(agent.stdout.contains("is full"), "\(agent.stdout)")
         let degradedLogs = agent.stderr.components(separatedBy: "token refreshed").count
-        #expect(await eventually(within: 10) { agent.stderr.components(separatedBy: "token refreshed").count > degradedLogs },
+        #expect(await eventually(within: 30) { agent.stderr.components(separatedBy: "token refreshed").count > degradedLogs },
                 "no refresh in memory while the disk is full")
         #expect(agent.isRunning)
 

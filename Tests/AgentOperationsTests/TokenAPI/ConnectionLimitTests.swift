@@ -68,7 +68,7 @@ struct ConnectionLimitTests {
 
         for descriptor in idle where descriptor >= 0 { close(descriptor) }
         idle = []
-        #expect(await eventually(within: 10) {
+        #expect(await eventually(within: 30) {
             (try? RawHTTP.send(tcp, "GET", "/v1/token/vehicle/v-1", headers: Self.marked, timeout: 5))?.status == 200
         }, "closing the idle connections frees their slots")
         #expect(!agent.process.stderr.contains("unable to open database file"))
@@ -106,7 +106,7 @@ struct ConnectionLimitTests {
         #expect(seventh.body.contains("6 connections"), "\(seventh)")
 
         close(open.removeFirst())
-        #expect(await eventually(within: 10) {
+        #expect(await eventually(within: 30) {
             (try? RawHTTP.send(tcp, "GET", "/v1/token/vehicle/v-1", headers: Self.marked, timeout: 5))?.status == 200
         }, "a closed connection frees its slot")
         #expect(await agent.stop() == 0, "\(agent.process.stderr.suffix(2000))")
@@ -235,7 +235,7 @@ struct ConnectionLimitTests {
     /// agent sees it closed: a 503 meanwhile (runs of this suite met one) is tried again.
     func keptAlive(_ count: Int, _ endpoint: RawHTTP.Endpoint, into open: inout [Int32]) async -> Bool {
         let target = open.count + count
-        return await eventually(within: 10) {
+        return await eventually(within: 30) {
             while open.count < target, let descriptor = try? keptAlive(endpoint) { open.append(descriptor) }
             return open.count == target
         }

@@ -73,7 +73,7 @@ struct FileSinkTests {
         // A restart with 0600: the tokens come from the store (no fetch) and the files get the new mode.
         let issued = try await issuer.stats().issued
         let again = try Self.startAgent(scratch, provider: issuer.template, arguments + ["--sink-mode", "0600"])
-        #expect(await eventually(within: 10) { files.allSatisfy { fileMode($0) == 0o600 } }, "\(again.stderr)")
+        #expect(await eventually(within: 30) { files.allSatisfy { fileMode($0) == 0o600 } }, "\(again.stderr)")
         for ((kind, id), file) in zip(subjects, files) {
             #expect(Self.contents(file) == (try await Self.revealed(scratch, kind, id)))
         }

@@ -34,7 +34,7 @@ struct InvalidateLockedStoreTests {
                 db, ".timeout 5000", "BEGIN IMMEDIATE;", ".shell touch \(locked)", ".shell sleep 40", "COMMIT;",
                 ".shell touch \(released)",
             ], in: scratch)
-            #expect(await eventually(within: 10) { FileManager.default.fileExists(atPath: locked) })
+            #expect(await eventually(within: 30) { FileManager.default.fileExists(atPath: locked) })
 
             // v-2 first: the agent refetches it (configured) and its commit then waits for the lock.
             // Each GET takes seconds: the fetch's lease, a write, waits out the agent's busy

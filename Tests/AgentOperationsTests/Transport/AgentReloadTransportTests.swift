@@ -175,9 +175,9 @@ struct AgentReloadTransportTests {
 
             try writeConfig(caFile: pki.caPath)
             running.signal(SIGHUP)
-            #expect(await eventually(within: 10) { events(running, "config_reloaded").contains { ($0["changed"] ?? "").contains("ca-file") } },
+            #expect(await eventually(within: 30) { events(running, "config_reloaded").contains { ($0["changed"] ?? "").contains("ca-file") } },
                     "\(running.stdout)\n\(running.stderr)")
-            #expect(await eventually(within: 10) { events(running, "refreshed").contains { $0["id"] == "v-1" } },
+            #expect(await eventually(within: 30) { events(running, "refreshed").contains { $0["id"] == "v-1" } },
                     "\(running.stdout)\n\(running.stderr)")
             #expect(Date() < nextAttempt, "refreshed by the backoff's end, not by the reload")
             #expect(running.isRunning && running.pid == pid)
@@ -235,7 +235,7 @@ struct AgentReloadTransportTests {
             try writeAtomically(foreign.ca.certificatePEM + pki.ca.certificatePEM, to: bundle)
             running.signal(SIGHUP)
             // Within the first backoff (15-30 s): the SIGHUP read the bundle again and retried.
-            #expect(await eventually(within: 10) { events(running, "refreshed").contains { $0["id"] == "v-1" } },
+            #expect(await eventually(within: 30) { events(running, "refreshed").contains { $0["id"] == "v-1" } },
                     "\(running.stdout)\n\(running.stderr)")
             #expect(Date() < nextAttempt, "refreshed by the backoff's end, not by the reload")
             #expect(events(running, "reload_failed").isEmpty)

@@ -46,7 +46,7 @@ struct CancelledRunTests {
         let h = try LockedStoreHarness(busyTimeout: 3)
         defer { h.store.close() }
         let running = h.start()
-        #expect(await eventually(within: 10) { await h.engine.isRunning })
+        #expect(await eventually(within: 30) { await h.engine.isRunning })
         let events = StreamRecorder(h.engine.events())
         let shell = try SQLiteShell(path: h.path)
         defer { shell.quit() }
@@ -75,7 +75,7 @@ struct CancelledRunTests {
         do {
             let group = ServiceGroup(services: [h.engine], gracefulShutdownSignals: [], logger: Logger(label: "group"))
             async let running: Void = group.run()
-            #expect(await eventually(within: 10) { await h.engine.isRunning })
+            #expect(await eventually(within: 30) { await h.engine.isRunning })
             fetched = try await h.fetchBehindLock(key, shell: shell)
             #expect(await eventually(within: 20) { events.elements.contains(where: \.isStoreDegraded) }, "\(events.elements)")
             shell.send(".shell sleep 0.5\nCOMMIT;\n")
@@ -96,7 +96,7 @@ struct CancelledRunTests {
         let h = try LockedStoreHarness(busyTimeout: 0.5, time: time, fetcher: fetcher)
         defer { h.store.close() }
         let running = h.start()
-        #expect(await eventually(within: 10) { await h.engine.isRunning })
+        #expect(await eventually(within: 30) { await h.engine.isRunning })
         let events = StreamRecorder(h.engine.events())
         let shell = try SQLiteShell(path: h.path)
         defer { shell.quit() }
@@ -104,7 +104,7 @@ struct CancelledRunTests {
         _ = try await h.engine.token(for: key)
         #expect(await eventually(within: 20) { events.elements.contains(where: \.isStoreDegraded) }, "\(events.elements)")
         let asking = Task { try? await h.engine.token(for: stuckKey) }
-        #expect(await eventually(within: 10) { stuck.count == 1 })
+        #expect(await eventually(within: 30) { stuck.count == 1 })
 
         let started = ContinuousClock.now
         running.cancel()

@@ -74,12 +74,12 @@ struct StoreChangeBroadcasterTests {
             for await change in broadcaster.subscribe() { seen.append(change) }
             return seen
         }
-        #expect(await eventually(within: 10) { broadcaster.hasSubscribers })
+        #expect(await eventually(within: 30) { broadcaster.hasSubscribers })
         broadcaster.emit(.upserted(keys[0]))
         received.cancel()
         let seen = await received.value
         #expect(seen.count <= 1)
-        #expect(await eventually(within: 10) { !broadcaster.hasSubscribers })
+        #expect(await eventually(within: 30) { !broadcaster.hasSubscribers })
     }
 
     @Test("a stream dropped unread unsubscribes")
@@ -91,7 +91,7 @@ struct StoreChangeBroadcasterTests {
             broadcaster.emit(.upserted(keys[0]))
             _ = stream
         }
-        #expect(await eventually(within: 10) { !broadcaster.hasSubscribers })
+        #expect(await eventually(within: 30) { !broadcaster.hasSubscribers })
     }
 }
 
@@ -185,7 +185,7 @@ struct SQLiteChangeBurstTests {
         #expect(await eventually(within: 20) { await h.engine.isRunning })
         #expect(await h.store.deliversWithinOneSecond(feedClock) { events.elements.contains(.removedExternally(key: key)) },
                 "the purge before run() was never seen")
-        #expect(await eventually(within: 10) { h.fetcher.count(key) == 1 })
+        #expect(await eventually(within: 30) { h.fetcher.count(key) == 1 })
         let served = try await h.engine.token(for: key)
         #expect(served.value != before.value)
         running.cancel()

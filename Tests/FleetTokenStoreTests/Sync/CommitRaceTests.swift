@@ -92,22 +92,22 @@ struct CommitRaceTests {
         let events = StreamRecorder(engine.events())
         let running = Task { try await engine.run() }
         defer { running.cancel() }
-        #expect(await eventually(within: 10) { await engine.isRunning })
+        #expect(await eventually(within: 30) { await engine.isRunning })
         let key = try TokenKey.vehicle("in-flight")
         store.closeGate()
         let token = try await engine.token(for: key)
-        #expect(await eventually(within: 10) { store.writesWaiting.load(ordering: .relaxed) == 1 }, "the write reached the store")
+        #expect(await eventually(within: 30) { store.writesWaiting.load(ordering: .relaxed) == 1 }, "the write reached the store")
 
         let readsBefore = store.readsAnswered.load(ordering: .relaxed)
         store.reportUnknown()
         // The engine re-reads what it holds: wait for that read's answer (which cannot hold the
         // gated write). A wrong judgement made on that answer, however late, also shows at the
         // end: a removedExternally event and a second fetch.
-        #expect(await eventually(within: 10) { store.readsAnswered.load(ordering: .relaxed) > readsBefore }, "the engine re-read the store")
+        #expect(await eventually(within: 30) { store.readsAnswered.load(ordering: .relaxed) > readsBefore }, "the engine re-read the store")
         #expect(!events.elements.contains(.removedExternally(key: key)))
         #expect(engine.heldToken(for: key)?.token == token)
         store.openGate()
-        #expect(await eventually(within: 10) { (try? await store.entry(for: key))?.token == token })
+        #expect(await eventually(within: 30) { (try? await store.entry(for: key))?.token == token })
         #expect(await engine.settle())
         #expect(!events.elements.contains(.removedExternally(key: key)))
         #expect(fetcher.count(key) == 1)

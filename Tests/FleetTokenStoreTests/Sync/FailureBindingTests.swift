@@ -100,7 +100,7 @@ struct FailureBindingTests {
         let running = Task { try await engine.run() }
         defer { running.cancel() }
         await engine.track([key])
-        #expect(await eventually(within: 10) { engine.status(of: key).isUsable }, "not fetched before the old backoff's end")
+        #expect(await eventually(within: 30) { engine.status(of: key).isUsable }, "not fetched before the old backoff's end")
         #expect(minting.count(key) == 1)
     }
 

@@ -117,7 +117,7 @@ struct LifecycleTests {
         async let a = h.engine.token(for: key)
         #expect(await eventually(within: 20) { h.fetcher.waitingAtGate == 1 })
         async let b = other.token(for: key)
-        #expect(await eventually(within: 10) { other.flightPhase(of: key)?.isWaitingForHolder == true },
+        #expect(await eventually(within: 30) { other.flightPhase(of: key)?.isWaitingForHolder == true },
                 "b waits on the lease instead of fetching")
         #expect(h.fetcher.total == 1)
         h.fetcher.open()
@@ -149,7 +149,7 @@ struct LifecycleTests {
             defer { ended.set() }
             return try await engine.token(for: key)
         }
-        #expect(await eventually(within: 10) { h.engine.flightPhase(of: key)?.isWaitingForHolder == true })
+        #expect(await eventually(within: 30) { h.engine.flightPhase(of: key)?.isWaitingForHolder == true })
         // Past the check's start delay on the store's clock, with the wait still going on.
         _ = await eventually(within: 1) { feedClock.sleeperCount >= 2 }
         await feedClock.advance(by: .seconds(3))
@@ -188,11 +188,11 @@ struct LifecycleTests {
 
         let admin = try openStore(h.dir.file("tokens.sqlite"), mode: .adminReadWrite)
         defer { admin.close() }
-        #expect(await eventually(within: 10) { await h.engine.isRunning }, "the engine follows the store's changes")
+        #expect(await eventually(within: 30) { await h.engine.isRunning }, "the engine follows the store's changes")
         #expect(try await admin.purge(.key(key)) == 1)
         #expect(await h.store.deliversWithinOneSecond(feedClock) { events.elements.contains(.removedExternally(key: key)) })
-        #expect(await eventually(within: 10) { h.fetcher.count(key) == 2 })
-        #expect(await eventually(within: 10) { (try? await admin.entry(for: key))?.token != nil })
+        #expect(await eventually(within: 30) { h.fetcher.count(key) == 2 })
+        #expect(await eventually(within: 30) { (try? await admin.entry(for: key))?.token != nil })
         #expect(try await h.engine.token(for: key) != first)
         running.cancel()
         _ = try? await running.value
@@ -206,7 +206,7 @@ struct LifecycleTests {
         let running = h.start()
         _ = try await h.engine.token(for: key)
         #expect(await eventually(within: 20) { (try? await h.store.entry(for: key))?.token != nil })
-        #expect(await eventually(within: 10) { await h.engine.isRunning }, "the engine follows the store's changes")
+        #expect(await eventually(within: 30) { await h.engine.isRunning }, "the engine follows the store's changes")
 
         let other = try openStore(h.dir.file("tokens.sqlite"))
         defer { other.close() }
@@ -231,7 +231,7 @@ struct LifecycleTests {
 
         let group = ServiceGroup(configuration: .init(services: [.init(service: h.engine)], logger: Logger(label: "group")))
         let running = Task { try await group.run() }
-        #expect(await eventually(within: 10) { await h.engine.isRunning })
+        #expect(await eventually(within: 30) { await h.engine.isRunning })
         await group.triggerGracefulShutdown()
         try await running.value // returns although the fetch never answered: it was cancelled
         let error = await #expect(throws: TokenUnavailable.self) { try await waiting.value }

@@ -28,7 +28,7 @@ struct RetryFailedNowTests {
         let running = Task { try await engine.run() }
         defer { running.cancel() }
         await engine.track([refused, fine])
-        #expect(await eventually(within: 10) { fetcher.count(refused) == 1 && engine.status(of: fine).isUsable })
+        #expect(await eventually(within: 30) { fetcher.count(refused) == 1 && engine.status(of: fine).isUsable })
         let backoff = try #require(engine.status(of: refused).failure)
         #expect(backoff.consecutiveFailures == 1)
         #expect(backoff.nextAttemptAt.timeIntervalSince(time.now) >= 15, "a refusal backs off for tens of seconds")
@@ -41,7 +41,7 @@ struct RetryFailedNowTests {
         // The credentials are fixed; the agent asks for a retry now.
         fetcher.setAnswer { key, _ in FetchedToken(value: TestJWT.make(for: key, issuedAt: time.now)) }
         #expect(await engine.retryFailedNow() == 1, "only the key in backoff")
-        #expect(await eventually(within: 10) { engine.status(of: refused).isUsable }, "fetched again without the clock moving")
+        #expect(await eventually(within: 30) { engine.status(of: refused).isUsable }, "fetched again without the clock moving")
         #expect(fetcher.count(refused) == 2)
         #expect(fetcher.count(fine) == 1, "a key that was not failing is not fetched again")
         #expect(engine.status(of: refused).failure == nil)
@@ -50,9 +50,9 @@ struct RetryFailedNowTests {
         // A retry that fails again goes on from the failure count it had.
         fetcher.setAnswer { _, _ throws(TokenProviderError) in throw .httpStatus(code: 403, retryAfter: nil) }
         await engine.invalidate(refused)
-        #expect(await eventually(within: 10) { engine.status(of: refused).failure != nil })
+        #expect(await eventually(within: 30) { engine.status(of: refused).failure != nil })
         #expect(await engine.retryFailedNow() == 1)
-        #expect(await eventually(within: 10) { engine.status(of: refused).failure?.consecutiveFailures == 2 })
+        #expect(await eventually(within: 30) { engine.status(of: refused).failure?.consecutiveFailures == 2 })
         running.cancel()
         _ = try? await running.value
         store.close()
@@ -69,7 +69,7 @@ struct RetryFailedNowTests {
                                      clock: time.clock, now: time.wall, random: { 0.5 })
         let running = Task { try await engine.run() }
         await engine.track([key])
-        #expect(await eventually(within: 10) { engine.status(of: key).failure != nil })
+        #expect(await eventually(within: 30) { engine.status(of: key).failure != nil })
         #expect(await engine.retryFailedNow() == 0)
         #expect(await engine.settle())
         #expect(fetcher.count(key) == 1)

@@ -43,7 +43,7 @@ struct LockedStoreHarness {
         fetcher.close()
         let engine = self.engine
         let asking = Task { try await engine.token(for: key) }
-        #expect(await eventually(within: 10) { fetcher.waitingAtGate == 1 })
+        #expect(await eventually(within: 30) { fetcher.waitingAtGate == 1 })
         _ = try shell.execute("BEGIN IMMEDIATE;")
         fetcher.open()
         return try await asking.value
@@ -74,12 +74,12 @@ struct StoreLockTests {
         let h = try LockedStoreHarness(busyTimeout: 0.5)
         defer { h.store.close() }
         let running = h.start()
-        #expect(await eventually(within: 10) { await h.engine.isRunning })
+        #expect(await eventually(within: 30) { await h.engine.isRunning })
         let rejected = try await h.engine.token(for: held)
         // Two tokens another process stored: one nobody here asks for, one asked for after its invalidation.
         let otherOnly = token(storedOnly, expiresIn: 3000), otherAsked = token(askedAfter, expiresIn: 3000)
         try await h.store.upsert([otherOnly, otherAsked])
-        #expect(await eventually(within: 10) { await h.stored(held) == rejected })
+        #expect(await eventually(within: 30) { await h.stored(held) == rejected })
         let events = StreamRecorder(h.engine.events())
 
         let shell = try SQLiteShell(path: h.path)
