@@ -11,8 +11,12 @@
 // One search at a time, run by run() (a child task of the repository's background work), and
 // no call waits for it beyond `connectionWait`: a host that is starting up can hold a search up
 // to the statement timeout, and a refresh's lease call waiting that long kept its API callers
-// past their own timeouts. While a search runs or the database is judged down, calls fail at
-// once as unavailable, so the engine fetches without the lease, as it does when the database is down.
+// past their own timeouts. While a search for a missing connection runs or the database is
+// judged down, calls fail at once as unavailable, so the engine fetches without the lease, as it
+// does when the database is down. A statement unanswered after `connectionWait` asks for a
+// search too, but calls go on meanwhile: a host that lost power (or its network) leaves its
+// connections open and silent, so calls holding them would wait their whole statement timeout
+// and no call would ever miss a connection; only a new connection tells.
 import FleetTokenStore
 import Logging
 import PostgresNIO
@@ -27,8 +31,11 @@ final class PostgresAvailability: Sendable {
 
     private struct State {
         var outage: Outage?
-        /// A search was asked for or runs: calls fail at once, and no second one starts.
+        /// A search was asked for or runs: no second one starts.
         var searching = false
+        /// The search runs because a call got no connection (calls fail at once until it ends),
+        /// not only because a statement was slow to answer (calls go on meanwhile).
+        var searchBlocksCalls = false
         /// Calls waiting (each at most its `connectionWait`) for the search to end.
         var waiters: [CheckedContinuation<Void, Never>] = []
     }
@@ -93,24 +100,31 @@ final class PostgresAvailability: Sendable {
     /// a second while down, the call starts a search (and still fails: it does not wait for it).
     func admit() throws(TokenStoreError) {
         let (failure, start) = state.withLock { state -> (TokenStoreError?, Bool) in
-            if state.searching { return (state.outage?.error ?? searchRunning(), false) }
+            if state.searching, state.searchBlocksCalls { return (state.outage?.error ?? searchRunning(), false) }
             guard let outage = state.outage else { return (nil, false) }
-            guard ContinuousClock.now >= outage.nextProbe else { return (outage.error, false) }
+            guard !state.searching, ContinuousClock.now >= outage.nextProbe else { return (outage.error, false) }
             state.searching = true
+            state.searchBlocksCalls = true
             return (outage.error, true)
         }
         if start { request.yield() }
         if let failure { throw failure }
     }
 
-    /// A call waited `connectionWait` for a connection: is the database there? It starts a
-    /// search unless one runs, and waits for it at most `wait` more. Nil when a direct
-    /// connection works or is merely slow (a busy pool, a loaded machine); the error when it
-    /// is refused or fails (from now on the database is judged down), or when the search has
-    /// not ended within `wait` (this call fails as unavailable; the search goes on).
-    func connectionIsSlow(wait: Duration) async -> TokenStoreError? {
+    /// A call waited `connectionWait` for a connection (`leased` false), or for the answer to
+    /// its statement: is the database there? It starts a search unless one runs, and waits
+    /// for it at most `wait` more. Nil when a direct connection works or is merely slow (a busy
+    /// pool, a loaded machine, a long statement); the error when it is refused or fails (from
+    /// now on the database is judged down), or when a search started for a missing connection
+    /// has not ended within `wait` (this call fails as unavailable; the search goes on).
+    ///
+    /// A search for a slow answer lets other calls go on while it runs: a long statement is
+    /// no sign of a missing database. It is asked all the same, because a host that lost power
+    /// or its network keeps its connections open and silent: only a new connection tells.
+    func callIsSlow(wait: Duration, leased: Bool) async -> TokenStoreError? {
         let (down, start) = state.withLock { state -> (TokenStoreError?, Bool) in
             if let outage = state.outage { return (outage.error, false) }
+            if !leased { state.searchBlocksCalls = true }
             if state.searching { return (nil, false) }
             state.searching = true
             return (nil, true)
@@ -120,7 +134,7 @@ final class PostgresAvailability: Sendable {
         _ = try? await PostgresFailure.withDeadline(wait) { await self.searchEnded() }
         return state.withLock { state in
             if let outage = state.outage { return outage.error }
-            return state.searching ? searchRunning() : nil
+            return state.searching && !leased ? searchRunning() : nil
         }
     }
 
@@ -152,6 +166,7 @@ final class PostgresAvailability: Sendable {
                 state.outage = nil
             }
             state.searching = false
+            state.searchBlocksCalls = false
             defer { state.waiters = [] }
             return (wasDown, state.waiters)
         }

@@ -27,6 +27,9 @@ enum PostgresFailure {
             }
             return .databaseUnavailable(path: store, reason: connectionReason(error.code))
         }
+        if error is HostMoved {
+            return .databaseUnavailable(path: store, reason: "the store moved to another host while the statement waited for an answer")
+        }
         if error is CancellationError || error is DeadlinePassed {
             return .databaseUnavailable(path: store, reason: "no answer within \(statementTimeout)")
         }
@@ -50,6 +53,10 @@ enum PostgresFailure {
 
     /// Thrown by ``withDeadline(_:_:)`` when the time passed.
     struct DeadlinePassed: Error {}
+
+    /// A call's host is no longer the one in use (the pool moved): its statement may never be
+    /// answered there (a host that lost power keeps its connections open and silent).
+    struct HostMoved: Error {}
 
     /// Runs `operation`, ending it (by cancellation) when `limit` passes first: a pool waiting
     /// for a server that is down would otherwise hold the caller until its circuit breaker.

@@ -17,9 +17,18 @@ final class PostgresPool: Sendable {
         var generation = 0
     }
 
+    /// Calls waiting for a move away from their pool generation (see ``waitForMove(from:until:)``).
+    private struct MoveWaiters {
+        var generation = 0
+        var nextID = 0
+        /// nil: cancelled before it waited.
+        var waiting: [Int: CheckedContinuation<Void, Never>?] = [:]
+    }
+
     private let configurations: [PostgresClient.Configuration]
     private let logger: Logger
     private let current: Mutex<Running>
+    private let moveWaiters = Mutex(MoveWaiters())
     /// Clients to run, each with the stream whose end retires it.
     private let started: AsyncStream<(PostgresClient, AsyncStream<Void>)>
     private let starter: AsyncStream<(PostgresClient, AsyncStream<Void>)>.Continuation
@@ -63,7 +72,59 @@ final class PostgresPool: Sendable {
         guard let old else { return nil }
         starter.yield((client, retired))
         old.retire.finish()
+        let waiting = moveWaiters.withLock { waiters in
+            waiters.generation = old.generation + 1
+            defer { waiters.waiting = [:] }
+            return waiters.waiting.values.compactMap { $0 }
+        }
+        for waiter in waiting { waiter.resume() }
         return old.hostIndex
+    }
+
+    /// Returns at `deadline`, or throws ``PostgresFailure/HostMoved`` as soon as the pool
+    /// moves past `generation` (a call on that generation's host will get no answer there).
+    func waitForMove(from generation: Int, until deadline: ContinuousClock.Instant) async throws {
+        let moved = try await withThrowingTaskGroup(of: Bool.self) { group in
+            group.addTask {
+                try await Task.sleep(until: deadline, clock: .continuous)
+                return false
+            }
+            group.addTask {
+                await self.moved(past: generation)
+                return !Task.isCancelled
+            }
+            defer { group.cancelAll() }
+            return try await group.next() ?? false
+        }
+        if moved { throw PostgresFailure.HostMoved() }
+    }
+
+    /// Returns once the pool has moved past `generation`, or the task is cancelled.
+    private func moved(past generation: Int) async {
+        let id = moveWaiters.withLock { waiters in
+            defer { waiters.nextID += 1 }
+            return waiters.nextID
+        }
+        await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                let now = moveWaiters.withLock { waiters -> Bool in
+                    if waiters.generation > generation { return true }
+                    // Cancelled before this wait began: the handler left a marker.
+                    if waiters.waiting.removeValue(forKey: id) != nil { return true }
+                    waiters.waiting.updateValue(continuation, forKey: id)
+                    return false
+                }
+                if now { continuation.resume() }
+            }
+        } onCancel: {
+            let waiter = moveWaiters.withLock { waiters -> CheckedContinuation<Void, Never>? in
+                if let entry = waiters.waiting.removeValue(forKey: id) { return entry }
+                // Not waiting yet (and no move that would end the wait at once): leave a marker.
+                if waiters.generation <= generation { waiters.waiting.updateValue(nil, forKey: id) }
+                return nil
+            }
+            waiter?.resume()
+        }
     }
 
     /// Runs every client until it is retired or the calling task is cancelled.

@@ -36,10 +36,11 @@ final class PostgresStatementRunner: Sendable {
     var isJudgedDown: Bool { availability.isDown }
 
     /// Runs `operation` on a pooled connection, with its failure as a store error. It fails at
-    /// once while the database is known to be down or a host search runs (see
-    /// `PostgresAvailability`); a connection not leased within
-    /// ``PostgresStoreConfiguration/connectionWait`` starts a search, waited for at most as long; the
-    /// whole call is bounded by the statement timeout (the server ends the statement then too).
+    /// once while the database is known to be down or a search for a missing connection runs
+    /// (see `PostgresAvailability`); a connection not leased, or a statement not answered,
+    /// within ``PostgresStoreConfiguration/connectionWait`` starts a search, waited for at most
+    /// as long; a move to another host meanwhile runs the call there once more; the whole call
+    /// is bounded by the statement timeout (the server ends the statement then too).
     func perform<T: Sendable>(_ operation: @escaping @Sendable (PostgresConnection) async throws -> T) async throws(TokenStoreError) -> T {
         guard !closed.load(ordering: .relaxed) else { throw .closed(path: store) }
         try availability.admit()
@@ -54,10 +55,13 @@ final class PostgresStatementRunner: Sendable {
             do {
                 return try await once(operation, client: client, generation: generation, leased: leased, deadline: deadline)
             } catch {
-                // The pool moved to another host while this call waited for a connection of
-                // the old one (closed with it): the statement never ran, so it runs once on
-                // the new host instead of failing (a failed lease call would fetch without it).
-                if !retried, !leased.isSet, !closed.load(ordering: .relaxed), pool.clientAndGeneration.generation != generation {
+                // The pool moved to another host while this call waited for a connection of the
+                // old one, or for the answer to its statement there (its connection closed with
+                // the old pool, or silent): it runs once more on the new host instead of failing
+                // (a failed lease call would fetch without the lease). A statement the old host
+                // may have run is run again: every statement of the store can be (upserts,
+                // deletes, a lease claim by holder).
+                if !retried, pool.clientAndGeneration.generation != generation, !closed.load(ordering: .relaxed) {
                     retried = true
                     continue
                 }
@@ -69,10 +73,11 @@ final class PostgresStatementRunner: Sendable {
         }
     }
 
-    /// One attempt of ``perform(_:)`` on `client`, until `deadline`.
+    /// One attempt of ``perform(_:)`` on `client`, until `deadline`, or until the pool moves
+    /// away from `client`'s host (``PostgresFailure/HostMoved``).
     private func once<T: Sendable>(_ operation: @escaping @Sendable (PostgresConnection) async throws -> T, client: PostgresClient,
                                    generation: Int, leased: LeaseFlag, deadline: ContinuousClock.Instant) async throws -> T {
-        let availability = self.availability, session = self.session, logger = self.logger
+        let availability = self.availability, session = self.session, logger = self.logger, pool = self.pool
         let wait = configuration.connectionWait
         // A race rather than a task group: a group would wait for its statement, and a query or
         // a connection request waits for the server whatever the cancellation (PostgresFailure.race).
@@ -84,8 +89,10 @@ final class PostgresStatementRunner: Sendable {
             }
         }, timer: {
             try await Task.sleep(for: wait)
-            if !leased.isSet, let down = await availability.connectionIsSlow(wait: wait) { throw down }
-            try await Task.sleep(until: deadline, clock: .continuous)
+            // No connection yet, or no answer yet: is the host there? Only a new connection
+            // tells, as one that lost power leaves the pool's connections open and silent.
+            if let down = await availability.callIsSlow(wait: wait, leased: leased.isSet) { throw down }
+            try await pool.waitForMove(from: generation, until: deadline)
         })
     }
 

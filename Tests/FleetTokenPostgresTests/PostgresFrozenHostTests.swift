@@ -1,0 +1,106 @@
+// Issue 30 item 2, found by PostgresFailoverTests (three agents): right after a failover, a call
+// that had leased a connection to the old primary waited its whole statement timeout (10 s) and
+// failed, and its refresh fetched again without the lease. A host that loses power (or its
+// network) leaves its connections open and silent: the pool keeps leasing them, each call's
+// statement goes unanswered, and a call that has a connection never asked whether the host was
+// still there. Here the host in use sits behind a FreezingRelay, which at freeze() stops carrying
+// anything on the open connections and refuses new ones.
+
+import FleetTokenStoreTesting
+import Foundation
+import Logging
+import Testing
+import TestSupportKit
+@testable import FleetTokenPostgres
+@testable import FleetTokenStore
+
+@Suite("PostgresTokenRepository when the host in use loses power", .serialized, .enabled(if: PostgresServer.testsEnabled))
+struct PostgresFrozenHostTests {
+    /// A configuration for `hosts` of database "frozen", passwords from `passfile`, the agent's
+    /// default timeouts (statement 10 s, connection wait 1 s).
+    private func configuration(_ hosts: String, passfile: String) throws -> PostgresStoreConfiguration {
+        var configuration = try PostgresStoreConfiguration(url: "postgres://fleet@\(hosts)/frozen?sslmode=require&passfile=\(passfile)")
+        configuration.environment = [:]
+        return configuration
+    }
+
+    /// Upserts `count` keys named `prefix-N` at once; each call's seconds and error.
+    private func writeConcurrently(_ store: PostgresTokenRepository, _ prefix: String, count: Int) async -> [(seconds: Double, error: String?)] {
+        await withTaskGroup(of: (Double, String?).self) { group in
+            for index in 0..<count {
+                group.addTask {
+                    let start = ContinuousClock.now
+                    var failure: String?
+                    do {
+                        try await store.upsert(token(try TokenKey.vehicle("\(prefix)-\(index)"), expiresIn: 3600, now: Date()))
+                    } catch {
+                        failure = "\(error)"
+                    }
+                    let elapsed = ContinuousClock.now - start
+                    return (Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18, failure)
+                }
+            }
+            var results: [(seconds: Double, error: String?)] = []
+            for await result in group { results.append(result) }
+            return results
+        }
+    }
+
+    @Test("two hosts, the one in use loses power: calls holding its silent connections move to the other host within seconds, not at their statement timeout")
+    func callsLeaveAFrozenHost() async throws {
+        let first = try await PostgresServer.make()
+        defer { try? first.stop() }
+        let second = try await PostgresServer.make()
+        defer { try? second.stop() }
+        for server in [first, second] { try await server.createDatabase("frozen") }
+        let relay = try FreezingRelay(target: first.port)
+        defer { relay.stop() }
+        let scratch = Scratch()
+        let passfile = scratch.file("pgpass")
+        try "127.0.0.1:\(relay.port):frozen:fleet:\(first.password)\n127.0.0.1:\(second.port):frozen:fleet:\(second.password)\n"
+            .write(toFile: passfile, atomically: true, encoding: .utf8)
+        let log = LogRecorder()
+        // The second server's schema, made as an agent would make it there.
+        try await PostgresTokenRepository.withRepository(try configuration("127.0.0.1:\(second.port)", passfile: passfile), logger: log.logger) { _ in }
+
+        let both = try configuration("127.0.0.1:\(relay.port),127.0.0.1:\(second.port)", passfile: passfile)
+        let results = try await PostgresTokenRepository.withRepository(both, logger: log.logger) { store in
+            // The pool holds connections through the relay.
+            for round in 0..<2 {
+                let warm = await writeConcurrently(store, "warm\(round)", count: 6)
+                #expect(warm.allSatisfy { $0.error == nil }, "\(warm)")
+            }
+            relay.freeze()
+            return await writeConcurrently(store, "after", count: 6)
+        }
+        let described = results.map { String(format: "%.2f s %@", $0.seconds, $0.error ?? "ok") }
+        // The statement timeout is 10 s: a call that waited for its silent connection took 11 s.
+        #expect(results.allSatisfy { $0.seconds < 5 }, "calls after the freeze: \(described)")
+        #expect(results.allSatisfy { $0.error == nil }, "calls after the freeze: \(described)")
+        let stored = "SELECT count(*) FROM fleet_token_store.tokens WHERE subject_id LIKE 'after-%'"
+        #expect(try await second.psql(stored, database: "frozen") == "6")
+        #expect(log.messages(at: .warning).contains { $0.contains("moved to another host") }, "\(log.messages(at: .warning))")
+    }
+
+    @Test("one host, and it loses power: a call holding a silent connection fails as unavailable within seconds, not at its statement timeout")
+    func callFailsFastOnAFrozenOnlyHost() async throws {
+        let server = try await PostgresServer.make()
+        defer { try? server.stop() }
+        try await server.createDatabase("frozen")
+        let relay = try FreezingRelay(target: server.port)
+        defer { relay.stop() }
+        let scratch = Scratch()
+        let passfile = scratch.file("pgpass")
+        try "127.0.0.1:\(relay.port):frozen:fleet:\(server.password)\n".write(toFile: passfile, atomically: true, encoding: .utf8)
+        let log = LogRecorder()
+        let results = try await PostgresTokenRepository.withRepository(try configuration("127.0.0.1:\(relay.port)", passfile: passfile), logger: log.logger) { store in
+            let warm = await writeConcurrently(store, "warm", count: 4)
+            #expect(warm.allSatisfy { $0.error == nil }, "\(warm)")
+            relay.freeze()
+            return await writeConcurrently(store, "after", count: 4)
+        }
+        let described = results.map { String(format: "%.2f s %@", $0.seconds, $0.error ?? "ok") }
+        #expect(results.allSatisfy { $0.seconds < 5 }, "calls after the freeze: \(described)")
+        #expect(results.allSatisfy { ($0.error ?? "").contains("cannot reach the token database") }, "calls after the freeze: \(described)")
+    }
+}
