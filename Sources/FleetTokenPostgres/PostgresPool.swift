@@ -45,7 +45,7 @@ final class PostgresPool: Sendable {
 
     private static func make(_ configuration: PostgresClient.Configuration, logger: Logger)
         -> (PostgresClient, AsyncStream<Void>, AsyncStream<Void>.Continuation) {
-        let client = PostgresClient(configuration: configuration, backgroundLogger: logger.withLevelAtLeast(.warning))
+        let client = PostgresClient(configuration: configuration, backgroundLogger: PostgresBackgroundLog.logger(logger))
         let (retired, retire) = AsyncStream<Void>.makeStream()
         return (client, retired, retire)
     }
@@ -146,5 +146,40 @@ final class PostgresPool: Sendable {
     /// Ends ``run()`` once its clients are done (the repository's group cancels them).
     func close() {
         starter.finish()
+    }
+}
+
+/// postgres-nio's background messages as the store passes them on: warnings and above, but for
+/// the one a request gets when it comes before its client's run() ("Trying to lease connection
+/// from `PostgresClient`, but `PostgresClient.run()` hasn't been called yet."). Here run() is
+/// always a moment away (a child task the pool starts with every client, at open and at a
+/// move), and postgres-nio keeps the request until then: an operator would read a warning
+/// about nothing at every start.
+struct PostgresBackgroundLog: LogHandler {
+    private var wrapped: Logger
+    var metadata: Logger.Metadata = [:]
+    var logLevel: Logger.Level
+
+    /// `logger` at `warning` or above, without that message.
+    static func logger(_ logger: Logger) -> Logger {
+        let handler = PostgresBackgroundLog(wrapped: logger, logLevel: max(logger.logLevel, .warning))
+        return Logger(label: logger.label, factory: { _ in handler })
+    }
+
+    private init(wrapped: Logger, logLevel: Logger.Level) {
+        self.wrapped = wrapped
+        self.logLevel = logLevel
+    }
+
+    subscript(metadataKey key: String) -> Logger.Metadata.Value? {
+        get { metadata[key] }
+        set { metadata[key] = newValue }
+    }
+
+    func log(level: Logger.Level, message: Logger.Message, metadata: Logger.Metadata?, source: String,
+             file: String, function: String, line: UInt) {
+        guard !message.description.hasPrefix("Trying to lease connection from `PostgresClient`, but `PostgresClient.run()` hasn't been called") else { return }
+        let merged = self.metadata.merging(metadata ?? [:]) { $1 }
+        wrapped.log(level: level, message, metadata: merged.isEmpty ? nil : merged, source: source, file: file, function: function, line: line)
     }
 }

@@ -47,13 +47,34 @@ public struct PostgresStoreConfiguration: Sendable {
         self.init(location: try PostgresStoreLocation(url: url))
     }
 
-    /// The postgres-nio settings for the pool and for one direct connection (opening and
-    /// migrating, where a refusal must be reported at once, not after the pool's retries);
-    /// `applicationName` marks this repository's own writes in the change feed. `hostIndex`
-    /// picks the server of the URL's host list.
-    func clientConfigurations(applicationName: String, hostIndex: Int = 0) throws(TokenStoreError)
+    /// The postgres-nio settings of each host of the URL, in its order: for the pool and for one
+    /// direct connection (opening, migrating and host searches, where a refusal must be reported
+    /// at once, not after the pool's retries); `applicationName` marks this repository's own
+    /// writes in the change feed. The CA file is read, and the TLS context made, once for all.
+    func clientConfigurations(applicationName: String) throws(TokenStoreError)
+        -> [(pool: PostgresClient.Configuration, direct: PostgresConnection.Configuration)] {
+        var tls: (settings: TLSConfiguration, enforced: Bool)?
+        var directTLS = PostgresConnection.Configuration.TLS.disable
+        if location.socketPath == nil, let settings = try tlsConfiguration() {
+            tls = settings
+            do {
+                let context = try NIOSSLContext(configuration: settings.settings)
+                directTLS = settings.enforced ? .require(context) : .prefer(context)
+            } catch {
+                throw .databaseUnavailable(path: location.description, reason: "TLS could not be set up: \(error)")
+            }
+        }
+        var configurations: [(pool: PostgresClient.Configuration, direct: PostgresConnection.Configuration)] = []
+        for server in location.hosts {
+            configurations.append(try clientConfiguration(applicationName: applicationName, server: server, tls: tls, directTLS: directTLS))
+        }
+        return configurations
+    }
+
+    /// The settings for `server`, one host of the URL.
+    private func clientConfiguration(applicationName: String, server: PostgresStoreLocation.Host, tls: (settings: TLSConfiguration, enforced: Bool)?,
+                                     directTLS: PostgresConnection.Configuration.TLS) throws(TokenStoreError)
         -> (pool: PostgresClient.Configuration, direct: PostgresConnection.Configuration) {
-        let server = location.hosts[min(max(0, hostIndex), location.hosts.count - 1)]
         let password: String?
         do { password = try location.password(passwordFile: passwordFile, environment: environment, host: server) } catch {
             throw .databaseUnavailable(path: location.description, reason: error.description)
@@ -68,18 +89,9 @@ public struct PostgresStoreConfiguration: Sendable {
             pool = .init(unixSocketPath: socketPath, username: location.user, password: password, database: location.database)
             direct = .init(unixSocketPath: socketPath, username: location.user, password: password, database: location.database)
         } else {
-            let host = server.name
-            let tls = try tlsConfiguration()
-            pool = .init(host: host, port: server.port, username: location.user, password: password,
+            pool = .init(host: server.name, port: server.port, username: location.user, password: password,
                          database: location.database, tls: tls.map { $0.enforced ? .require($0.settings) : .prefer($0.settings) } ?? .disable)
-            let directTLS: PostgresConnection.Configuration.TLS
-            do {
-                directTLS = try tls.map { $0.enforced ? .require(try NIOSSLContext(configuration: $0.settings))
-                                                      : .prefer(try NIOSSLContext(configuration: $0.settings)) } ?? .disable
-            } catch {
-                throw .databaseUnavailable(path: location.description, reason: "TLS could not be set up: \(error)")
-            }
-            direct = .init(host: host, port: server.port, username: location.user, password: password,
+            direct = .init(host: server.name, port: server.port, username: location.user, password: password,
                            database: location.database, tls: directTLS)
         }
         pool.options.connectTimeout = connectTimeout

@@ -70,10 +70,7 @@ public final class PostgresTokenRepository: Sendable {
     ) async throws -> Result {
         let origin = "fleet-token-store/" + UUID().uuidString.prefix(8).lowercased()
         let location = configuration.location
-        var settings: [(pool: PostgresClient.Configuration, direct: PostgresConnection.Configuration)] = []
-        for index in location.hosts.indices {
-            settings.append(try configuration.clientConfigurations(applicationName: origin, hostIndex: index))
-        }
+        let settings = try configuration.clientConfigurations(applicationName: origin)
         let selector = PostgresHostSelector(
             choice: PostgresHostChoice(count: location.hosts.count, wanted: location.targetSessionAttributes),
             directs: settings.map(\.direct), names: location.hosts.map(\.description), store: location.description,
