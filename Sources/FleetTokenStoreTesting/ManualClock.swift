@@ -92,20 +92,28 @@ public final class ManualClock: Clock, Sendable {
         while true {
             // Tasks that were about to sleep get a turn first, so they sleep from the old time.
             await Self.letOthersRun()
-            let due = state.withLock { state -> [Sleeper] in
-                guard let earliest = state.sleepers.map(\.deadline).min(), earliest <= target else {
-                    state.now = max(state.now, target)
-                    return []
-                }
-                state.now = max(state.now, earliest)
-                let due = state.sleepers.filter { $0.deadline <= earliest }
-                state.sleepers.removeAll { $0.deadline <= earliest }
-                return due
-            }
-            if due.isEmpty { break }
-            for sleeper in due { sleeper.continuation.resume() }
+            if !resumeNextDue(notAfter: target) { break }
         }
         await Self.letOthersRun()
+    }
+
+    /// One step of a move: the clock goes to the earliest deadline not after `target` and that
+    /// deadline's sleeps are resumed (true), or, when none is left before it, to `target`
+    /// (false). For a test that decides itself how long to let the woken tasks run before the
+    /// next step (``advance(by:)`` gives them a fixed number of turns).
+    public func resumeNextDue(notAfter target: Instant) -> Bool {
+        let due = state.withLock { state -> [Sleeper] in
+            guard let earliest = state.sleepers.map(\.deadline).min(), earliest <= target else {
+                state.now = max(state.now, target)
+                return []
+            }
+            state.now = max(state.now, earliest)
+            let due = state.sleepers.filter { $0.deadline <= earliest }
+            state.sleepers.removeAll { $0.deadline <= earliest }
+            return due
+        }
+        for sleeper in due { sleeper.continuation.resume() }
+        return !due.isEmpty
     }
 
     /// Gives other tasks turns before the caller goes on: each yield waits for a background

@@ -16,14 +16,6 @@ import TestSupportKit
 
 @Suite("PostgresTokenRepository when the host in use loses power", .serialized, .enabled(if: PostgresServer.testsEnabled))
 struct PostgresFrozenHostTests {
-    /// A configuration for `hosts` of database "frozen", passwords from `passfile`, the agent's
-    /// default timeouts (statement 10 s, connection wait 1 s).
-    private func configuration(_ hosts: String, passfile: String) throws -> PostgresStoreConfiguration {
-        var configuration = try PostgresStoreConfiguration(url: "postgres://fleet@\(hosts)/frozen?sslmode=require&passfile=\(passfile)")
-        configuration.environment = [:]
-        return configuration
-    }
-
     /// Upserts `count` keys named `prefix-N` at once; each call's seconds and error.
     private func writeConcurrently(_ store: PostgresTokenRepository, _ prefix: String, count: Int) async -> [(seconds: Double, error: String?)] {
         await withTaskGroup(of: (Double, String?).self) { group in
@@ -56,14 +48,12 @@ struct PostgresFrozenHostTests {
         let relay = try FreezingRelay(target: first.port)
         defer { relay.stop() }
         let scratch = Scratch()
-        let passfile = scratch.file("pgpass")
-        try "127.0.0.1:\(relay.port):frozen:fleet:\(first.password)\n127.0.0.1:\(second.port):frozen:fleet:\(second.password)\n"
-            .write(toFile: passfile, atomically: true, encoding: .utf8)
+        let passfile = try passwordFile([(relay.port, first.password), (second.port, second.password)], database: "frozen", in: scratch)
         let log = LogRecorder()
         // The second server's schema, made as an agent would make it there.
-        try await PostgresTokenRepository.withRepository(try configuration("127.0.0.1:\(second.port)", passfile: passfile), logger: log.logger) { _ in }
+        try await PostgresTokenRepository.withRepository(try configuration(hosts: "127.0.0.1:\(second.port)", database: "frozen", passfile: passfile), logger: log.logger) { _ in }
 
-        let both = try configuration("127.0.0.1:\(relay.port),127.0.0.1:\(second.port)", passfile: passfile)
+        let both = try configuration(hosts: "127.0.0.1:\(relay.port),127.0.0.1:\(second.port)", database: "frozen", passfile: passfile)
         let results = try await PostgresTokenRepository.withRepository(both, logger: log.logger) { store in
             // The pool holds connections through the relay.
             for round in 0..<2 {
@@ -74,7 +64,7 @@ struct PostgresFrozenHostTests {
             return await writeConcurrently(store, "after", count: 6)
         }
         let described = results.map { String(format: "%.2f s %@", $0.seconds, $0.error ?? "ok") }
-        // The statement timeout is 10 s: a call that waited for its silent connection took 11 s.
+        // The statement timeout is 30 s here: a call that waited for its silent connection took 31 s.
         #expect(results.allSatisfy { $0.seconds < 5 }, "calls after the freeze: \(described)")
         #expect(results.allSatisfy { $0.error == nil }, "calls after the freeze: \(described)")
         let stored = "SELECT count(*) FROM fleet_token_store.tokens WHERE subject_id LIKE 'after-%'"
@@ -90,10 +80,9 @@ struct PostgresFrozenHostTests {
         let relay = try FreezingRelay(target: server.port)
         defer { relay.stop() }
         let scratch = Scratch()
-        let passfile = scratch.file("pgpass")
-        try "127.0.0.1:\(relay.port):frozen:fleet:\(server.password)\n".write(toFile: passfile, atomically: true, encoding: .utf8)
+        let passfile = try passwordFile([(relay.port, server.password)], database: "frozen", in: scratch)
         let log = LogRecorder()
-        let results = try await PostgresTokenRepository.withRepository(try configuration("127.0.0.1:\(relay.port)", passfile: passfile), logger: log.logger) { store in
+        let results = try await PostgresTokenRepository.withRepository(try configuration(hosts: "127.0.0.1:\(relay.port)", database: "frozen", passfile: passfile), logger: log.logger) { store in
             let warm = await writeConcurrently(store, "warm", count: 4)
             #expect(warm.allSatisfy { $0.error == nil }, "\(warm)")
             relay.freeze()

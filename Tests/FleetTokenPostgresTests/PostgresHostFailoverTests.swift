@@ -43,15 +43,9 @@ struct PostgresHostFailoverTests {
         for server in [first, second] { try await server.createDatabase("moves") }
         // Two clusters, two passwords: a libpq password file with a line per host.
         let scratch = Scratch()
-        let passfile = scratch.file("pgpass")
-        try "127.0.0.1:\(first.port):moves:fleet:\(first.password)\n127.0.0.1:\(second.port):moves:fleet:\(second.password)\n"
-            .write(toFile: passfile, atomically: true, encoding: .utf8)
+        let passfile = try passwordFile([(first.port, first.password), (second.port, second.password)], database: "moves", in: scratch)
         func configuration(_ hosts: String) throws -> PostgresStoreConfiguration {
-            var configuration = try PostgresStoreConfiguration(url: "postgres://fleet@\(hosts)/moves?sslmode=require&passfile=\(passfile)")
-            configuration.environment = [:]
-            configuration.statementTimeout = .seconds(30)
-            configuration.connectTimeout = .seconds(20)
-            return configuration
+            try FleetTokenPostgresTests.configuration(hosts: hosts, database: "moves", passfile: passfile)
         }
         let log = LogRecorder()
         // The second server's schema, made as an agent would make it there.

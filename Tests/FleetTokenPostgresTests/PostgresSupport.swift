@@ -23,6 +23,26 @@ func configuration(_ server: PostgresServer, _ database: String, sslmode: String
     return configuration
 }
 
+/// A libpq password file in `scratch` with a line per host (127.0.0.1:`port`) of `database`,
+/// for a URL naming clusters with passwords of their own.
+func passwordFile(_ hosts: [(port: Int, password: String)], database: String, in scratch: Scratch) throws -> String {
+    let path = scratch.file("pgpass")
+    try hosts.map { "127.0.0.1:\($0.port):\(database):fleet:\($0.password)\n" }.joined()
+        .write(toFile: path, atomically: true, encoding: .utf8)
+    return path
+}
+
+/// A configuration for `database` on `hosts` (`127.0.0.1:P1,127.0.0.1:P2`, clusters of their own:
+/// TLS required, not verified against one CA), passwords from `passfile`, the generous timeouts
+/// of ``configuration(_:_:sslmode:schema:)``.
+func configuration(hosts: String, database: String, passfile: String) throws -> PostgresStoreConfiguration {
+    var configuration = try PostgresStoreConfiguration(url: "postgres://fleet@\(hosts)/\(database)?sslmode=require&passfile=\(passfile)")
+    configuration.environment = [:]
+    configuration.statementTimeout = .seconds(30)
+    configuration.connectTimeout = .seconds(20)
+    return configuration
+}
+
 /// A fresh database on the shared server, and its configuration.
 func freshDatabase(schema: String? = nil) throws -> (server: PostgresServer, database: String, configuration: PostgresStoreConfiguration) {
     let (server, database) = try PostgresServer.makeDatabase()

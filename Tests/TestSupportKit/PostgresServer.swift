@@ -43,11 +43,12 @@ public final class PostgresServer: Sendable {
     /// Makes a cluster and starts it on a free port (another one when that was taken meanwhile).
     /// - Throws: ``ProcessFailure`` when PostgreSQL or openssl is missing (naming the package to
     ///   install), or a step fails (with its output and the server log's tail).
-    public init() throws {
+    public convenience init() throws {
         let tools = try PostgresBinaries.located.get()
         let directory = try Self.makeDirectory(owner: tools)
         let layout = ClusterLayout(directory: directory)
         let password = Self.randomPassword()
+        let port: Int
         do {
             try Self.initialize(layout, password: password, tools: tools)
             port = try Self.startOnFreePort(layout, tools: tools)
@@ -55,17 +56,11 @@ public final class PostgresServer: Sendable {
             Self.discard(layout, tools: tools)
             throw error
         }
-        self.tools = tools
-        self.password = password
-        self.directory = directory
-        dataDirectory = layout.data
-        socketDirectory = layout.socket
-        caFile = layout.caFile
-        logFile = layout.log
+        self.init(running: directory, port: port, password: password, tools: tools)
     }
 
-    /// A server whose cluster is already made and running in `directory` (a standby: see
-    /// PostgresStandby.swift).
+    /// A server whose cluster is already made and running in `directory` (the one ``init()``
+    /// made, or a standby: see PostgresStandby.swift).
     init(running directory: String, port: Int, password: String, tools: PostgresBinaries) {
         let layout = ClusterLayout(directory: directory)
         self.tools = tools

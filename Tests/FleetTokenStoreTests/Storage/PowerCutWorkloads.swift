@@ -45,42 +45,34 @@ struct PurgeBesideEngineWorkload: PowerCutWorkload {
         let time = TestTime()
         var seen: [TokenKey: Date] = [:]
         for session in 0..<2 {
-            let store: SQLiteTokenRepository
-            do {
-                store = try openStore(path, configure: { $0.integrityCheck = .never }, logger: powerCutLogger)
-            } catch where powerIsCut { break }
-            let engine = TokenSyncEngine(repository: store, fetcher: ScriptedFetcher.minting(time), logger: powerCutLogger,
-                                         clock: time.clock, now: time.wall, random: { 0.5 })
-            let running = Task { try await engine.run() }
-            await engine.track(Self.tracked)
-            if session == 0 {
-                if let first = await committedNewer(store, Self.tracked, than: [:]) { seen = first } else { stalls.append("session 0: no first tokens") }
-            }
-            // Past every key's soft point: the engine refreshes them all while the purge runs.
-            await settledOrCut(engine)
-            await time.advance(by: 3000)
-            let purgedAt = time.now
-            let purge = Task { () -> Bool in
-                do {
-                    let admin = try openStore(path, mode: .adminReadWrite, configure: { $0.integrityCheck = .never }, logger: powerCutLogger)
-                    let purged = try? await admin.purge(TokenFilter(validity: .expired(asOf: purgedAt)), scope: .tokens)
-                    // Closed whatever happened: a connection left open past the cut would keep
-                    // the pre-cut wal-index (-shm) alive for the checks, which no real cut does.
-                    admin.close()
-                    return purged == Self.expired[session].count && !powerIsCut
-                } catch {
-                    return false
+            let ran = try await engineSession(path, time: time, tracked: Self.tracked) { store, engine -> Bool in
+                if session == 0 {
+                    if let first = await committedNewer(store, Self.tracked, than: [:]) { seen = first } else { stalls.append("session 0: no first tokens") }
                 }
+                // Past every key's soft point: the engine refreshes them all while the purge runs.
+                await settledOrCut(engine)
+                await time.advance(by: 3000)
+                let purgedAt = time.now
+                let purge = Task { () -> Bool in
+                    do {
+                        let admin = try openStore(path, mode: .adminReadWrite, configure: { $0.integrityCheck = .never }, logger: powerCutLogger)
+                        let purged = try? await admin.purge(TokenFilter(validity: .expired(asOf: purgedAt)), scope: .tokens)
+                        // Closed whatever happened: a connection left open past the cut would keep
+                        // the pre-cut wal-index (-shm) alive for the checks, which no real cut does.
+                        admin.close()
+                        return purged == Self.expired[session].count && !powerIsCut
+                    } catch {
+                        return false
+                    }
+                }
+                let refreshed = await committedNewer(store, Self.tracked, than: seen)
+                if refreshed == nil && !powerIsCut { stalls.append("session \(session): no refreshed tokens") }
+                seen = refreshed ?? seen
+                let purged = await purge.value
+                if !purged && !powerIsCut { stalls.append("session \(session): the purge did not remove its \(Self.expired[session].count) expired tokens") }
+                return purged
             }
-            let refreshed = await committedNewer(store, Self.tracked, than: seen)
-            if refreshed == nil && !powerIsCut { stalls.append("session \(session): no refreshed tokens") }
-            seen = refreshed ?? seen
-            let purged = await purge.value
-            if !purged && !powerIsCut { stalls.append("session \(session): the purge did not remove its \(Self.expired[session].count) expired tokens") }
-            running.cancel()
-            _ = try? await running.value
-            store.close()
-            if powerIsCut { break }
+            guard let purged = ran, !powerIsCut else { break }
             promise.tokens = seen
             promise.purged[session] = purged
         }
@@ -343,33 +335,25 @@ struct RetentionWorkload: PowerCutWorkload {
         var stalls: [String] = []
         let time = TestTime()
         for session in 0..<2 {
-            let store: SQLiteTokenRepository
-            do {
-                store = try openStore(path, configure: { $0.integrityCheck = .never }, logger: powerCutLogger)
-            } catch where powerIsCut { break }
-            let engine = TokenSyncEngine(repository: store, fetcher: ScriptedFetcher.minting(time), logger: powerCutLogger,
-                                         clock: time.clock, now: time.wall, random: { 0.5 })
-            let running = Task { try await engine.run() }
-            await engine.track(Self.tracked)
-            var refreshed: [TokenKey: Date]?
-            if session == 0 {
-                // The sweep runs a few seconds of engine time after start; the clock moves a second a poll.
-                let swept = await eventually(within: 30) {
-                    if powerIsCut { return true }
-                    await time.advance(by: 1)
-                    return (try? await store.count(TokenFilter(kind: .trip))) == 0
+            let ran = try await engineSession(path, time: time, tracked: Self.tracked) { store, engine -> [TokenKey: Date]? in
+                var refreshed: [TokenKey: Date]?
+                if session == 0 {
+                    // The sweep runs a few seconds of engine time after start; the clock moves a second a poll.
+                    let swept = await eventually(within: 30) {
+                        if powerIsCut { return true }
+                        await time.advance(by: 1)
+                        return (try? await store.count(TokenFilter(kind: .trip))) == 0
+                    }
+                    if !swept { stalls.append("session 0: the sweep did not delete the finished trips") }
+                } else {
+                    await settledOrCut(engine)
+                    await time.advance(by: 3000)
+                    refreshed = await committedNewer(store, Self.tracked, than: promise.tokens)
+                    if refreshed == nil && !powerIsCut { stalls.append("session 1: no refreshed tokens") }
                 }
-                if !swept { stalls.append("session 0: the sweep did not delete the finished trips") }
-            } else {
-                await settledOrCut(engine)
-                await time.advance(by: 3000)
-                refreshed = await committedNewer(store, Self.tracked, than: promise.tokens)
-                if refreshed == nil && !powerIsCut { stalls.append("session 1: no refreshed tokens") }
+                return refreshed
             }
-            running.cancel()
-            _ = try? await running.value
-            store.close()
-            if powerIsCut || !stalls.isEmpty { break }
+            guard let refreshed = ran, !powerIsCut, stalls.isEmpty else { break }
             if session == 0 { promise.completed = true }
             promise.tokens = refreshed ?? promise.tokens
         }
@@ -388,4 +372,24 @@ struct RetentionWorkload: PowerCutWorkload {
         if promise.completed && !left.isEmpty { findings.append("\(left.count) swept trips came back after the store closed cleanly") }
         return findings
     }
+}
+
+/// Opens the store at `path` and runs an engine on it (on `time`, tracking `tracked`) for the
+/// length of `body`, then stops the engine and closes the store: one session of a workload.
+/// Nil when the store could not be opened because the power is cut.
+func engineSession<T>(_ path: String, time: TestTime, tracked: [TokenKey],
+                      _ body: (SQLiteTokenRepository, TokenSyncEngine) async -> T) async throws -> T? {
+    let store: SQLiteTokenRepository
+    do {
+        store = try openStore(path, configure: { $0.integrityCheck = .never }, logger: powerCutLogger)
+    } catch where powerIsCut { return nil }
+    let engine = TokenSyncEngine(repository: store, fetcher: ScriptedFetcher.minting(time), logger: powerCutLogger,
+                                 clock: time.clock, now: time.wall, random: { 0.5 })
+    let running = Task { try await engine.run() }
+    await engine.track(tracked)
+    let result = await body(store, engine)
+    running.cancel()
+    _ = try? await running.value
+    store.close()
+    return result
 }

@@ -308,11 +308,11 @@ final class UptimeRun: Sendable {
 }
 
 /// Scheduling and wall time for the run, moving together, as the test kit's `TestTime` does,
-/// but moved deadline by deadline with a wait for the engine to settle after each, instead of
-/// `ManualClock`'s fixed number of turns (which cost about 3 ms per wake-up: the scheduler wakes
-/// at least every 30 s, 2,880 times a simulated day).
+/// but moved deadline by deadline (`ManualClock.resumeNextDue`) with a wait for the engine to
+/// settle after each, instead of `advance(by:)`'s fixed number of turns (which cost about 3 ms
+/// per wake-up: the scheduler wakes at least every 30 s, 2,880 times a simulated day).
 final class SteppingTime: Sendable {
-    let clock = SteppingClock()
+    let clock = ManualClock()
     let start = TestTime.defaultStart
 
     var now: Date {
@@ -327,78 +327,6 @@ final class SteppingTime: Sendable {
     func advance(by seconds: TimeInterval, settle: () async -> Void) async {
         let target = clock.now.advanced(by: .milliseconds(Int64((seconds * 1000).rounded())))
         while clock.resumeNextDue(notAfter: target) { await settle() }
-    }
-}
-
-/// A clock that moves only when the test moves it, one deadline at a time.
-final class SteppingClock: Clock, Sendable {
-    struct Instant: InstantProtocol, Sendable {
-        let offset: Duration
-        func advanced(by duration: Duration) -> Instant { Instant(offset: offset + duration) }
-        func duration(to other: Instant) -> Duration { other.offset - offset }
-        static func < (lhs: Instant, rhs: Instant) -> Bool { lhs.offset < rhs.offset }
-    }
-
-    private struct Sleeper {
-        let id: UInt64
-        let deadline: Instant
-        let continuation: CheckedContinuation<Void, any Error>
-    }
-
-    private struct State {
-        var now = Instant(offset: .zero)
-        var sleepers: [Sleeper] = []
-        var nextID: UInt64 = 0
-    }
-
-    private let state = Mutex(State())
-
-    var now: Instant { state.withLock { $0.now } }
-    /// How many sleeps wait for the clock to move.
-    var sleeperCount: Int { state.withLock { $0.sleepers.count } }
-    var minimumResolution: Duration { .nanoseconds(1) }
-
-    /// Returns at once when `deadline` has come (checked under the lock that moving the clock
-    /// takes, so a sleep that starts late never waits for a time already passed).
-    func sleep(until deadline: Instant, tolerance: Duration? = nil) async throws {
-        let id = state.withLock { state in
-            defer { state.nextID += 1 }
-            return state.nextID
-        }
-        try await withTaskCancellationHandler {
-            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
-                let outcome: Result<Void, any Error>? = state.withLock { state in
-                    if Task.isCancelled { return .failure(CancellationError()) }
-                    if deadline <= state.now { return .success(()) }
-                    state.sleepers.append(Sleeper(id: id, deadline: deadline, continuation: continuation))
-                    return nil
-                }
-                if let outcome { continuation.resume(with: outcome) }
-            }
-        } onCancel: {
-            let sleeper = state.withLock { state -> Sleeper? in
-                guard let index = state.sleepers.firstIndex(where: { $0.id == id }) else { return nil }
-                return state.sleepers.remove(at: index)
-            }
-            sleeper?.continuation.resume(throwing: CancellationError())
-        }
-    }
-
-    /// Moves the clock to the earliest deadline not after `target` and resumes its sleepers
-    /// (true), or to `target` when none is left before it (false).
-    func resumeNextDue(notAfter target: Instant) -> Bool {
-        let due = state.withLock { state -> [Sleeper] in
-            guard let earliest = state.sleepers.map(\.deadline).min(), earliest <= target else {
-                state.now = max(state.now, target)
-                return []
-            }
-            state.now = max(state.now, earliest)
-            let due = state.sleepers.filter { $0.deadline <= earliest }
-            state.sleepers.removeAll { $0.deadline <= earliest }
-            return due
-        }
-        for sleeper in due { sleeper.continuation.resume() }
-        return !due.isEmpty
     }
 }
 

@@ -77,7 +77,13 @@ package final class TLSTokenServer: LoopbackService {
     package static let bodyLimit = 1 << 20
 
     private let tls: TLSConfiguration
-    private let respond: Mutex<Respond>
+    /// The answer in a struct, as ScriptedFetcher keeps its script: a bare closure read out of a
+    /// `Mutex` at -Onone gains a pair of reabstraction thunks on every read (swiftlang/swift#91348).
+    private struct Script: Sendable {
+        let respond: Respond
+    }
+
+    private let respond: Mutex<Script>
     private let state = Mutex(State())
 
     private struct State {
@@ -104,7 +110,7 @@ package final class TLSTokenServer: LoopbackService {
             tls.certificateVerification = .none
         }
         self.tls = tls
-        respond = Mutex(answer)
+        respond = Mutex(Script(respond: answer))
     }
 
     /// A server presenting `pki.server`, requiring a client certificate from `pki.ca` when
@@ -127,7 +133,7 @@ package final class TLSTokenServer: LoopbackService {
 
     /// Replaces the answer for later requests.
     package func setAnswer(_ answer: @escaping Respond) {
-        respond.withLock { $0 = answer }
+        respond.withLock { $0 = Script(respond: answer) }
     }
 
     /// Binds 127.0.0.1 on a free port and starts serving. Call once.
@@ -197,7 +203,7 @@ package final class TLSTokenServer: LoopbackService {
                         clientCertificate: peer.flatMap { try? Certificate(derEncoded: $0.toDERBytes()) },
                         connection: number, date: Date())
                     state.withLock { $0.requests.append(request) }
-                    let answering = respond.withLock { $0 }
+                    let answering = respond.withLock { $0 }.respond
                     let answer = await answering(request)
                     var headers = answer.headers
                     headers.replaceOrAdd(name: "Content-Length", value: String(answer.body.count))
