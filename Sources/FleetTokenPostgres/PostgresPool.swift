@@ -176,10 +176,10 @@ struct PostgresBackgroundLog: LogHandler {
         set { metadata[key] = newValue }
     }
 
-    func log(level: Logger.Level, message: Logger.Message, metadata: Logger.Metadata?, source: String,
-             file: String, function: String, line: UInt) {
-        guard !message.description.hasPrefix("Trying to lease connection from `PostgresClient`, but `PostgresClient.run()` hasn't been called") else { return }
-        let merged = self.metadata.merging(metadata ?? [:]) { $1 }
-        wrapped.log(level: level, message, metadata: merged.isEmpty ? nil : merged, source: source, file: file, function: function, line: line)
+    func log(event: LogEvent) {
+        guard !event.message.description.hasPrefix("Trying to lease connection from `PostgresClient`, but `PostgresClient.run()` hasn't been called") else { return }
+        var event = event
+        if !metadata.isEmpty { event.metadata = metadata.merging(event.metadata ?? [:]) { $1 } }
+        wrapped.handler.log(event: event)
     }
 }

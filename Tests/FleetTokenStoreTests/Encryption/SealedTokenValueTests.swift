@@ -123,7 +123,7 @@ struct KeyFileTests {
 
     func write(_ name: String, _ bytes: Data, mode: mode_t = 0o600) -> String {
         let path = dir.file(name)
-        FileManager.default.createFile(atPath: path, contents: bytes)
+        #expect(FileManager.default.createFile(atPath: path, contents: bytes))
         chmod(path, mode)
         return path
     }
@@ -182,7 +182,7 @@ struct KeyFileTests {
         let credentials = dir.file("credentials")
         try FileManager.default.createDirectory(atPath: credentials, withIntermediateDirectories: true)
         let credential = credentials + "/token-store-key"
-        FileManager.default.createFile(atPath: credential, contents: Data(repeating: 3, count: 32))
+        #expect(FileManager.default.createFile(atPath: credential, contents: Data(repeating: 3, count: 32)))
         chmod(credential, 0o440)
         let fromSystemd = try #require(try TokenKeyring.load(files: [], environment: ["CREDENTIALS_DIRECTORY": credentials]))
         #expect(fromSystemd.primary.id == (try TokenEncryptionKey(bytes: Data(repeating: 3, count: 32))).id)

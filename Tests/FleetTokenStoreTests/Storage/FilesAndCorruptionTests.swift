@@ -39,7 +39,7 @@ struct FilesAndCorruptionTests {
         #expect(error == .directoryMissing(path: missing))
         #expect(error?.description.contains("does not exist") == true)
 
-        FileManager.default.createFile(atPath: dir.file("plain-file"), contents: Data("x".utf8))
+        #expect(FileManager.default.createFile(atPath: dir.file("plain-file"), contents: Data("x".utf8)))
         let blocked = dir.file("plain-file/tokens.sqlite")
         let notWritable = #expect(throws: TokenStoreError.self) { try openStore(blocked) }
         guard notWritable?.code == .directoryNotWritable else {
