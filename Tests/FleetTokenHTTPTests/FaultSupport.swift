@@ -1,6 +1,7 @@
 // Loopback endpoints that misbehave in ways the development issuer cannot (for the provider
-// fault tests): a socket that refuses or never answers, and a small server with a canned answer
-// that records what it was asked. Time, the fetcher, logs and the secret scan are the test kit's.
+// fault tests): a small server with a canned answer that records what it was asked. A socket that
+// refuses or never answers (SilentSocket), time, the fetcher, logs and the secret scan are the
+// test kits'.
 
 import Foundation
 import Hummingbird
@@ -12,42 +13,6 @@ import Glibc
 #endif
 
 // MARK: - Misbehaving loopback endpoints
-
-/// A TCP socket on 127.0.0.1 that never answers. Not listening: connections are refused. Listening
-/// but never accepting: the kernel completes the handshake and queues the connection, so the
-/// client's request is taken and no answer ever comes (accept, then hang).
-final class SilentSocket: Sendable {
-    let port: Int
-    private let descriptor: Int32
-
-    init(listening: Bool) throws {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        guard fd >= 0 else { throw SocketError(step: "socket") }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = 0
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        let length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let bound = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) }
-        }
-        guard bound == 0, !listening || listen(fd, 16) == 0 else {
-            Glibc.close(fd)
-            throw SocketError(step: "bind/listen")
-        }
-        var actual = sockaddr_in()
-        var actualLength = length
-        _ = withUnsafeMutablePointer(to: &actual) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &actualLength) }
-        }
-        descriptor = fd
-        port = Int(UInt16(bigEndian: actual.sin_port))
-    }
-
-    func close() { Glibc.close(descriptor) }
-
-    struct SocketError: Error { let step: String }
-}
 
 /// A fixed answer the canned server gives.
 struct CannedAnswer: Sendable {

@@ -20,7 +20,7 @@ struct PostgresAvailabilityHostSearchTests {
         let server = try await PostgresServer.make()
         defer { try? server.stop() }
         try await server.createDatabase("search")
-        let silent = try HangingListener()
+        let silent = try SilentSocket(listening: true)
         defer { silent.close() }
         // The live server first: open finds it without asking the silent one.
         var configuration = try PostgresStoreConfiguration(
@@ -52,39 +52,4 @@ struct PostgresAvailabilityHostSearchTests {
         #expect(closed < .seconds(8), "closing took \(closed) while a search was running")
         #expect(!log.allText.contains(server.password))
     }
-}
-
-/// A TCP socket on 127.0.0.1 listening but never accepting: the kernel completes the handshake
-/// and queues the connection, so a client's first message is taken and no answer ever comes.
-private final class HangingListener: Sendable {
-    let port: Int
-    private let descriptor: Int32
-
-    init() throws {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        guard fd >= 0 else { throw Failed(step: "socket") }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = 0
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        let length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let bound = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) }
-        }
-        guard bound == 0, listen(fd, 16) == 0 else {
-            Glibc.close(fd)
-            throw Failed(step: "bind/listen")
-        }
-        var actual = sockaddr_in()
-        var actualLength = length
-        _ = withUnsafeMutablePointer(to: &actual) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &actualLength) }
-        }
-        descriptor = fd
-        port = Int(UInt16(bigEndian: actual.sin_port))
-    }
-
-    func close() { Glibc.close(descriptor) }
-
-    struct Failed: Error { let step: String }
 }

@@ -89,7 +89,7 @@ struct PostgresPoolerTests {
         let configuration = try throughBouncer(bouncer, server, database)
         for openMode in [StoreOpenMode.agent, .readOnly] {
             do {
-                try await PostgresTokenRepository.withRepository(configuration, mode: openMode, logger: logger) { _ in
+                _ = try await PostgresTokenRepository.withRepository(configuration, mode: openMode, logger: logger) { _ in
                     Issue.record("the store opened through PgBouncer in \(mode) mode (\(openMode))")
                 }
             } catch let error as TokenStoreError {

@@ -48,7 +48,9 @@ public final class PgBouncer: Sendable {
             for _ in 0..<5 {
                 let port = try PostgresServer.freePort()
                 try tools.writeServerFile(configFile, Self.config(port: port, server: front, mode: mode, authFile: authFile), mode: 0o600)
-                FileManager.default.createFile(atPath: logFile, contents: nil)
+                guard FileManager.default.createFile(atPath: logFile, contents: nil) else {
+                    throw ProcessFailure(message: "pgbouncer's log file \(logFile) could not be created")
+                }
                 let process = try ChildProcess(tools.asServerUser.first ?? executable,
                                                Array(tools.asServerUser.dropFirst()) + (tools.asServerUser.isEmpty ? [] : [executable]) + [configFile],
                                                environment: PostgresBinaries.cleanEnvironment(), stdout: .file(logFile), stderr: .standardOutput)

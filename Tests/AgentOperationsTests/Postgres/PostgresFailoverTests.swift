@@ -30,9 +30,7 @@ struct PostgresFailoverTests {
         let floor = min(30, 0.1 * lifetime)
         let issuer = try await IssuerProcess(scratch: scratch, lifetime: Int(lifetime))
         defer { issuer.process.signal(SIGTERM) }
-        let ids = (0..<200).map { "truck-\($0)" }
-        let subjects = scratch.file("subjects.txt")
-        try ids.map { "vehicle:\($0)" }.joined(separator: "\n").write(toFile: subjects, atomically: true, encoding: .utf8)
+        let (ids, subjects) = try PostgresReplicaTests.truckSubjects(200, in: scratch)
         // Both hosts, the primary first; one CA signed both servers' certificates.
         let url = "postgres://fleet@127.0.0.1:\(primary.port),127.0.0.1:\(standby.port)/failover"
             + "?sslmode=verify-full&sslrootcert=\(primary.caFile)"

@@ -22,9 +22,7 @@ struct PostgresReplicaTests {
         let floor = min(30, 0.1 * lifetime)
         let issuer = try await IssuerProcess(scratch: scratch, lifetime: Int(lifetime))
         defer { issuer.process.signal(SIGTERM) }
-        let ids = (0..<200).map { "truck-\($0)" }
-        let subjects = scratch.file("subjects.txt")
-        try ids.map { "vehicle:\($0)" }.joined(separator: "\n").write(toFile: subjects, atomically: true, encoding: .utf8)
+        let (ids, subjects) = try PostgresReplicaTests.truckSubjects(200, in: scratch)
 
         let arguments = ["--db", server.url(database: database), "--provider-url", issuer.template,
                          "--subjects-file", subjects, "--log-level", "debug"]
@@ -334,6 +332,14 @@ struct PostgresReplicaTests {
     }
 
     // MARK: - Helpers
+
+    /// `count` vehicles `truck-0`, `truck-1`…, and a subjects file naming them in `scratch`.
+    static func truckSubjects(_ count: Int, in scratch: Scratch) throws -> (ids: [String], file: String) {
+        let ids = (0..<count).map { "truck-\($0)" }
+        let file = scratch.file("subjects.txt")
+        try ids.map { "vehicle:\($0)" }.joined(separator: "\n").write(toFile: file, atomically: true, encoding: .utf8)
+        return (ids, file)
+    }
 
     /// A replica serving its tokens: token API on a Unix socket, token files under `sink`.
     struct ServingReplica: Sendable {
