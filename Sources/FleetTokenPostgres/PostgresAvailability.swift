@@ -96,8 +96,9 @@ final class PostgresAvailability: Sendable {
     /// True while a host search is asked for or runs (for tests).
     var isSearching: Bool { state.withLock { $0.searching } }
 
-    /// Before a call: throws at once while the database is judged down or a search runs; once
-    /// a second while down, the call starts a search (and still fails: it does not wait for it).
+    /// Before a call: throws at once while the database is judged down or a search for a
+    /// missing connection runs; once a second while down, the call starts a search (and still
+    /// fails: it does not wait for it).
     func admit() throws(TokenStoreError) {
         let (failure, start) = state.withLock { state -> (TokenStoreError?, Bool) in
             if state.searching, state.searchBlocksCalls { return (state.outage?.error ?? searchRunning(), false) }
