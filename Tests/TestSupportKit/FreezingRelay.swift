@@ -10,7 +10,8 @@ import Synchronization
 import Glibc
 #endif
 
-/// Relays 127.0.0.1:``port`` to 127.0.0.1:`target` until ``freeze()`` or ``stop()``.
+/// Relays 127.0.0.1:``port`` to 127.0.0.1:`target` until ``freeze()`` or ``stop()``. Call
+/// ``stop()`` when done: the relay's threads hold it until then.
 public final class FreezingRelay: Sendable {
     /// The port clients connect to.
     public let port: Int
@@ -44,8 +45,6 @@ public final class FreezingRelay: Sendable {
         self.target = target
         Thread { [self] in acceptLoop() }.start()
     }
-
-    deinit { stop() }
 
     /// How many connections were relayed so far.
     public var relayedConnections: Int { state.withLock { $0.relayed } }
