@@ -52,8 +52,12 @@ protocol RefreshSchedule: Sendable {
     func takeWakeRequest() -> Bool
     /// Whether the loop sleeps with nothing due.
     var isSchedulerParked: Bool { get }
-    /// Sleeps the loop at most `seconds`, or until woken.
-    func sleepScheduler(seconds: TimeInterval) async
+    /// The injected clock's time, as the loop reads it before the wall clock at each turn.
+    var schedulerNow: Duration { get }
+    /// Sleeps the loop until at most `seconds` after `start` (a ``schedulerNow`` reading), or
+    /// until woken: timed from the loop's reading, so time spent between that reading and the
+    /// sleep never lengthens the wait.
+    func sleepScheduler(seconds: TimeInterval, from start: Duration) async
     /// Calls `beat` from the loop at least every `interval`.
     func setHeartbeat(every interval: Duration, _ beat: @escaping @Sendable () -> Void)
     /// Beats when due; returns the time until the next beat (nil without a heartbeat).

@@ -59,7 +59,9 @@ extension EngineParts: RefreshSchedule {
 
     var isSchedulerParked: Bool { scheduler.isParked }
 
-    func sleepScheduler(seconds: TimeInterval) async { await scheduler.sleep(seconds: seconds) }
+    var schedulerNow: Duration { scheduler.now }
+
+    func sleepScheduler(seconds: TimeInterval, from start: Duration) async { await scheduler.sleep(seconds: seconds, from: start) }
 
     func setHeartbeat(every interval: Duration, _ beat: @escaping @Sendable () -> Void) {
         scheduler.setHeartbeat(every: interval, beat)

@@ -175,6 +175,8 @@ actor RefreshCoordinator<Effects: CoordinatorEffects> {
         schedulerRunning = true
         defer { schedulerRunning = false }
         while !Task.isCancelled && !effects.isShuttingDown {
+            // Read before the wall clock: the sleep below is timed from here (see sleepScheduler).
+            let turn = effects.schedulerNow
             let untilHeartbeat = effects.beatIfDue()
             effects.rescheduleAfterClockStep()
             let now = effects.moment
@@ -191,7 +193,7 @@ actor RefreshCoordinator<Effects: CoordinatorEffects> {
                 delay = min(delay, Double(untilHeartbeat.components.seconds) + Double(untilHeartbeat.components.attoseconds) * 1e-18)
             }
             if delay <= 0 { continue }
-            await effects.sleepScheduler(seconds: delay)
+            await effects.sleepScheduler(seconds: delay, from: turn)
         }
     }
 

@@ -19,14 +19,18 @@ final class RefreshScheduler: Sendable {
     private let state = Mutex(State())
     /// Something changed since the loop last looked: it must look again before sleeping.
     private let wakes = WakeSignal()
+    /// Time on the injected clock since the scheduler was made.
     private let elapsed: @Sendable () -> Duration
-    /// A wake-up time on the injected clock, that far from now.
+    /// The wake-up time at that much time since the scheduler was made.
     private let wakeUpTime: @Sendable (Duration) -> WakeUpTime
 
     init(clock: any Clock<Duration>) {
-        elapsed = Self.elapsedReader(clock)
-        wakeUpTime = Self.wakeUpTimes(clock)
+        (elapsed, wakeUpTime) = Self.readers(clock)
     }
+
+    /// Time on the injected clock since the scheduler was made: the loop reads it with the wall
+    /// clock and times its sleep from it (``sleep(seconds:from:)``).
+    var now: Duration { elapsed() }
 
     /// Sets `key`'s deadline, waking the loop when it is the new earliest.
     func schedule(_ key: TokenKey, at due: Date) {
@@ -83,10 +87,13 @@ final class RefreshScheduler: Sendable {
         return !sleepIsOver() && !wakes.isSignalled
     }
 
-    /// Sleeps `seconds` on the injected clock, or until ``wake()`` or cancellation.
-    func sleep(seconds: TimeInterval) async {
+    /// Sleeps until `seconds` after `start` (a reading of ``now``) on the injected clock, or
+    /// until ``wake()`` or cancellation. Timed from the reading the loop decided by, not from
+    /// whenever the sleep begins: time that passes in between (a busy machine preempting the
+    /// loop, a test moving its clock) shortens the sleep instead of adding to the wait.
+    func sleep(seconds: TimeInterval, from start: Duration) async {
         let duration = Duration.milliseconds(Int64((seconds * 1000).rounded(.up)))
-        let deadline = wakeUpTime(duration)
+        let deadline = wakeUpTime(start + duration)
         state.withLock { $0.sleepIsOver = deadline.isOver }
         defer { state.withLock { $0.sleepIsOver = nil } }
         await withTaskGroup(of: Void.self) { group in
@@ -97,22 +104,22 @@ final class RefreshScheduler: Sendable {
         }
     }
 
-    /// A wake-up time fixed now: the sleep waits until that instant, not for a duration from
-    /// whenever its task starts, so a test clock moved past it in between still ends it.
+    /// A wake-up time fixed in advance: the sleep waits until that instant, not for a duration
+    /// from whenever its task starts, so a test clock moved past it in between still ends it.
     private struct WakeUpTime: Sendable {
         let isOver: @Sendable () -> Bool
         let sleep: @Sendable () async -> Void
     }
 
-    private static func wakeUpTimes<C: Clock>(_ clock: C) -> @Sendable (Duration) -> WakeUpTime where C.Duration == Duration {
-        { duration in
-            let due = clock.now.advanced(by: duration)
-            return WakeUpTime(isOver: { clock.now >= due }, sleep: { _ = try? await clock.sleep(until: due, tolerance: nil) })
-        }
-    }
-
-    private static func elapsedReader<C: Clock>(_ clock: C) -> @Sendable () -> Duration where C.Duration == Duration {
+    /// The elapsed-time reader and the wake-up times, from one origin on `clock`.
+    private static func readers<C: Clock>(_ clock: C) -> (@Sendable () -> Duration, @Sendable (Duration) -> WakeUpTime) where C.Duration == Duration {
         let origin = clock.now
-        return { origin.duration(to: clock.now) }
+        return (
+            { origin.duration(to: clock.now) },
+            { offset in
+                let due = origin.advanced(by: offset)
+                return WakeUpTime(isOver: { clock.now >= due }, sleep: { _ = try? await clock.sleep(until: due, tolerance: nil) })
+            }
+        )
     }
 }

@@ -146,7 +146,8 @@ final class RecordingCoordinatorEffects: CoordinatorEffects {
     func wakeScheduler() { record("wakeScheduler") }
     func takeWakeRequest() -> Bool { false }
     var isSchedulerParked: Bool { true }
-    func sleepScheduler(seconds: TimeInterval) async {}
+    var schedulerNow: Duration { .zero }
+    func sleepScheduler(seconds: TimeInterval, from start: Duration) async {}
     func setHeartbeat(every interval: Duration, _ beat: @escaping @Sendable () -> Void) {}
     func beatIfDue() -> Duration? { nil }
     func rescheduleAfterClockStep() {}
