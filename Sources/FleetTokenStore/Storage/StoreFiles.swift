@@ -80,22 +80,6 @@ struct StoreFiles: Sendable {
         }
     }
 
-    /// Creates the empty store file with mode 0600 before SQLite opens it. SQLite gives the
-    /// `-wal` and `-shm` files the mode of the database file, so they are born 0600 too, with
-    /// no process-wide umask change racing other threads.
-    /// Returns false when another process created the file first.
-    func createEmptyFile() throws(TokenStoreError) -> Bool {
-        let fd = open(path, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0o600)
-        if fd < 0 {
-            if errno == EEXIST { return false }
-            if errno == EACCES || errno == EROFS { throw .directoryNotWritable(path: path, reason: Self.errnoText()) }
-            throw .sqlite(path: path, code: 14, message: "cannot create the store file: \(Self.errnoText())")
-        }
-        _ = fchmod(fd, 0o600)
-        close(fd)
-        return true
-    }
-
     /// Renames the store and its side files to `<name>.corrupt-<UTC time>` (side files keep
     /// their `-wal`/`-shm` suffix after it, so `sqlite3` opens the evidence as it was).
     /// Nothing is deleted. Returns the new path of the main file.

@@ -57,19 +57,14 @@ struct StoreOpener {
         if !existing.files.contains(where: { $0.path == files.path }) {
             guard mode.createIfMissing, !mode.readOnly else { throw .storeMissing(path: files.path) }
             try files.prepareDirectory(create: configuration.createParentDirectories)
-            report.created = try files.createEmptyFile()
+            report.created = try createStore()
         }
         report.tightenedFiles = try files.secure(tighten: !mode.readOnly, logger: logger)
 
         // Judge an existing file through one read-only connection first: a corrupt or newer
         // store must be refused before anything writes to it (opening a writable pool does).
-        let state: SchemaMigrator.State
-        if report.created {
-            state = SchemaMigrator.State(storeVersion: 0, unknownIdentifiers: [], pending: migrator.migrations.map(\.identifier))
-        } else {
-            state = try inspect(report: &report)
-        }
-        report.schemaVersionBefore = state.storeVersion
+        let state = try inspect(report: &report)
+        report.schemaVersionBefore = report.created ? 0 : state.storeVersion
         report.schemaVersion = state.storeVersion
         if !state.unknownIdentifiers.isEmpty {
             throw .storeNewerThanBuild(path: files.path, storeVersion: state.storeVersion, buildVersion: migrator.latestVersion)
@@ -113,6 +108,43 @@ struct StoreOpener {
         return (pool, report)
     }
 
+    /// Makes a new store whole (every migration applied, synced) under a private name and links
+    /// it into place: a power cut while it is made leaves no store or a complete one, never a
+    /// torn file the next start would quarantine. False when another process put its store
+    /// there first (this one is then opened as theirs).
+    private func createStore() throws(TokenStoreError) -> Bool {
+        let staging = StoreStaging(for: files)
+        try staging.create()
+        defer { staging.remove() }
+        // The staging file is not at the store's path yet: connections are checked against its own.
+        var config = poolConfiguration(for: StoreFiles(path: staging.path))
+        config.label = "FleetTokenStore.create"
+        do {
+            let pool = try DatabasePool(path: staging.path, configuration: config)
+            do {
+                try migrator.migrate(pool)
+            } catch {
+                try? pool.close()
+                throw TokenStoreError.migrationFailed(path: files.path, identifier: error.identifier,
+                                                      reason: TokenStoreError(error.underlying, path: files.path).description)
+            }
+            // Everything into the file, synced: the file alone is the store. A checkpoint that
+            // fails throws here (closing would ignore it and keep the log, which the file
+            // linked into place would not have).
+            do {
+                try pool.writeWithoutTransaction { db in _ = try db.checkpoint(.truncate) }
+            } catch {
+                try? pool.close()
+                throw error
+            }
+            try pool.close()
+        } catch {
+            throw TokenStoreError(error, path: files.path, busyTimeout: configuration.busyTimeout)
+        }
+        try staging.requireNoLog()
+        return try staging.install()
+    }
+
     /// Integrity check (when due, see ``IntegrityCheckTiming``) and schema state, through a
     /// read-only connection. Reading the schema catches, at constant cost, a file that is not
     /// a database, a damaged header, and truncation (SQLite refuses a file shorter than its
@@ -146,7 +178,8 @@ struct StoreOpener {
         }
     }
 
-    private func poolConfiguration() -> Configuration {
+    private func poolConfiguration(for files: StoreFiles? = nil) -> Configuration {
+        let files = files ?? self.files
         var config = Configuration()
         config.readonly = mode.readOnly
         config.busyMode = .timeout(configuration.busyTimeout)
