@@ -165,6 +165,49 @@ struct OpenAndMigrationTests {
         #expect(try sqlite3(path, "SELECT count(*) FROM tokens") == "2")
     }
 
+    @Test("several openers making one new store at once: one makes it, all open it, one token written by each is there; no private file is left")
+    func concurrentCreation() async throws {
+        let dir = Scratch()
+        let path = dir.file("tokens.sqlite")
+        let created = try await withThrowingTaskGroup(of: Bool.self) { group in
+            for index in 0..<6 {
+                group.addTask {
+                    let store = try openStore(path)
+                    defer { store.close() }
+                    try await store.upsert([token(try .vehicle("opener-\(index)"), expiresIn: 3600)], clearFailure: true)
+                    return store.openReport.created
+                }
+            }
+            return try await group.reduce(into: [Bool]()) { $0.append($1) }
+        }
+        #expect(created.filter { $0 }.count == 1, "\(created)")
+        #expect(try sqlite3(path, "SELECT count(*) FROM tokens") == "6")
+        #expect(try sqlite3(path, "SELECT count(*) FROM grdb_migrations") == "\(EmbeddedMigrations.latestVersion)")
+        let names = try FileManager.default.contentsOfDirectory(atPath: dir.path)
+        #expect(!names.contains { $0.contains(".new-") }, "\(names)")
+    }
+
+    @Test("a private file left by a process that died making the store is removed by the next opening; one of a live process is left alone")
+    func abandonedStagingRemoved() async throws {
+        let dir = Scratch()
+        let path = dir.file("tokens.sqlite")
+        // A pid that surely belongs to no process: one that has exited and was reaped.
+        let exited = Process()
+        exited.executableURL = URL(fileURLWithPath: "/bin/true")
+        try exited.run()
+        exited.waitUntilExit()
+        let dead = "\(path).new-\(exited.processIdentifier)-abc"
+        let live = "\(path).new-\(getppid())-def"
+        for file in [dead, dead + "-wal", live] {
+            #expect(FileManager.default.createFile(atPath: file, contents: Data("torn".utf8)))
+        }
+        let store = try openStore(path)
+        store.close()
+        #expect(!FileManager.default.fileExists(atPath: dead))
+        #expect(!FileManager.default.fileExists(atPath: dead + "-wal"))
+        #expect(FileManager.default.fileExists(atPath: live), "another live process's file is not ours to remove")
+    }
+
     @Test("every SQL file in Migrations/ and Migrations/postgres/ is embedded and listed in order")
     func everyMigrationIsEmbedded() throws {
         let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
