@@ -343,7 +343,7 @@ extension PostgresServer {
 
 /// Runs blocking `body` on a thread of its own and waits for it without holding a thread of
 /// Swift's cooperative pool.
-func offCooperativePool<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+public func offCooperativePool<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
     try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
         Thread { continuation.resume(with: Result { try body() }) }.start()
     }
