@@ -51,8 +51,8 @@ struct PostgresChangeBurstTests {
                 #expect(held.allSatisfy { engine.heldToken(for: $0)?.source == .store })
                 let running = Task { try await engine.run() }
                 defer { running.cancel() }
-                #expect(await eventually(within: 20) { await engine.isRunning && store.isListening })
-                #expect(await eventually(within: 20) { await engine.isSettled })
+                #expect(await eventually(within: 60) { await engine.isRunning && store.isListening })
+                #expect(await eventually(within: 60) { await engine.isSettled })
                 #expect(fetcher.total == 0, "every held subject was served from the store before the purge")
 
                 #expect(try await other.purge(TokenFilter()) == 15_500)
@@ -88,7 +88,7 @@ struct PostgresChangeBurstTests {
 
                 let running = Task { try await engine.run() }
                 defer { running.cancel() }
-                #expect(await eventually(within: 20) { await engine.isRunning && store.isListening })
+                #expect(await eventually(within: 60) { await engine.isRunning && store.isListening })
                 #expect(await eventually(within: 30) { events.elements.contains(.removedExternally(key: key)) },
                         "the purge before run() was never seen")
                 #expect(await eventually(within: 30) { fetcher.count(key) == 1 })
@@ -113,7 +113,7 @@ struct PostgresChangeBurstTests {
                 #expect(!store.isListening)
                 let work = Task { await store.runBackgroundWork() }
                 defer { work.cancel() }
-                #expect(await eventually(within: 20) { store.isListening })
+                #expect(await eventually(within: 60) { store.isListening })
                 #expect(await eventually(within: 30) {
                     recorder.elements.contains(.unknown) || recorder.elements.contains(.upserted(key))
                 }, "\(recorder.elements)")

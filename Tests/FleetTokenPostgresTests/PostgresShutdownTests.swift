@@ -37,7 +37,7 @@ struct PostgresShutdownTests {
                 running.cancel()
                 let ended = EndFlag()
                 Task { _ = try? await running.value; ended.set() }
-                #expect(await eventually(within: 20) { ended.isSet }, "run() did not return after its cancellation")
+                #expect(await eventually(within: 60) { ended.isSet }, "run() did not return after its cancellation")
                 _ = await asking.value
                 let answer = try await second.acquireRefreshLease(for: key, holder: "other-host", now: Date(), duration: 30)
                 if case .acquired = answer {} else {

@@ -164,7 +164,7 @@ struct CrashConsistencyTests {
         let hanging = try AgentFixture.launch(["--db", db, "--provider-url", issuer.template + "?fault=hang",
                                                          "--request-timeout", "60", "--lease-duration", "600",
                                                          "--log-level", "trace"] + subjects.arguments, in: scratch)
-        let leased = await eventually(within: 20) {
+        let leased = await eventually(within: 60) {
             FileManager.default.fileExists(atPath: db) && (try? sqlite3(db, "SELECT count(*) FROM refresh_leases", readOnly: true)) == "3"
         }
         #expect(leased, "\(hanging.stderr.suffix(2000))")

@@ -15,7 +15,7 @@ struct BoundedStateTests {
         let agent = try await APIAgent.start(scratch, provider: issuer.template, ["--vehicle", "v-1", "--allow", "trip:*"], logLevel: "notice")
         try await withAPIClient { client in
             let api = APIClient.unix(agent.socket, client)
-            #expect(try await eventually(within: 20) { try await api.send("/readyz").status == 200 })
+            #expect(try await eventually(within: 60) { try await api.send("/readyz").status == 200 })
             for index in 0..<300 {
                 let answer = try await api.send("/v1/invalidate/trip/unknown-\(index)", method: .POST)
                 #expect(answer.status == 204, "\(answer.body)")
@@ -41,7 +41,7 @@ struct BoundedStateTests {
                                              logLevel: "notice")
         try await withAPIClient { client in
             let api = APIClient.unix(agent.socket, client)
-            #expect(try await eventually(within: 20) { try await api.send("/readyz").status == 200 })
+            #expect(try await eventually(within: 60) { try await api.send("/readyz").status == 200 })
             for index in 1...3 { #expect(try await api.send("/v1/token/trip/t-\(index)").status == 200) }
             let refused = try await api.send("/v1/token/trip/t-4")
             #expect(refused.status == 503)

@@ -25,7 +25,7 @@ struct ConnectionLimitTests {
         let agent = try await CappedAgent.start(scratch, provider: issuer.template, ["--vehicle", "v-1"], openFiles: 128)
         let unix = RawHTTP.Endpoint.unix(agent.socket)
         let tcp = RawHTTP.Endpoint.tcp(port: agent.tcpPort)
-        #expect(await eventually(within: 20) { (try? RawHTTP.send(unix, "GET", "/readyz", timeout: 5))?.status == 200 })
+        #expect(await eventually(within: 60) { (try? RawHTTP.send(unix, "GET", "/readyz", timeout: 5))?.status == 200 })
         let first = try RawHTTP.send(unix, "GET", "/v1/token/vehicle/v-1", headers: Self.marked, timeout: 5)
         #expect(first.status == 200, "\(first)")
         let firstPrint = try #require(first.header("Fleet-Token-Fingerprint"))
@@ -83,7 +83,7 @@ struct ConnectionLimitTests {
                                                 ["--vehicle", "v-1", "--max-api-connections", "6", "--max-api-connections-per-peer", "4"])
         let unix = RawHTTP.Endpoint.unix(agent.socket)
         let tcp = RawHTTP.Endpoint.tcp(port: agent.tcpPort)
-        #expect(await eventually(within: 20) { (try? RawHTTP.send(unix, "GET", "/readyz", timeout: 5))?.status == 200 })
+        #expect(await eventually(within: 60) { (try? RawHTTP.send(unix, "GET", "/readyz", timeout: 5))?.status == 200 })
         let caps = try #require(CappedAgent.caps(in: agent.process.stderr), "\(agent.process.stderr.suffix(3000))")
         #expect(caps.overall == 6 && caps.perPeer == 4)
         #expect(agent.process.stderr.contains("reason=configured"), "\(agent.process.stderr.suffix(3000))")
@@ -118,7 +118,7 @@ struct ConnectionLimitTests {
         let issuer = try await IssuerProcess(scratch: scratch)
         let agent = try await CappedAgent.start(scratch, provider: issuer.template, ["--vehicle", "v-1", "--max-api-connections", "4", "--max-api-connections-per-peer", "4"])
         let unix = RawHTTP.Endpoint.unix(agent.socket)
-        #expect(await eventually(within: 20) { (try? RawHTTP.send(unix, "GET", "/readyz", timeout: 5))?.status == 200 })
+        #expect(await eventually(within: 60) { (try? RawHTTP.send(unix, "GET", "/readyz", timeout: 5))?.status == 200 })
         var open: [Int32] = []
         defer { for descriptor in open { close(descriptor) } }
         #expect(await keptAlive(2, unix, into: &open), "\(agent.process.stderr.suffix(2000))")

@@ -28,7 +28,7 @@ struct EdgeAccessTests {
         let port = try #require(agent.tcpPort)
         let endpoints: [RawHTTP.Endpoint] = [.unix(agent.socket), .tcp(port: port)]
         let host = "127.0.0.1:\(port)"
-        #expect(await eventually(within: 20) { (try? RawHTTP.send(.unix(agent.socket), "GET", "/readyz"))?.status == 200 })
+        #expect(await eventually(within: 60) { (try? RawHTTP.send(.unix(agent.socket), "GET", "/readyz"))?.status == 200 })
         for endpoint in endpoints {
             // The normal form is served, and only with the header.
             #expect(try RawHTTP.send(endpoint, "GET", "/v1/token/vehicle/v-1", host: host, headers: [("Fleet-Token-Request", "true")]).status == 200)
@@ -64,7 +64,7 @@ struct EdgeAccessTests {
         let agent = try await APIAgent.start(scratch, provider: issuer.template, ["--vehicle", "v-1"], tcp: true)
         let port = try #require(agent.tcpPort)
         let marked = [("Fleet-Token-Request", "true")]
-        #expect(await eventually(within: 20) { (try? RawHTTP.send(.unix(agent.socket), "GET", "/readyz"))?.status == 200 })
+        #expect(await eventually(within: 60) { (try? RawHTTP.send(.unix(agent.socket), "GET", "/readyz"))?.status == 200 })
         for host in ["localhost", "localhost:\(port)", "127.0.0.1", "127.0.0.1:\(port)", "[::1]", "[::1]:\(port)", "LOCALHOST:\(port)"] {
             let answer = try RawHTTP.send(.tcp(port: port), "GET", "/v1/token/vehicle/v-1", host: host, headers: marked)
             #expect(answer.status == 200, "Host: \(host): \(answer)")

@@ -66,7 +66,7 @@ struct FileSinkLoadTests {
                                              ["--sink", sink, "--allow", "trip:*"] + Self.vehicles.flatMap { ["--vehicle", $0] },
                                              logLevel: "notice")
         let files = Self.vehicles.map { "\(sink)/vehicle/\($0).jwt" }
-        #expect(await eventually(within: 20) { files.allSatisfy { FileManager.default.fileExists(atPath: $0) } }, "\(agent.process.stderr)")
+        #expect(await eventually(within: 60) { files.allSatisfy { FileManager.default.fileExists(atPath: $0) } }, "\(agent.process.stderr)")
 
         let observed = try await withAPIClient { client in
             let api = APIClient.unix(agent.socket, client)

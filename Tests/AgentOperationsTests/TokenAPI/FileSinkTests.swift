@@ -129,7 +129,7 @@ struct FileSinkTests {
         // on a loaded machine (0.8 s was missed once in a full parallel run).
         let agent = try Self.startAgent(scratch, provider: issuer.template + "?fault=slow&delay_ms=3000", ["--vehicle", "v-1"])
         let file = scratch.file("sink/vehicle/v-1.jwt")
-        #expect(await eventually(within: 20) { FileManager.default.fileExists(atPath: file) }, "\(agent.stderr)")
+        #expect(await eventually(within: 60) { FileManager.default.fileExists(atPath: file) }, "\(agent.stderr)")
         let first = try #require(Self.contents(file))
         // The next token's iat must be a later second, so that it is a different JWT.
         let firstSecond = Int(Date().timeIntervalSince1970)
@@ -138,7 +138,7 @@ struct FileSinkTests {
         let purge = try await runToEnd("tokenctl", ["--db", scratch.file("tokens.sqlite"), "purge", "--vehicle", "v-1"], in: scratch)
         #expect(purge.status == 0, "\(purge.stderr)")
         #expect(await eventually(within: 5) { !FileManager.default.fileExists(atPath: file) }, "the purged subject's file is removed")
-        #expect(await eventually(within: 20) { Self.contents(file).map { $0 != first } == true }, "\(agent.stderr)")
+        #expect(await eventually(within: 60) { Self.contents(file).map { $0 != first } == true }, "\(agent.stderr)")
         let second = try #require(Self.contents(file))
         #expect(Self.authorization(of: second)?["vehicleid"] == "v-1")
         #expect(second == (try await Self.revealed(scratch, "vehicle", "v-1")), "the file holds the refetched, stored token")

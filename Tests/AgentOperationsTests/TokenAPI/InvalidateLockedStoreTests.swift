@@ -24,8 +24,8 @@ struct InvalidateLockedStoreTests {
             let fingerprint = { (id: String) async throws -> String? in
                 try await api.send("/v1/token/vehicle/\(id)").headers.first(name: "Fleet-Token-Fingerprint")
             }
-            #expect(try await eventually(within: 20) { try await api.send("/readyz").status == 200 })
-            #expect(await eventually(within: 20) { !stored("v-1").isEmpty && !stored("v-2").isEmpty })
+            #expect(try await eventually(within: 60) { try await api.send("/readyz").status == 200 })
+            #expect(await eventually(within: 60) { !stored("v-1").isEmpty && !stored("v-2").isEmpty })
             let rejected = ["v-1": stored("v-1"), "v-2": stored("v-2")]
             let servedBefore = ["v-1": try await fingerprint("v-1"), "v-2": try await fingerprint("v-2")]
 
@@ -52,7 +52,7 @@ struct InvalidateLockedStoreTests {
 
             #expect(await eventually(within: 60) { FileManager.default.fileExists(atPath: released) })
             #expect(await shell.wait(upTo: 10) == 0, "sqlite3: \(shell.stderr)")
-            let replaced = await eventually(within: 20) { stored("v-1") != rejected["v-1"] && stored("v-2") != rejected["v-2"] }
+            let replaced = await eventually(within: 60) { stored("v-1") != rejected["v-1"] && stored("v-2") != rejected["v-2"] }
             #expect(replaced, "an invalidated token is still in the store after the lock was let go")
         }
         #expect(await agent.stop() == 0, "\(agent.process.stderr.suffix(2000))")

@@ -105,7 +105,7 @@ struct OpenAPIClientTests {
         // the same one.
         let answer = try await withAPIClient { (client) async throws -> [String: Any]? in
             let api = APIClient.unix(agent.socket, client)
-            #expect(try await eventually(within: 20) { try await api.send("/readyz").status == 200 })
+            #expect(try await eventually(within: 60) { try await api.send("/readyz").status == 200 })
             return try await api.send("/v1/token/vehicle/fleet-a%2Ftruck%207").json
         }
         let served = try #require(answer?["fingerprint"] as? String)

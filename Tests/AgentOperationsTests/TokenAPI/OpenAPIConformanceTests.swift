@@ -31,7 +31,7 @@ struct OpenAPIConformanceTests {
         let port = try #require(agent.tcpPort)
         try await withAPIClient { (client) async throws in
             let api = APIClient.tcp(port, client)
-            #expect(try await eventually(within: 20) { try await api.send("/readyz").status == 200 })
+            #expect(try await eventually(within: 60) { try await api.send("/readyz").status == 200 })
         }
         let arguments = Schemathesis.arguments(document: Self.document, port: port, checks: Self.checks, scratch: scratch)
         // Run in the scratch directory: Schemathesis keeps its example database in the working one.

@@ -24,7 +24,7 @@ struct PrometheusConformanceTests {
                                              ["--vehicle", "v-1", "--trip", "t-1", "--allow", "task:*"], tcp: true)
         try await withAPIClient { (client) async throws in
             let api = APIClient.tcp(try #require(agent.tcpPort), client)
-            #expect(try await eventually(within: 20) { try await api.send("/readyz").status == 200 })
+            #expect(try await eventually(within: 60) { try await api.send("/readyz").status == 200 })
             // An on-demand subject: held, not tracked, so it must not move the expiry gauge.
             #expect(try await api.send("/v1/token/task/on-demand-1").status == 200)
             _ = try await api.send("/v1/token/vehicle/v-1")
@@ -69,7 +69,7 @@ struct PrometheusConformanceTests {
         try await withAPIClient { (client) async throws in
             let api = APIClient.unix(agent.socket, client)
             var body = ""
-            #expect(try await eventually(within: 20) {
+            #expect(try await eventually(within: 60) {
                 body = try await api.send("/metrics").body
                 return body.contains("fleet_tokens_refresh_failures_total{")
             }, "\(body)")

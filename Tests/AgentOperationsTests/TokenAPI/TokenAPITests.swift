@@ -195,7 +195,7 @@ extension TokenAPITests {
         try await withAPIClient { client in
             let api = APIClient.unix(agent.socket, client)
             if waitForReady {
-                #expect(try await eventually(within: 20) { try await api.send("/readyz").status == 200 })
+                #expect(try await eventually(within: 60) { try await api.send("/readyz").status == 200 })
             }
             try await body(api, issuer)
         }

@@ -41,20 +41,20 @@ struct AgentReloadTransportTests {
             try writeConfig(headerFile: keyA, vehicles: ["v-1"])
             let running = try AgentFixture.launchDirect(["--config", config, "--json"], scratch)
 
-            #expect(await eventually(within: 20) { server.requests.contains { $0.lastPathComponent == "v-1" } }, "\(running.stderr)")
+            #expect(await eventually(within: 60) { server.requests.contains { $0.lastPathComponent == "v-1" } }, "\(running.stderr)")
             #expect(server.requests.map { $0.headers.first(name: "X-Api-Key") } == ["alpha-secret"])
-            #expect(await eventually(within: 20) { events(running, "refreshed").contains { $0["id"] == "v-1" } }, "\(running.stdout)")
+            #expect(await eventually(within: 60) { events(running, "refreshed").contains { $0["id"] == "v-1" } }, "\(running.stdout)")
 
             try writeConfig(headerFile: keyB, vehicles: ["v-1", "v-2"])
             running.signal(SIGHUP)
-            #expect(await eventually(within: 20) { !events(running, "config_reloaded").isEmpty }, "\(running.stderr)")
+            #expect(await eventually(within: 60) { !events(running, "config_reloaded").isEmpty }, "\(running.stderr)")
             let reloads = events(running, "config_reloaded")
             #expect(reloads.contains { Set(($0["changed"] ?? "").split(separator: ",")).isSuperset(of: ["header-file", "vehicle"]) },
                     "\(reloads)")
             #expect(reloads.allSatisfy { $0["restart_needed"] == "" }, "\(reloads)")
 
             // The subject the reload added is fetched with the header the reload configured.
-            #expect(await eventually(within: 20) { events(running, "refreshed").contains { $0["id"] == "v-2" } },
+            #expect(await eventually(within: 60) { events(running, "refreshed").contains { $0["id"] == "v-2" } },
                     "\(running.stdout)\n\(running.stderr)")
             let forV2 = server.requests.filter { $0.lastPathComponent == "v-2" }.map { $0.headers.first(name: "X-Api-Key") }
             // The new client is installed before the added subjects are tracked (it went out with
@@ -64,7 +64,7 @@ struct AgentReloadTransportTests {
             // So is the next fetch of a subject tracked before the reload (a purge forces one).
             let purge = try await runToEnd("tokenctl", ["--db", db, "purge", "--vehicle", "v-1"], in: scratch)
             #expect(purge.status == 0, "\(purge.stderr)")
-            #expect(await eventually(within: 20) { server.requests.filter { $0.lastPathComponent == "v-1" }.count >= 2 }, "\(running.stderr)")
+            #expect(await eventually(within: 60) { server.requests.filter { $0.lastPathComponent == "v-1" }.count >= 2 }, "\(running.stderr)")
             #expect(server.requests.filter { $0.lastPathComponent == "v-1" }.map { $0.headers.first(name: "X-Api-Key") }
                     == ["alpha-secret", "bravo-secret"])
 
@@ -102,21 +102,21 @@ struct AgentReloadTransportTests {
             }
             try writeConfig(header: "charlie-secret")
             let fromFile = try AgentFixture.launchDirect(["--config", config, "--json"], scratch)
-            #expect(await eventually(within: 20) { sent("v-1") == ["charlie-secret"] }, "\(fromFile.stderr)")
+            #expect(await eventually(within: 60) { sent("v-1") == ["charlie-secret"] }, "\(fromFile.stderr)")
             try writeConfig(header: "delta-secret")
             fromFile.signal(SIGHUP)
-            #expect(await eventually(within: 20) { events(fromFile, "config_reloaded").contains { ($0["changed"] ?? "").split(separator: ",").contains("header") } },
+            #expect(await eventually(within: 60) { events(fromFile, "config_reloaded").contains { ($0["changed"] ?? "").split(separator: ",").contains("header") } },
                     "\(fromFile.stdout)")
             let purge = try await runToEnd("tokenctl", ["--db", db, "purge", "--vehicle", "v-1"], in: scratch)
             #expect(purge.status == 0, "\(purge.stderr)")
-            #expect(await eventually(within: 20) { sent("v-1") == ["charlie-secret", "delta-secret"] }, "\(fromFile.stderr)")
+            #expect(await eventually(within: 60) { sent("v-1") == ["charlie-secret", "delta-secret"] }, "\(fromFile.stderr)")
             fromFile.signal(SIGTERM)
             #expect(await fromFile.wait(upTo: 20) == 0, "\(fromFile.stderr)")
 
             let fromEnvironment = try AgentFixture.launchDirect(["--db", scratch.file("env.sqlite"), "--provider-url", server.baseURL + "/token/{kind}/{id}",
                                                   "--ca-file", pki.caPath, "--vehicle", "v-9", "--log-level", "debug", "--json"], scratch,
                                                  environment: ["TOKEN_AGENT_HEADER": "X-Api-Key: echo-secret"])
-            #expect(await eventually(within: 20) { sent("v-9") == ["echo-secret"] }, "\(fromEnvironment.stderr)")
+            #expect(await eventually(within: 60) { sent("v-9") == ["echo-secret"] }, "\(fromEnvironment.stderr)")
             fromEnvironment.signal(SIGTERM)
             #expect(await fromEnvironment.wait(upTo: 20) == 0, "\(fromEnvironment.stderr)")
 
@@ -167,7 +167,7 @@ struct AgentReloadTransportTests {
             let running = try AgentFixture.launchDirect(["--config", config, "--json"], scratch)
             let pid = running.pid
 
-            #expect(await eventually(within: 20) { events(running, "failed").contains { $0["id"] == "v-1" } }, "\(running.stderr)")
+            #expect(await eventually(within: 60) { events(running, "failed").contains { $0["id"] == "v-1" } }, "\(running.stderr)")
             #expect(events(running, "failed").first?["error_kind"] == "tlsCertificate", "\(running.stdout)")
             #expect(server.requests.isEmpty)
             #expect(!server.handshakeFailures.isEmpty)
@@ -187,7 +187,7 @@ struct AgentReloadTransportTests {
             let missing = scratch.file("no-such-ca.pem")
             try writeConfig(caFile: missing)
             running.signal(SIGHUP)
-            #expect(await eventually(within: 20) { !events(running, "reload_failed").isEmpty }, "\(running.stdout)\n\(running.stderr)")
+            #expect(await eventually(within: 60) { !events(running, "reload_failed").isEmpty }, "\(running.stdout)\n\(running.stderr)")
             let refusal = try #require(events(running, "reload_failed").first)
             #expect(refusal["path"] == config, "\(refusal)")
             #expect(refusal["error"]?.contains("no-such-ca.pem") == true, "\(refusal)")
@@ -197,7 +197,7 @@ struct AgentReloadTransportTests {
             let failuresBefore = events(running, "failed").count
             let purge = try await runToEnd("tokenctl", ["--db", db, "purge", "--vehicle", "v-1"], in: scratch)
             #expect(purge.status == 0, "\(purge.stderr)")
-            #expect(await eventually(within: 20) { events(running, "refreshed").count > served }, "\(running.stdout)\n\(running.stderr)")
+            #expect(await eventually(within: 60) { events(running, "refreshed").count > served }, "\(running.stdout)\n\(running.stderr)")
             #expect(events(running, "failed").count == failuresBefore, "the refused reload changed the client: \(running.stdout)")
             #expect(running.isRunning && running.pid == pid)
 
@@ -228,7 +228,7 @@ struct AgentReloadTransportTests {
 
                 """, to: config)
             let running = try AgentFixture.launchDirect(["--config", config, "--json"], scratch)
-            #expect(await eventually(within: 20) { events(running, "failed").contains { $0["error_kind"] == "tlsCertificate" } },
+            #expect(await eventually(within: 60) { events(running, "failed").contains { $0["error_kind"] == "tlsCertificate" } },
                     "\(running.stdout)\n\(running.stderr)")
             let nextAttempt = try #require(events(running, "failed").first?["next_attempt_at"].flatMap { try? Date($0, strategy: .iso8601) })
 

@@ -84,13 +84,13 @@ struct AgentTransportTests {
             let running = try AgentFixture.launch(["--db", db, "--provider-url", server.baseURL + "/token/{kind}/{id}",
                                                              "--ca-file", pki.caPath, "--client-cert", certificate, "--client-key", key,
                                                              "--vehicle", "truck-7", "--json"], in: scratch)
-            #expect(await eventually(within: 20) { server.requests.count == 1 }, "\(running.stderr)")
+            #expect(await eventually(within: 60) { server.requests.count == 1 }, "\(running.stderr)")
 
             try second.install(certificateAt: certificate, keyAt: key)
             // A purge makes the running agent refetch its tracked subject at once.
             let purge = try await runToEnd("tokenctl", ["--db", db, "purge", "--vehicle", "truck-7"], in: scratch)
             #expect(purge.status == 0, "\(purge.stderr)")
-            #expect(await eventually(within: 20) { server.requests.count >= 2 }, "\(running.stderr)")
+            #expect(await eventually(within: 60) { server.requests.count >= 2 }, "\(running.stderr)")
             #expect(server.requests.map(\.clientCommonName).prefix(2) == ["gateway-old", "gateway-new"])
             running.signal(SIGTERM)
             #expect(await running.wait(upTo: 20) == 0, "\(running.stderr)")

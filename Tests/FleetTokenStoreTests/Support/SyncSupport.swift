@@ -84,7 +84,7 @@ extension TokenSyncEngine {
     /// Waits until the engine has nothing to do until its clock moves (no flight running or on
     /// its way, nothing to commit, the scheduler asleep with nothing due): what tests check
     /// after a step instead of sleeping for an arbitrary while. False if it did not settle.
-    func settle(within seconds: Double = 20) async -> Bool {
+    func settle(within seconds: Double = 60) async -> Bool {
         await eventually(within: seconds) { await self.isSettled }
     }
 }

@@ -52,13 +52,13 @@ struct CancelledRunTests {
         defer { shell.quit() }
         let fetched = try await h.fetchBehindLock(key, shell: shell)
         // The first write gave up on the lock; the next attempt waits on the test clock.
-        #expect(await eventually(within: 20) { events.elements.contains(where: \.isStoreDegraded) }, "\(events.elements)")
+        #expect(await eventually(within: 60) { events.elements.contains(where: \.isStoreDegraded) }, "\(events.elements)")
 
         running.cancel()
         shell.send(".shell sleep 0.5\nCOMMIT;\n")
         let ended = EndFlag()
         Task { _ = try? await running.value; ended.set() }
-        #expect(await eventually(within: 20) { ended.isSet }, "run() did not return after its cancellation")
+        #expect(await eventually(within: 60) { ended.isSet }, "run() did not return after its cancellation")
         #expect(await h.stored(key) == fetched, "the token fetched before the cancellation is not in the store")
         _ = try shell.execute("SELECT 1;") // the shell has let go
         #expect(try sqlite3(h.path, "SELECT count(*) FROM refresh_leases") == "0", "a refresh lease was left held")
@@ -77,7 +77,7 @@ struct CancelledRunTests {
             async let running: Void = group.run()
             #expect(await eventually(within: 30) { await h.engine.isRunning })
             fetched = try await h.fetchBehindLock(key, shell: shell)
-            #expect(await eventually(within: 20) { events.elements.contains(where: \.isStoreDegraded) }, "\(events.elements)")
+            #expect(await eventually(within: 60) { events.elements.contains(where: \.isStoreDegraded) }, "\(events.elements)")
             shell.send(".shell sleep 0.5\nCOMMIT;\n")
             // Leaving the scope cancels `running` and waits for it.
         }
@@ -102,7 +102,7 @@ struct CancelledRunTests {
         defer { shell.quit() }
         _ = try shell.execute("BEGIN IMMEDIATE;")
         _ = try await h.engine.token(for: key)
-        #expect(await eventually(within: 20) { events.elements.contains(where: \.isStoreDegraded) }, "\(events.elements)")
+        #expect(await eventually(within: 60) { events.elements.contains(where: \.isStoreDegraded) }, "\(events.elements)")
         let asking = Task { try? await h.engine.token(for: stuckKey) }
         #expect(await eventually(within: 30) { stuck.count == 1 })
 
@@ -110,7 +110,7 @@ struct CancelledRunTests {
         running.cancel()
         let ended = EndFlag()
         Task { _ = try? await running.value; ended.set() }
-        let returned = await eventually(within: 20) { ended.isSet }
+        let returned = await eventually(within: 60) { ended.isSet }
         #expect(returned, "run() did not return within 20 s of its cancellation (its shutdown waits without a bound)")
         if returned { #expect(ContinuousClock.now - started < .seconds(15)) }
         let warnings = h.log.entries.filter { $0.level >= .warning }.map { "\($0.message) \($0.metadata)" }
@@ -119,6 +119,6 @@ struct CancelledRunTests {
         stuck.release()
         _ = await asking.value
         _ = try shell.execute("COMMIT;")
-        _ = await eventually(within: 20) { ended.isSet }
+        _ = await eventually(within: 60) { ended.isSet }
     }
 }

@@ -149,7 +149,7 @@ struct SQLiteChangeBurstTests {
         #expect(held.allSatisfy { h.engine.heldToken(for: $0)?.source == .store })
         let running = h.start()
         defer { running.cancel() }
-        #expect(await eventually(within: 20) { await h.engine.isRunning })
+        #expect(await eventually(within: 60) { await h.engine.isRunning })
         #expect(await h.engine.settle())
         #expect(h.fetcher.total == 0)
 
@@ -182,7 +182,7 @@ struct SQLiteChangeBurstTests {
 
         let running = h.start()
         defer { running.cancel() }
-        #expect(await eventually(within: 20) { await h.engine.isRunning })
+        #expect(await eventually(within: 60) { await h.engine.isRunning })
         #expect(await h.store.deliversWithinOneSecond(feedClock) { events.elements.contains(.removedExternally(key: key)) },
                 "the purge before run() was never seen")
         #expect(await eventually(within: 30) { h.fetcher.count(key) == 1 })

@@ -18,7 +18,7 @@ struct EngineTests {
         let engine = TokenSyncEngine(repository: counting, fetcher: fetcher, logger: Logger(label: "t"),
                                      clock: time.clock, now: time.wall)
         let first = try await engine.token(for: key)
-        #expect(await eventually(within: 20) { (try? await counting.base.entry(for: key)) != nil })
+        #expect(await eventually(within: 60) { (try? await counting.base.entry(for: key)) != nil })
         let callsAfterFirst = counting.calls
         for _ in 0..<1000 { #expect(try await engine.token(for: key) == first) }
         await time.advance(by: 2000) // still before the soft point (≥ 2700 s)
@@ -39,9 +39,9 @@ struct EngineTests {
         h.fetcher.close()
         await h.time.advance(by: 20) // 2710 s: past the soft point
         for _ in 0..<50 { #expect(try await h.engine.token(for: key) == first) }
-        #expect(await eventually(within: 20) { h.fetcher.waitingAtGate == 1 })
+        #expect(await eventually(within: 60) { h.fetcher.waitingAtGate == 1 })
         h.fetcher.open()
-        #expect(await eventually(within: 20) { (try? await h.engine.token(for: key)) != first })
+        #expect(await eventually(within: 60) { (try? await h.engine.token(for: key)) != first })
         #expect(h.fetcher.total == 2)
     }
 
@@ -55,7 +55,7 @@ struct EngineTests {
         #expect(h.fetcher.total == 1)
         await h.time.advance(by: 20)
         _ = try await h.engine.token(for: key)
-        #expect(await eventually(within: 20) { h.fetcher.total == 2 })
+        #expect(await eventually(within: 60) { h.fetcher.total == 2 })
     }
 
     @Test("below the floor callers wait for the fetch and never get the old token")
@@ -76,8 +76,8 @@ struct EngineTests {
         h.fetcher.setAnswer { _, _ throws(TokenProviderError) in throw .unreachable(detail: "connection refused") }
         await h.time.advance(by: 3000)
         #expect(try await h.engine.token(for: key) == first) // stale but usable; background refresh fails
-        #expect(await eventually(within: 20) { h.fetcher.total == 2 })
-        #expect(await eventually(within: 20) { (try? await h.store.entry(for: key))?.failure?.consecutiveFailures == 1 })
+        #expect(await eventually(within: 60) { h.fetcher.total == 2 })
+        #expect(await eventually(within: 60) { (try? await h.store.entry(for: key))?.failure?.consecutiveFailures == 1 })
         #expect(try await h.engine.token(for: key) == first)
 
         await h.time.advance(by: 575) // 25 s left: below the floor
@@ -146,7 +146,7 @@ struct EngineTests {
         h.fetcher.setAnswer { _, _ in FetchedToken(value: first.value) } // the provider caches
         await h.time.advance(by: 2800)
         _ = try await h.engine.token(for: key)
-        #expect(await eventually(within: 20) { (try? await h.store.entry(for: key))?.failure?.lastErrorKind == "noProgress" })
+        #expect(await eventually(within: 60) { (try? await h.store.entry(for: key))?.failure?.lastErrorKind == "noProgress" })
         for _ in 0..<20 { #expect(try await h.engine.token(for: key) == first) }
         #expect(await h.engine.settle())
         #expect(h.fetcher.total == 2)
@@ -156,10 +156,10 @@ struct EngineTests {
     func invalidate() async throws {
         let h = try EngineHarness()
         let first = try await h.engine.token(for: key)
-        #expect(await eventually(within: 20) { (try? await h.store.entry(for: key))?.token == first })
+        #expect(await eventually(within: 60) { (try? await h.store.entry(for: key))?.token == first })
         await h.engine.invalidate(key)
         // The removal is queued with the engine's writes, not awaited by invalidate.
-        #expect(await eventually(within: 20) { (try? await h.store.entry(for: key)).map { $0?.token == nil } == true })
+        #expect(await eventually(within: 60) { (try? await h.store.entry(for: key)).map { $0?.token == nil } == true })
         let second = try await h.engine.token(for: key)
         #expect(second != first)
         #expect(h.fetcher.total == 2)
@@ -204,7 +204,7 @@ struct EngineTests {
         let first = try await h.engine.token(for: key)
         #expect(h.engine.memory.entry(key) != nil)
         await h.time.advance(by: 2900)
-        #expect(await eventually(within: 20) { h.engine.memory.entry(key) == nil })
+        #expect(await eventually(within: 60) { h.engine.memory.entry(key) == nil })
         #expect(h.fetcher.total == 1)
         // Still in the store: served from there (past its soft point, so a refresh follows).
         #expect(try await h.engine.token(for: key) == first)
@@ -220,7 +220,7 @@ struct EngineTests {
         let key = self.key
         let results = try await withThrowingTaskGroup(of: String.self) { group in
             for _ in 0..<1000 { group.addTask { try await engine.token(for: key).value } }
-            #expect(await eventually(within: 20) { h.fetcher.waitingAtGate == 1 })
+            #expect(await eventually(within: 60) { h.fetcher.waitingAtGate == 1 })
             h.fetcher.open()
             return try await group.reduce(into: Set<String>()) { $0.insert($1) }
         }

@@ -18,7 +18,7 @@ struct LifecycleTests {
             for key in keys { group.addTask { try await h.engine.token(for: key) } }
             return try await group.reduce(into: [TokenKey: StoredToken]()) { $0[$1.key] = $1 }
         }
-        #expect(await eventually(within: 20) { (try? await h.store.list(.all).count) == keys.count })
+        #expect(await eventually(within: 60) { (try? await h.store.list(.all).count) == keys.count })
         h.store.close()
 
         // "Restart": a new repository and engine on the same file, a fresh fetcher.
@@ -40,7 +40,7 @@ struct LifecycleTests {
         #expect(await engine.settle())
         #expect(fetcher.total == 0)
         await h.time.advance(by: 20)
-        #expect(await eventually(within: 20) { fetcher.total == keys.count })
+        #expect(await eventually(within: 60) { fetcher.total == keys.count })
         running.cancel()
         _ = try? await running.value
     }
@@ -50,7 +50,7 @@ struct LifecycleTests {
         let h = try EngineHarness()
         let key = keys[0]
         let first = try await h.engine.token(for: key)
-        #expect(await eventually(within: 20) { (try? await h.store.entry(for: key))?.token == first })
+        #expect(await eventually(within: 60) { (try? await h.store.entry(for: key))?.token == first })
         h.store.close()
         await h.time.advance(by: 3000) // past the soft point, above the floor
 
@@ -60,8 +60,8 @@ struct LifecycleTests {
         let engine = TokenSyncEngine(repository: store, fetcher: fetcher, logger: Logger(label: "restart"),
                                      clock: h.time.clock, now: h.time.wall)
         #expect(try await engine.token(for: key) == first)
-        #expect(await eventually(within: 20) { fetcher.total == 1 })
-        #expect(await eventually(within: 20) { (try? await engine.token(for: key)) != first })
+        #expect(await eventually(within: 60) { fetcher.total == 1 })
+        #expect(await eventually(within: 60) { (try? await engine.token(for: key)) != first })
     }
 
     @Test("a restarted engine honours the stored backoff instead of fetching")
@@ -93,14 +93,14 @@ struct LifecycleTests {
         let idle = keys[0], busy = keys[1], tracked = keys[2]
         await h.engine.track([tracked])
         for key in [idle, busy] { _ = try await h.engine.token(for: key) }
-        #expect(await eventually(within: 20) { h.fetcher.count(tracked) == 1 })
+        #expect(await eventually(within: 60) { h.fetcher.count(tracked) == 1 })
         // `busy` keeps being used; `idle` is not touched again.
         for _ in 0..<5 {
             await h.time.advance(by: 500)
             _ = try await h.engine.token(for: busy)
         }
         await h.time.advance(by: 400) // 2900 s: every soft point has passed
-        #expect(await eventually(within: 20) { h.fetcher.count(busy) == 2 && h.fetcher.count(tracked) == 2 })
+        #expect(await eventually(within: 60) { h.fetcher.count(busy) == 2 && h.fetcher.count(tracked) == 2 })
         #expect(await h.engine.settle())
         #expect(h.fetcher.count(idle) == 1)
         running.cancel()
@@ -115,7 +115,7 @@ struct LifecycleTests {
         let key = keys[0]
         h.fetcher.close()
         async let a = h.engine.token(for: key)
-        #expect(await eventually(within: 20) { h.fetcher.waitingAtGate == 1 })
+        #expect(await eventually(within: 60) { h.fetcher.waitingAtGate == 1 })
         async let b = other.token(for: key)
         #expect(await eventually(within: 30) { other.flightPhase(of: key)?.isWaitingForHolder == true },
                 "b waits on the lease instead of fetching")
@@ -142,7 +142,7 @@ struct LifecycleTests {
         let key = keys[0]
         h.fetcher.close()
         let holder = Task { try await other.token(for: key) }
-        #expect(await eventually(within: 20) { h.fetcher.waitingAtGate == 1 })
+        #expect(await eventually(within: 60) { h.fetcher.waitingAtGate == 1 })
         let ended = EndFlag()
         let engine = h.engine
         let waiter = Task {
@@ -183,7 +183,7 @@ struct LifecycleTests {
         await h.engine.track([key])
         let events = StreamRecorder(h.engine.events())
         let running = h.start()
-        #expect(await eventually(within: 20) { (try? await h.store.entry(for: key))?.token != nil })
+        #expect(await eventually(within: 60) { (try? await h.store.entry(for: key))?.token != nil })
         let first = try await h.engine.token(for: key)
 
         let admin = try openStore(h.dir.file("tokens.sqlite"), mode: .adminReadWrite)
@@ -205,7 +205,7 @@ struct LifecycleTests {
         let key = keys[1]
         let running = h.start()
         _ = try await h.engine.token(for: key)
-        #expect(await eventually(within: 20) { (try? await h.store.entry(for: key))?.token != nil })
+        #expect(await eventually(within: 60) { (try? await h.store.entry(for: key))?.token != nil })
         #expect(await eventually(within: 30) { await h.engine.isRunning }, "the engine follows the store's changes")
 
         let other = try openStore(h.dir.file("tokens.sqlite"))
@@ -227,7 +227,7 @@ struct LifecycleTests {
         _ = try await h.engine.token(for: first)
         h.fetcher.close()
         let waiting = Task { try await h.engine.token(for: stuck) }
-        #expect(await eventually(within: 20) { h.fetcher.waitingAtGate == 1 })
+        #expect(await eventually(within: 60) { h.fetcher.waitingAtGate == 1 })
 
         let group = ServiceGroup(configuration: .init(services: [.init(service: h.engine)], logger: Logger(label: "group")))
         let running = Task { try await group.run() }

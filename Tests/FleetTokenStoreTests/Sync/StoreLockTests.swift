@@ -87,7 +87,7 @@ struct StoreLockTests {
         _ = try shell.execute("BEGIN IMMEDIATE;")
         // A fetched token whose commit fails on the lock; its retry is 2 s away on the test clock.
         let waiting = try await h.engine.token(for: pending)
-        #expect(await eventually(within: 20) { events.elements.contains(where: \.isStoreDegraded) }, "\(events.elements)")
+        #expect(await eventually(within: 60) { events.elements.contains(where: \.isStoreDegraded) }, "\(events.elements)")
 
         var invalidations: [Task<Void, Never>] = []
         for key in [held, storedOnly, askedAfter] {

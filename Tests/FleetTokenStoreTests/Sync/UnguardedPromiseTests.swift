@@ -28,13 +28,13 @@ struct UnguardedPromiseTests {
         let busy = try (1...2).map { try TokenKey.vehicle("slow-\($0)") }
         let key = try TokenKey.vehicle("queued")
         let busyCallers = busy.map { key in Task { try? await h.engine.token(for: key) } }
-        #expect(await eventually(within: 20) { slow.waitingAtGate == 2 }, "both slots fetch the slow keys")
+        #expect(await eventually(within: 60) { slow.waitingAtGate == 2 }, "both slots fetch the slow keys")
         let served = Mutex<StoredToken?>(nil)
         let caller = Task {
             let token = try await h.engine.token(for: key)
             served.withLock { $0 = token }
         }
-        #expect(await eventually(within: 20) {
+        #expect(await eventually(within: 60) {
             if case .queuedForSlot = h.engine.flightPhase(of: key) { return true }
             return false
         }, "the caller queues for a fetch slot")
@@ -44,9 +44,9 @@ struct UnguardedPromiseTests {
         let (sibling, siblingStore) = try h.sibling(fetcher: other)
         defer { siblingStore.close() }
         let stored = try await sibling.token(for: key)
-        #expect(await eventually(within: 20) { (try? await h.store.entry(for: key))?.token?.value == stored.value })
+        #expect(await eventually(within: 60) { (try? await h.store.entry(for: key))?.token?.value == stored.value })
 
-        let released = await eventually(within: 20) { served.withLock { $0 } != nil }
+        let released = await eventually(within: 60) { served.withLock { $0 } != nil }
         #expect(released, "the caller still waits for a fetch slot although K's token is in the store")
         #expect(served.withLock { $0?.value == stored.value }, "the caller got another token than the one stored")
         // No slot freed meanwhile, and K was never fetched here.
@@ -131,7 +131,7 @@ struct UnguardedPromiseTests {
 
         // At the next attempt the tracked key is retried (the backoff was all that held it).
         await time.advance(by: 2)
-        #expect(await eventually(within: 20) { provider.count(tracked) == 1 })
+        #expect(await eventually(within: 60) { provider.count(tracked) == 1 })
         await engine.shutdown()
         running.cancel()
         _ = try? await running.value
