@@ -15,13 +15,13 @@ struct CrossProcessEngineTests {
         let probe = productsDirectory.appendingPathComponent("token-engine-probe").path
         #expect(FileManager.default.isExecutableFile(atPath: probe))
 
-        async let first = Task.detached { try runCapturing([probe, store, "vehicle", "shared-1", fetchLog, "5000"], timeout: 60) }.value
-        // The second starts once the first's fetch has begun; the first holds it for 5 s, so the
+        async let first = Task.detached { try runCapturing([probe, store, "vehicle", "shared-1", fetchLog, "15000"], timeout: 60) }.value
+        // The second starts once the first's fetch has begun; the first holds it for 15 s, so the
         // second meets its lease even when starting a process takes seconds on a loaded machine.
         #expect(await eventually(within: 60) {
             ((try? String(contentsOfFile: fetchLog, encoding: .utf8)) ?? "").contains("shared-1")
         })
-        async let second = Task.detached { try runCapturing([probe, store, "vehicle", "shared-1", fetchLog, "5000"], timeout: 60) }.value
+        async let second = Task.detached { try runCapturing([probe, store, "vehicle", "shared-1", fetchLog, "15000"], timeout: 60) }.value
         let (a, b) = try await (first, second)
         #expect(a.status == 0, "\(a.stderr)")
         #expect(b.status == 0, "\(b.stderr)")
