@@ -32,16 +32,18 @@ struct RetentionProcessTests {
         let trips = "SELECT count(*) FROM tokens WHERE kind = 'trip'"
         // Watched until gone: the old schedule's second sweep came 65 s after start, well after
         // this bound; the rows must still be there until the retention period has passed.
-        var lastSeen: Date?
+        // A probe that reads none proves the rows were deleted before it returned, so the time
+        // it returned bounds the deletion from above; the time a probe saw rows proves nothing
+        // about the deletion when probes are far apart (a loaded machine starting sqlite3).
+        var goneBy: Date?
         let gone = await eventually(within: 40) {
-            let seenAt = Date()
-            if (try? sqlite3(db, trips, readOnly: true)) == "0" { return true }
-            lastSeen = seenAt
-            return false
+            let count = try? sqlite3(db, trips, readOnly: true)
+            if count == "0" { goneBy = Date() }
+            return count == "0"
         }
         #expect(gone, "rows eligible since 13 s after start still stored 40 s after it: \(agent.stderr)")
         // Kept until eligible (a bound, with a second for the clocks' grain).
-        #expect((lastSeen ?? .distantPast) >= expiry.addingTimeInterval(10 - 1), "deleted before the retention period passed")
+        #expect((goneBy ?? .distantFuture) >= expiry.addingTimeInterval(10 - 1), "deleted before the retention period passed")
         #expect(try sqlite3(db, "SELECT count(*) FROM tokens WHERE subject_id = 'truck-1' AND token IS NOT NULL") == "1")
         agent.signal(SIGTERM)
         #expect(await agent.wait(upTo: 10) == 0)
