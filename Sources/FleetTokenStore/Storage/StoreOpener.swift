@@ -81,13 +81,7 @@ struct StoreOpener {
             throw TokenStoreError(error, path: files.path, busyTimeout: configuration.busyTimeout)
         }
         if migrate {
-            do {
-                try migrator.migrate(pool)
-            } catch {
-                try? pool.close()
-                throw .migrationFailed(path: files.path, identifier: error.identifier,
-                                       reason: TokenStoreError(error.underlying, path: files.path).description)
-            }
+            try applyMigrations(to: pool)
             report.schemaVersion = migrator.latestVersion
             if state.storeVersion > 0 {
                 logger.notice("token store schema upgraded", metadata: [
@@ -121,13 +115,7 @@ struct StoreOpener {
         config.label = "FleetTokenStore.create"
         do {
             let pool = try DatabasePool(path: staging.path, configuration: config)
-            do {
-                try migrator.migrate(pool)
-            } catch {
-                try? pool.close()
-                throw TokenStoreError.migrationFailed(path: files.path, identifier: error.identifier,
-                                                      reason: TokenStoreError(error.underlying, path: files.path).description)
-            }
+            try applyMigrations(to: pool)
             // Everything into the file, synced: the file alone is the store. A checkpoint that
             // fails throws here (closing would ignore it and keep the log, which the file
             // linked into place would not have).
@@ -143,6 +131,18 @@ struct StoreOpener {
         }
         try staging.requireNoLog()
         return try staging.install()
+    }
+
+    /// Applies the pending migrations; on failure closes `pool` and says which migration failed
+    /// and why (named by the store's path, also while the store is made under a private name).
+    private func applyMigrations(to pool: DatabasePool) throws(TokenStoreError) {
+        do {
+            try migrator.migrate(pool)
+        } catch {
+            try? pool.close()
+            throw .migrationFailed(path: files.path, identifier: error.identifier,
+                                   reason: TokenStoreError(error.underlying, path: files.path).description)
+        }
     }
 
     /// Integrity check (when due, see ``IntegrityCheckTiming``) and schema state, through a
