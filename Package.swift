@@ -19,6 +19,7 @@ let package = Package(
         .library(name: "FleetTokenStore", targets: ["FleetTokenStore"]),
         .library(name: "FleetTokenHTTP", targets: ["FleetTokenHTTP"]),
         .library(name: "FleetTokenService", targets: ["FleetTokenService"]),
+        .library(name: "FleetEngineProxy", targets: ["FleetEngineProxy"]),
         .library(name: "DevTokenIssuer", targets: ["DevTokenIssuer"]),
         .library(name: "FleetTokenStoreTesting", targets: ["FleetTokenStoreTesting"]),
         .library(name: "FleetTokenPostgres", targets: ["FleetTokenPostgres"]),
@@ -37,6 +38,10 @@ let package = Package(
         .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.13.0"),
         .package(url: "https://github.com/swift-server/async-http-client", from: "1.37.0"),
         .package(url: "https://github.com/apple/swift-nio-ssl", from: "2.37.0"),
+        // The Fleet Engine proxy: gRPC and REST callers over HTTP/2 (prior knowledge) and
+        // HTTP/1.1 on one listener, and its HTTP/2 connection to Fleet Engine (gRPC's status is
+        // in trailers, which AsyncHTTPClient does not expose).
+        .package(url: "https://github.com/apple/swift-nio-http2", from: "1.46.0"),
         .package(url: "https://github.com/apple/swift-certificates", from: "1.21.0"),
         .package(url: "https://github.com/apple/swift-asn1", from: "1.7.0"),
         .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.28.0"),
@@ -115,6 +120,29 @@ let package = Package(
                 .product(name: "HTTPTypes", package: "swift-http-types"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            swiftSettings: strictSettings
+        ),
+        // The Fleet Engine proxy an embedder (or token-agent) serves beside the token API: one
+        // listener for gRPC and REST callers, the token of the resource each call names, one
+        // HTTP/2 connection to Fleet Engine. Its own target, so the token API alone does not
+        // link HTTP/2.
+        .target(
+            name: "FleetEngineProxy",
+            dependencies: [
+                "FleetTokenStore",
+                "FleetTokenService",
+                "FleetTokenHTTP",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOHTTP2", package: "swift-nio-http2"),
+                .product(name: "NIOHPACK", package: "swift-nio-http2"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "NIOTLS", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "CoreMetrics", package: "swift-metrics"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
             swiftSettings: strictSettings
@@ -211,6 +239,7 @@ let package = Package(
                 "FleetTokenStore",
                 "FleetTokenHTTP",
                 "FleetTokenService",
+                "FleetEngineProxy",
                 "FleetTokenPostgres",
                 .product(name: "Prometheus", package: "swift-prometheus"),
                 .product(name: "Metrics", package: "swift-metrics"),
@@ -266,6 +295,11 @@ let package = Package(
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "X509", package: "swift-certificates"),
                 .product(name: "Crypto", package: "swift-crypto"),
+                // FleetEngineKit: the fake Fleet Engine (HTTP/2, RS256 JWTs, the method table).
+                "FleetTokenService",
+                .product(name: "NIOHTTP2", package: "swift-nio-http2"),
+                .product(name: "NIOHPACK", package: "swift-nio-http2"),
+                .product(name: "_CryptoExtras", package: "swift-crypto"),
             ],
             path: "Tests/TestSupportKit",
             swiftSettings: testSettings
@@ -328,6 +362,20 @@ let package = Package(
                 "FleetTokenStore",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            swiftSettings: testSettings
+        ),
+        .testTarget(
+            name: "FleetEngineProxyTests",
+            dependencies: [
+                "TestSupportKit",
+                "FleetTokenStoreTesting",
+                "FleetEngineProxy",
+                "FleetTokenService",
+                "FleetTokenStore",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "_CryptoExtras", package: "swift-crypto"),
             ],
             swiftSettings: testSettings
         ),

@@ -2,14 +2,14 @@
 // peer, against the caps in force (APIConnectionLimits) and admits or refuses each new one.
 
 import HummingbirdCore
-import Logging
+package import Logging
 import NIOCore
 import Synchronization
 
 /// Counts the API's open connections, overall and per peer, over every listener of one
 /// ``TokenAPIService``, and admits or refuses each new one.
-final class ConnectionGate: Sendable {
-    enum Admission: Equatable {
+package final class ConnectionGate: Sendable {
+    package enum Admission: Equatable {
         /// Admitted; `busy`: with the short idle timeout.
         case admitted(busy: Bool)
         /// Refused: the overall cap (`open` connections) is reached.
@@ -34,20 +34,23 @@ final class ConnectionGate: Sendable {
     /// it first lets the close end in a FIN, not a reset that could overtake the 503.
     static let refusalLinger = TimeAmount.milliseconds(100)
 
-    let limits: APIConnectionLimits
+    package let limits: APIConnectionLimits
+    /// Whose connections these are, for the log ("token API", "Fleet Engine proxy").
+    private let component: String
     private let logger: Logger
     private let state = Mutex(State())
     /// The identity of each open Unix-socket connection's caller, read when it was accepted.
     private let identities = Mutex<[ObjectIdentifier: PeerIdentity]>([:])
 
-    init(limits: APIConnectionLimits, logger: Logger) {
+    package init(limits: APIConnectionLimits, component: String = "token API", logger: Logger) {
         self.limits = limits
+        self.component = component
         self.logger = logger
     }
 
     /// The caps in force, resolved (and logged) the first time: when the first listener starts,
     /// after the agent raised its open-files limit and opened its store.
-    var caps: APIConnectionCaps {
+    package var caps: APIConnectionCaps {
         if let caps = state.withLock({ $0.caps }) { return caps }
         let resolved = limits.capsInForce()
         let first = state.withLock { state -> Bool in
@@ -56,12 +59,12 @@ final class ConnectionGate: Sendable {
             return true
         }
         if first {
-            logger.notice("token API connection caps in force", metadata: [
+            logger.notice("\(component) connection caps in force", metadata: [
                 "overall": "\(resolved.overall)", "per_peer": "\(resolved.perPeer)", "reason": "\(resolved.reason)",
                 "busy_idle_timeout": "\(APIConnectionLimits.busyIdleTimeout.components.seconds) s from \(resolved.busyThreshold) open",
             ])
             if resolved.limitedByOpenFiles && resolved.overall < 64 {
-                logger.warning("the open-files limit leaves the token API few connections: raise it (systemd: LimitNOFILE=)",
+                logger.warning("the open-files limit leaves the \(component) few connections: raise it (systemd: LimitNOFILE=)",
                                metadata: ["overall": "\(resolved.overall)", "reason": "\(resolved.reason)"])
             }
         }
@@ -69,7 +72,7 @@ final class ConnectionGate: Sendable {
     }
 
     /// Admits a new connection from `peer` (counting it) or refuses it (counting nothing).
-    func admit(_ peer: ConnectionPeer) -> Admission {
+    package func admit(_ peer: ConnectionPeer) -> Admission {
         let caps = caps
         let now = ContinuousClock.now
         let (admission, report) = state.withLock { state -> (Admission, Int?) in
@@ -94,7 +97,7 @@ final class ConnectionGate: Sendable {
         }
         if let refused = report {
             let which = if case .refusedOverall = admission { "overall" } else { "per peer" }
-            logger.warning("token API connections refused at the cap (answered 503)", metadata: [
+            logger.warning("\(component) connections refused at the cap (answered 503)", metadata: [
                 "cap": "\(which)", "overall": "\(caps.overall)", "per_peer": "\(caps.perPeer)", "peer": "\(peer)", "refused": "\(refused)",
             ])
         }
@@ -115,7 +118,7 @@ final class ConnectionGate: Sendable {
     }
 
     /// Forgets a connection admitted from `peer`.
-    func release(_ peer: ConnectionPeer) {
+    package func release(_ peer: ConnectionPeer) {
         state.withLock { state in
             state.open -= 1
             let left = state.byPeer[peer, default: 1] - 1

@@ -2,12 +2,12 @@
 // client's address, a Unix-socket caller's user), and the caller's identity as the kernel says.
 
 #if canImport(Glibc)
-import Glibc
+package import Glibc
 #endif
-import NIOCore
+package import NIOCore
 
 /// Whom a connection counts against for the per-peer cap.
-enum ConnectionPeer: Hashable, Sendable, CustomStringConvertible {
+package enum ConnectionPeer: Hashable, Sendable, CustomStringConvertible {
     /// A TCP client's IP address.
     case address(String)
     /// A Unix-socket client's user.
@@ -15,7 +15,7 @@ enum ConnectionPeer: Hashable, Sendable, CustomStringConvertible {
     /// A Unix-socket client whose credentials could not be read: one shared bucket.
     case unixSocket
 
-    var description: String {
+    package var description: String {
         switch self {
         case .address(let address): address
         case .user(let uid): "uid \(uid)"
@@ -24,12 +24,12 @@ enum ConnectionPeer: Hashable, Sendable, CustomStringConvertible {
     }
 
     /// The peer of an accepted connection; on the channel's event loop.
-    static func of(_ channel: any Channel, unixSocket: Bool) -> ConnectionPeer {
+    package static func of(_ channel: any Channel, unixSocket: Bool) -> ConnectionPeer {
         of(channel, unixSocket: unixSocket, identity: unixSocket ? identity(channel) : nil)
     }
 
     /// The peer of an accepted connection whose caller's `identity` was read already.
-    static func of(_ channel: any Channel, unixSocket: Bool, identity: PeerIdentity?) -> ConnectionPeer {
+    package static func of(_ channel: any Channel, unixSocket: Bool, identity: PeerIdentity?) -> ConnectionPeer {
         guard unixSocket else { return .address(channel.remoteAddress?.ipAddress ?? "unknown") }
         return identity.map { .user($0.uid) } ?? .unixSocket
     }
@@ -37,7 +37,7 @@ enum ConnectionPeer: Hashable, Sendable, CustomStringConvertible {
     /// A Unix-socket caller's identity: `SO_PEERCRED`, and `SO_PEERGROUPS` for its
     /// supplementary groups. On the event loop the options are read synchronously and the
     /// futures are complete when returned, so their callbacks run before this returns.
-    static func identity(_ channel: any Channel) -> PeerIdentity? {
+    package static func identity(_ channel: any Channel) -> PeerIdentity? {
         guard channel.eventLoop.inEventLoop, let provider = channel as? any SocketOptionProvider else { return nil }
         let credentials: EventLoopFuture<PeerCredentials> = provider.unsafeGetSocketOption(level: SocketOptionLevel(SOL_SOCKET), name: SocketOptionName(SO_PEERCRED))
         var found: PeerCredentials?

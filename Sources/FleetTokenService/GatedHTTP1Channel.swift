@@ -63,7 +63,7 @@ struct GatedHTTP1Channel: ServerChildChannel {
 /// connection is active and closes. When one of the gate's few linger slots is free it first
 /// waits (at most ``ConnectionGate/refusalLinger``) for the client's request and reads it: a
 /// socket closed with unread data sends a reset, which the client may see instead of the 503.
-final class RefusedConnectionHandler: ChannelInboundHandler, RemovableChannelHandler {
+package final class RefusedConnectionHandler: ChannelInboundHandler, RemovableChannelHandler {
     typealias InboundIn = ByteBuffer
     typealias OutboundOut = ByteBuffer
 
@@ -73,7 +73,7 @@ final class RefusedConnectionHandler: ChannelInboundHandler, RemovableChannelHan
     private var lingering = false
     private var deadline: Scheduled<Void>?
 
-    init(_ answer: String, gate: ConnectionGate) {
+    package init(_ answer: String, gate: ConnectionGate) {
         self.answer = answer
         self.gate = gate
     }

@@ -1,14 +1,14 @@
 // Service layer: the token API's policy of at most one forced refetch per key per interval.
 
-import FleetTokenStore
-import Foundation
+package import FleetTokenStore
+package import Foundation
 import Synchronization
 
 /// Limits `POST /v1/invalidate` to one forced fetch per key per ``interval``, so a client that
 /// loops on a rejected token cannot turn the agent into a fetch loop against the provider.
-final class InvalidationLimiter: Sendable {
+package final class InvalidationLimiter: Sendable {
     /// What the limiter decided.
-    enum Decision: Sendable, Equatable {
+    package enum Decision: Sendable, Equatable {
         /// Invalidate now.
         case allowed
         /// Refused: the last forced fetch of the key was less than an interval ago; retry after this many seconds.
@@ -16,7 +16,7 @@ final class InvalidationLimiter: Sendable {
     }
 
     /// The shortest time between two forced fetches of one key.
-    let interval: TimeInterval
+    package let interval: TimeInterval
     private let state = Mutex(Recent())
 
     /// The invalidations of the last interval: by key, and in the order they were allowed
@@ -63,7 +63,7 @@ final class InvalidationLimiter: Sendable {
     /// Decides for `key` at `now` (monotonic, so a wall-clock step neither blocks nor frees a
     /// key), recording an allowed invalidation. Amortized constant time, however many keys it
     /// remembers.
-    func admit(_ key: TokenKey, now: ContinuousClock.Instant) -> Decision {
+    package func admit(_ key: TokenKey, now: ContinuousClock.Instant) -> Decision {
         state.withLock { recent in
             // Each call drops at most two expired entries: amortized, every entry is dropped
             // once, and the table holds at most the keys of the last interval (plus a few).
@@ -81,7 +81,7 @@ final class InvalidationLimiter: Sendable {
     /// Drops up to `budget` invalidations older than the interval, and gives the table's
     /// storage back once it is empty after a burst: called by the API's other routes, so that
     /// a burst of invalidations is forgotten even when no invalidation follows it.
-    func sweep(now: ContinuousClock.Instant, budget: Int = 64) {
+    package func sweep(now: ContinuousClock.Instant, budget: Int = 64) {
         state.withLock { $0.forget(olderThan: interval, at: now, atMost: budget) }
     }
 

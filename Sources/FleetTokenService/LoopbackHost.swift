@@ -6,10 +6,10 @@ import Glibc
 #endif
 
 /// Loopback hosts: `localhost`, an IPv4 literal in `127.0.0.0/8`, or the IPv6 literal `::1`.
-enum LoopbackHost {
+package enum LoopbackHost {
     /// True when `host` (without brackets or port) is `localhost` or a loopback address literal.
     /// `127.attacker.example` is a name, not an address, and is not loopback.
-    static func isLoopback(_ host: String) -> Bool {
+    package static func isLoopback(_ host: String) -> Bool {
         if host.lowercased() == "localhost" { return true }
         var v4 = in_addr()
         if inet_pton(AF_INET, host, &v4) == 1 {
@@ -23,7 +23,7 @@ enum LoopbackHost {
     }
 
     /// True when `host` is an IPv4 or IPv6 address literal (not a name).
-    static func isAddressLiteral(_ host: String) -> Bool {
+    package static func isAddressLiteral(_ host: String) -> Bool {
         var v4 = in_addr()
         var v6 = in6_addr()
         return inet_pton(AF_INET, host, &v4) == 1 || inet_pton(AF_INET6, host, &v6) == 1
@@ -47,7 +47,7 @@ enum LoopbackHost {
     /// True when a request to a TCP listener bound to `listenHost` may carry this Host header:
     /// loopback names and literals, or the listener's own host as given to `--listen` (a
     /// non-loopback listener that an operator allowed).
-    static func isAllowedHostHeader(_ value: String, listenHost: String) -> Bool {
+    package static func isAllowedHostHeader(_ value: String, listenHost: String) -> Bool {
         guard let host = hostOfHeader(value) else { return false }
         return isLoopback(host) || host.lowercased() == listenHost.lowercased()
     }

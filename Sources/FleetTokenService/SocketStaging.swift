@@ -3,7 +3,7 @@
 
 import Foundation
 #if canImport(Glibc)
-import Glibc
+package import Glibc
 #endif
 
 /// Where a Unix socket is bound before it is put in place: a directory only this user can
@@ -13,18 +13,18 @@ import Glibc
 /// socket file's mode (`fchmod` on a socket sets the socket's, not the file's), so the mode is
 /// set by path inside the private directory, where no other user can reach or swap the file,
 /// and `rename` then puts the socket in place atomically, replacing a stale one.
-struct SocketStaging: Sendable {
+package struct SocketStaging: Sendable {
     /// The final path of the socket.
-    let path: String
+    package let path: String
     /// The private directory.
     let directory: String
     /// Where the listener binds.
-    var stagedPath: String { directory + "/s" }
+    package var stagedPath: String { directory + "/s" }
 
     /// Creates the private directory beside `path`.
     /// - Throws: ``TokenAPIError`` when it cannot be made, or the staged path is too long for a
     ///   socket address.
-    init(path: String) throws(TokenAPIError) {
+    package init(path: String) throws(TokenAPIError) {
         let parent = (path as NSString).deletingLastPathComponent
         let directory = (parent.isEmpty ? "." : parent) + "/.token-agent-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
         self.path = path
@@ -40,7 +40,7 @@ struct SocketStaging: Sendable {
 
     /// Gives the bound socket `mode` and moves it to ``path``; removes the private directory.
     /// - Returns: nil, or what went wrong (errno's text).
-    func place(mode: mode_t) -> String? {
+    package func place(mode: mode_t) -> String? {
         defer { rmdir(directory) }
         guard chmod(stagedPath, mode) == 0 else { return "chmod: \(String(cString: strerror(errno)))" }
         guard rename(stagedPath, path) == 0 else {
@@ -52,7 +52,7 @@ struct SocketStaging: Sendable {
     }
 
     /// Removes what a listener that never ran left behind.
-    func discard() {
+    package func discard() {
         unlink(stagedPath)
         rmdir(directory)
     }

@@ -1,7 +1,7 @@
 // Service layer: how the local token API answers: the key a path names or the refusal, the
 // unavailable answer, JSON bodies and timestamps. The routes are in TokenAPI.swift.
 
-import FleetTokenStore
+package import FleetTokenStore
 import Foundation
 import HTTPTypes
 import Hummingbird
@@ -28,22 +28,26 @@ extension TokenAPI {
         } catch {
             return .failure(Refusal(Self.json(.badRequest, ["error": error.description])))
         }
+        if let refusal = accessRefusal(key, peer: context.peer) {
+            return .failure(Refusal(Self.json(.forbidden, ["error": refusal])))
+        }
+        return .success(key)
+    }
+
+    /// Why `peer` (nil: not identified, as on TCP) may not have `key`'s token, or nil when it
+    /// may: the allow list decides, or the client rules alone when there are any. Every edge
+    /// that hands out or uses a token (the token API, the Fleet Engine proxy) asks this.
+    package func accessRefusal(_ key: TokenKey, peer: PeerIdentity?) -> String? {
         let (allowList, clients) = subjectsInForce.state.withLock { ($0.allowList, $0.clients) }
         if clients.isEmpty {
-            guard allowList.allows(key) else {
-                return .failure(Refusal(Self.json(.forbidden, ["error": "\(key) is not a configured subject and matches no allow pattern"])))
-            }
-            return .success(key)
+            return allowList.allows(key) ? nil : "\(key) is not a configured subject and matches no allow pattern"
         }
         // Client rules decide alone: the answer names the caller and the subject it asked for,
         // never which subjects exist or whom they are granted to.
-        guard let peer = context.peer else {
-            return .failure(Refusal(Self.json(.forbidden, ["error": "the caller could not be identified: with client rules (--allow-client), tokens are served on Unix sockets only"])))
+        guard let peer else {
+            return "the caller could not be identified: with client rules (--allow-client), tokens are served on Unix sockets only"
         }
-        guard clients.allows(key, for: peer) else {
-            return .failure(Refusal(Self.json(.forbidden, ["error": "no client rule (--allow-client) grants \(key) to uid \(peer.uid)"])))
-        }
-        return .success(key)
+        return clients.allows(key, for: peer) ? nil : "no client rule (--allow-client) grants \(key) to uid \(peer.uid)"
     }
 
     func unavailable(_ error: TokenUnavailable) -> Response {

@@ -61,11 +61,11 @@ public struct TokenAPI: Sendable {
     /// The response header naming the served token's fingerprint (also in the access log).
     package static let fingerprintHeader = HTTPField.Name("Fleet-Token-Fingerprint")!
 
-    let engine: TokenSyncEngine
+    package let engine: TokenSyncEngine
     let configuration: Configuration
     /// The allow list and readiness subjects in force (replaced by ``replaceSubjects(_:)``).
     let subjectsInForce: SubjectsInForce
-    let limiter: InvalidationLimiter
+    package let limiter: InvalidationLimiter
     /// The store's last write problem, for `/readyz`: ``TokenAPIService`` keeps it from the
     /// engine's events.
     let storeWrites: StoreWriteState
@@ -194,14 +194,19 @@ public struct TokenAPI: Sendable {
     /// `503` when `key` would be one more pattern-allowed subject than
     /// ``Configuration/maxDynamicSubjects``; nil when it may be served.
     func capRefusal(_ key: TokenKey) -> Response? {
+        guard let refusal = dynamicCapRefusal(key) else { return nil }
+        return Self.json(.serviceUnavailable, ["error": refusal], headers: [.retryAfter: "60"])
+    }
+
+    /// Why `key` may not be served now, or nil: it would be one more subject asked for through
+    /// allow patterns than ``Configuration/maxDynamicSubjects`` (retry in a minute).
+    package func dynamicCapRefusal(_ key: TokenKey) -> String? {
         // Held but not tracked: what requests brought in. (Concurrent requests for new ids
         // may pass together, so the cap can be exceeded by at most the requests in flight.)
         guard !engine.holds(key), !engine.isTracked(key),
               engine.heldCount - engine.tracked.keys.count >= configuration.maxDynamicSubjects,
               !subjectsInForce.state.withLock({ $0.allowList.subjects.contains(key) }) else { return nil }
-        return Self.json(.serviceUnavailable, [
-            "error": "the agent already holds \(configuration.maxDynamicSubjects) subjects asked for through allow patterns (--max-dynamic-subjects); unused ones are dropped after the idle window: retry later, or raise the cap",
-        ], headers: [.retryAfter: "60"])
+        return "the agent already holds \(configuration.maxDynamicSubjects) subjects asked for through allow patterns (--max-dynamic-subjects); unused ones are dropped after the idle window: retry later, or raise the cap"
     }
 
     func subjects(_ request: Request, _ context: TokenAPIRequestContext) async -> Response {

@@ -93,7 +93,7 @@ public struct TokenAPIError: Error, Sendable, Equatable, CustomStringConvertible
     /// What is wrong and what to do.
     public let description: String
 
-    init(_ code: Code, _ address: String, _ description: String) {
+    package init(_ code: Code, _ address: String, _ description: String) {
         self.code = code
         self.address = address
         self.description = description
@@ -215,10 +215,10 @@ public struct TokenAPIService: Service {
 }
 
 /// The rules for a Unix socket path.
-enum SocketPath {
+package enum SocketPath {
     /// The directory must exist, belong to this user (or root) and not be writable by others;
     /// an existing file must be a socket nobody answers on.
-    static func check(_ path: String) throws(TokenAPIError) {
+    package static func check(_ path: String) throws(TokenAPIError) {
         let directory = (path as NSString).deletingLastPathComponent.isEmpty ? "." : (path as NSString).deletingLastPathComponent
         var info = stat()
         guard stat(directory, &info) == 0, info.st_mode & S_IFMT == S_IFDIR else {

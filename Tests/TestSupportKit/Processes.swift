@@ -126,9 +126,10 @@ public final class IssuerProcess: Sendable {
     public let base: String
 
     /// `recordTokens` keeps every issued token for ``issuedTokens()``.
-    public init(scratch: Scratch, lifetime: Int = 3600, recordTokens: Bool = false) async throws {
+    /// `keyFile`: a PEM RSA private key to sign with (a test that verifies signatures).
+    public init(scratch: Scratch, lifetime: Int = 3600, recordTokens: Bool = false, keyFile: String? = nil) async throws {
         process = try RunningProcess("dev-token-server", ["--port", "0", "--lifetime", "\(lifetime)", "--log-level", "warning"]
-                                     + (recordTokens ? ["--record-issued-tokens"] : []), in: scratch)
+                                     + (recordTokens ? ["--record-issued-tokens"] : []) + (keyFile.map { ["--key-file", $0] } ?? []), in: scratch)
         guard await process.waitForOutput("listening on ", within: 30),
               let line = process.stdout.split(separator: "\n").first(where: { $0.contains("listening on ") }),
               let url = line.split(separator: " ").last.map(String.init) else {

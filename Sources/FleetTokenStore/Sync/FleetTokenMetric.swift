@@ -82,9 +82,23 @@ extension FleetTokenMetric {
         "fleet_tokens_client_certificate_expiry_timestamp_seconds", .gauge,
         help: "When the client certificate presented to the token provider expires (Unix time).")
 
-    /// Every metric the library emits (FleetTokenStore and FleetTokenHTTP).
+    /// Calls through the Fleet Engine proxy, by wire, method and the answer's code.
+    public static let proxyRequests = FleetTokenMetric(
+        "fleet_tokens_proxy_requests_total", .counter, labels: ["protocol", "method", "code"],
+        help: "Calls through the Fleet Engine proxy, by protocol (grpc, rest), method and the code answered (gRPC status name, or HTTP status).")
+    /// Calls the Fleet Engine proxy sent once more with a new token after Fleet Engine rejected one.
+    public static let proxyRetries = FleetTokenMetric(
+        "fleet_tokens_proxy_retries_total", .counter, labels: ["protocol", "method"],
+        help: "Calls the Fleet Engine proxy sent once more, with a token fetched after Fleet Engine rejected the first (UNAUTHENTICATED, PERMISSION_DENIED, 401, 403).")
+    /// How long Fleet Engine took to answer the proxy's calls.
+    public static let proxyUpstreamDuration = FleetTokenMetric(
+        "fleet_tokens_proxy_upstream_duration_seconds", .histogram, labels: ["protocol"],
+        help: "How long Fleet Engine took to answer a call sent by the proxy (each attempt), answered or not.")
+
+    /// Every metric the library emits (FleetTokenStore, FleetTokenHTTP and FleetEngineProxy).
     public static let all: [FleetTokenMetric] = [
         cacheHits, cacheMisses, storeReuses, refreshes, refreshFailures, servedWhileOffline, unavailable,
         storeWriteFailures, fetchDuration, earliestExpiry, clientCertificateExpiry,
+        proxyRequests, proxyRetries, proxyUpstreamDuration,
     ]
 }

@@ -1,3 +1,4 @@
+import FleetEngineProxy
 import FleetTokenService
 import TokenAgentRuntime
 import FleetTokenStore
@@ -56,8 +57,9 @@ struct OnceRun {
 
 /// The services the long-lived mode runs beside the engine, each optional.
 struct LongLivedServices {
-    /// The local token API, when listening.
-    var api: (service: TokenAPIService, api: TokenAPI)?
+    /// The local token API (its service when listening) and the Fleet Engine proxy (when
+    /// listening), which shares the API's access rules.
+    var api: (service: TokenAPIService?, api: TokenAPI, proxy: FleetEngineProxyService?)?
     /// The file sink (`--sink`), when writing token files.
     var sink: TokenFileSink?
     /// What systemd is told (a no-op without `NOTIFY_SOCKET`).
@@ -101,7 +103,8 @@ struct LongLivedRun {
         // sink stop before the engine; a failure of the permanent-error watch shuts the group
         // down gracefully, so fetched tokens are still committed.
         var list: [ServiceGroupConfiguration.ServiceConfiguration] = [.init(service: engine)]
-        if let api = services.api { list.append(.init(service: api.service)) }
+        if let service = services.api?.service { list.append(.init(service: service)) }
+        if let proxy = services.api?.proxy { list.append(.init(service: proxy)) }
         list.append(.init(service: reload))
         // Memory back after many idle subjects were dropped (IdleMemoryRelease.swift).
         list.append(.init(service: IdleMemoryRelease(engine: engine, releaseStoreMemory: releaseStoreMemory)))

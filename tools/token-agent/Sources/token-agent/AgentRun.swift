@@ -2,6 +2,7 @@
 // provider is given, the fetcher, store and engine, then --once or the long-lived services.
 
 import DevTokenIssuer
+import FleetEngineProxy
 import FleetTokenHTTP
 import FleetTokenPostgres
 import FleetTokenService
@@ -183,11 +184,14 @@ struct AgentRun {
         }
     }
 
-    /// The local token API, bound now so that a taken address fails the start.
+    /// The local token API (its sockets checked now, so that a taken one fails the start), and
+    /// the Fleet Engine proxy, which decides access by the API's rules. The API without a
+    /// service when only the proxy listens.
     private func prepareAPI(engine: TokenSyncEngine, keys: [TokenKey], demo: Bool, registry: PrometheusCollectorRegistry,
-                            logger: Logger) throws -> (service: TokenAPIService, api: TokenAPI)? {
+                            logger: Logger) throws -> (service: TokenAPIService?, api: TokenAPI, proxy: FleetEngineProxyService?)? {
         let addresses = try usage { try settings.listenAddresses(demo: demo) }
-        guard !addresses.isEmpty else { return nil }
+        let proxySettings = try usage { try settings.fleetEngineProxySettings() }
+        guard !addresses.isEmpty || proxySettings != nil else { return nil }
         var configuration = TokenAPI.Configuration(allowList: try usage { try settings.allowList(keys: keys) }, readinessSubjects: keys)
         configuration.invalidateInterval = settings.invalidateInterval.seconds
         configuration.maxDynamicSubjects = settings.maxDynamicSubjects
@@ -198,14 +202,24 @@ struct AgentRun {
             return registry.emitToString()
         }
         let api = TokenAPI(engine: engine, configuration: configuration, logger: logger)
-        let service = TokenAPIService(
-            api: api, engine: engine, addresses: addresses, socketMode: settings.socketModeValue ?? 0o660,
-            connectionLimits: APIConnectionLimits(maxConnections: settings.maxAPIConnections, maxConnectionsPerPeer: settings.maxAPIConnectionsPerPeer),
-            logger: logger,
-            onListening: { address in logger.notice("token API listening", metadata: ["address": "\(address)"]) })
-        try service.prepare()
+        let limits = APIConnectionLimits(maxConnections: settings.maxAPIConnections, maxConnectionsPerPeer: settings.maxAPIConnectionsPerPeer)
+        var service: TokenAPIService?
+        if !addresses.isEmpty {
+            service = TokenAPIService(
+                api: api, engine: engine, addresses: addresses, socketMode: settings.socketModeValue ?? 0o660,
+                connectionLimits: limits, logger: logger,
+                onListening: { address in logger.notice("token API listening", metadata: ["address": "\(address)"]) })
+            try service?.prepare()
+        }
+        var proxyService: FleetEngineProxyService?
+        if let proxySettings {
+            let proxy = try FleetEngineProxy(api: api, configuration: proxySettings.configuration, logger: logger)
+            proxyService = FleetEngineProxyService(proxy: proxy, addresses: proxySettings.addresses, socketMode: settings.socketModeValue ?? 0o660,
+                                                   connectionLimits: limits, logger: logger)
+            try proxyService?.prepare()
+        }
         FileDescriptorLimit.raise()
-        return (service, api)
+        return (service, api, proxyService)
     }
 
     /// The file sink, its directory checked now.

@@ -3,6 +3,7 @@
 // a config file line.
 
 import FleetTokenHTTP
+import FleetEngineProxy
 import FleetTokenService
 import FleetTokenStore
 import Foundation
@@ -57,6 +58,7 @@ extension AgentSettings {
         _ = try allowList(keys: [])
         _ = try clientPolicy()
         if self.once && !self.listen.isEmpty { throw UsageError("\(origins.name("listen")) serves tokens while the agent runs: it does not go with --once") }
+        _ = try fleetEngineProxySettings()
         guard let mode = socketModeValue else {
             throw UsageError("\(origins.name("socket-mode")) \(self.socketMode): give an octal mode such as 0660 or 0600")
         }
@@ -97,6 +99,44 @@ extension AgentSettings {
         } catch {
             throw UsageError("\(origins.name("listen")): \(OperatorHints.describe(error))")
         }
+    }
+
+    /// The Fleet Engine proxy's listen addresses (the token API's rules) and configuration;
+    /// nil when `--fleet-engine-listen` is not given.
+    func fleetEngineProxySettings() throws(UsageError) -> (addresses: [ListenAddress], configuration: FleetEngineProxy.Configuration)? {
+        let others = [("fleet-engine-ca-file", self.fleetEngineCAFile != nil), ("fleet-engine-default-subject", self.fleetEngineDefaultSubject != nil),
+                      ("fleet-engine-url", self.fleetEngineURL != FleetEngineEndpoint.defaultURL)]
+        guard !self.fleetEngineListen.isEmpty else {
+            if let (key, _) = others.first(where: \.1) { throw UsageError("\(origins.name(key)) needs --fleet-engine-listen") }
+            return nil
+        }
+        if self.once { throw UsageError("\(origins.name("fleet-engine-listen")) serves calls while the agent runs: it does not go with --once") }
+        let addresses: [ListenAddress]
+        do {
+            addresses = try self.fleetEngineListen.map { try ListenAddress(parsing: $0, allowNonLoopback: self.allowNonLoopbackListen) }
+        } catch {
+            throw UsageError("\(origins.name("fleet-engine-listen")): \(OperatorHints.describe(error))")
+        }
+        if !self.allowClient.isEmpty, let tcp = self.fleetEngineListen.first(where: { !$0.hasPrefix("unix:") }) {
+            throw UsageError("\(origins.name("allow-client")) grants tokens per caller, and a caller over TCP (\(origins.name("fleet-engine-listen")) \(tcp)) cannot be identified: listen on a Unix socket only")
+        }
+        let endpoint: FleetEngineEndpoint
+        do {
+            endpoint = try FleetEngineEndpoint(parsing: self.fleetEngineURL)
+        } catch {
+            throw UsageError("\(origins.name("fleet-engine-url")): \(error.description)")
+        }
+        var defaultSubject: TokenKey?
+        if let text = self.fleetEngineDefaultSubject {
+            guard let colon = text.firstIndex(of: ":"), let kind = TokenKind(rawValue: String(text[..<colon])),
+                  let key = try? TokenKey(kind: kind, subjectID: String(text[text.index(after: colon)...])) else {
+                throw UsageError("\(origins.name("fleet-engine-default-subject")) \"\(text)\": write KIND:ID, e.g. vehicle:fleet-admin (kinds: vehicle, trip, deliveryVehicle, task)")
+            }
+            defaultSubject = key
+        }
+        let configuration = FleetEngineProxy.Configuration(endpoint: endpoint, caFile: self.fleetEngineCAFile,
+                                                           subjectRule: FleetEngineSubjectRule(defaultSubject: defaultSubject))
+        return (addresses, configuration)
     }
 
     func allowList(keys: [TokenKey]) throws(UsageError) -> SubjectAllowList {

@@ -1,0 +1,344 @@
+// The Fleet Engine proxy's connection to Fleet Engine: one HTTP/2 connection (TLS with ALPN, or
+// prior knowledge to a loopback host), made when first needed and again after it closes; each
+// call one stream, its whole answer (headers, body, trailers) collected.
+
+import FleetTokenService
+package import Logging
+package import NIOCore
+import NIOHPACK
+import NIOHTTP2
+import NIOPosix
+import NIOSSL
+import NIOTLS
+import Synchronization
+
+/// Why a call got no answer from Fleet Engine.
+package enum UpstreamFailure: Error, Sendable, Equatable, CustomStringConvertible {
+    /// No connection could be made (name, refused, TLS): the detail says which.
+    case unreachable(String)
+    /// No whole answer within the call's time.
+    case timeout
+    /// The stream or connection ended before the whole answer came.
+    case cutShort(String)
+    /// The answer's body is larger than the proxy reads.
+    case answerTooLarge
+
+    package var description: String {
+        switch self {
+        case .unreachable(let detail): "Fleet Engine could not be reached: \(detail)"
+        case .timeout: "Fleet Engine did not answer in time"
+        case .cutShort(let detail): "Fleet Engine's answer was cut short: \(detail)"
+        case .answerTooLarge: "Fleet Engine's answer is larger than the proxy reads (\(ProxyRequestRules.maxBodyBytes) bytes)"
+        }
+    }
+}
+
+/// One HTTP/2 connection to Fleet Engine, shared by every call (HTTP/2 multiplexes them), made
+/// again when it closes.
+package final class FleetEngineUpstream: Sendable {
+    private struct Connection: Sendable {
+        let channel: any Channel
+        let multiplexer: NIOHTTP2Handler.StreamMultiplexer
+    }
+
+    /// A stream could not be opened on the connection (closed, or told to go away): nothing
+    /// reached Fleet Engine, so the call may go on another connection.
+    private struct StreamNotOpened: Error {
+        let underlying: any Error
+    }
+
+    let endpoint: FleetEngineEndpoint
+    private let tls: NIOSSLContext?
+    private let group: any EventLoopGroup
+    private let logger: Logger
+    /// The connection made or being made; cleared when it fails or closes.
+    private let current = Mutex<EventLoopFuture<Connection>?>(nil)
+
+    /// A connection to `endpoint`, trusting the system's roots or, when given, only the
+    /// certificates in the PEM file `caFile`.
+    /// - Throws: ``FleetEngineProxyError`` when `caFile` cannot be used.
+    package init(endpoint: FleetEngineEndpoint, caFile: String?, logger: Logger) throws(FleetEngineProxyError) {
+        self.endpoint = endpoint
+        self.group = MultiThreadedEventLoopGroup.singleton
+        self.logger = logger
+        guard endpoint.secure else {
+            tls = nil
+            return
+        }
+        var configuration = TLSConfiguration.makeClientConfiguration()
+        configuration.applicationProtocols = ["h2"]
+        if let caFile {
+            do {
+                let certificates = try NIOSSLCertificate.fromPEMFile(caFile)
+                guard !certificates.isEmpty else { throw FleetEngineProxyError(.caFile, "") }
+                configuration.trustRoots = .certificates(certificates)
+            } catch {
+                throw FleetEngineProxyError(.caFile, "--fleet-engine-ca-file \(caFile): no PEM certificate could be read from it; give the CA certificate(s) that sign Fleet Engine's (or your relay's) certificate")
+            }
+        }
+        do {
+            tls = try NIOSSLContext(configuration: configuration)
+        } catch {
+            throw FleetEngineProxyError(.caFile, "the TLS settings for Fleet Engine cannot be used: \(error)")
+        }
+    }
+
+    /// Sends `request` to Fleet Engine with `token` as its bearer token; the whole answer, or a
+    /// ``UpstreamFailure`` after at most `timeout`.
+    package func send(_ request: ProxyRequest, token: String, timeout: TimeAmount) async throws(UpstreamFailure) -> ProxyResponse {
+        var attempt = 0
+        while true {
+            attempt += 1
+            let connection: Connection
+            do {
+                connection = try await self.connection().get()
+            } catch {
+                throw .unreachable(Self.describe(error))
+            }
+            do {
+                return try await exchange(request, token: token, on: connection, timeout: timeout)
+            } catch let error as UpstreamFailure {
+                throw error
+            } catch let error as StreamNotOpened {
+                // The connection closed or went away meanwhile: a new one, once.
+                guard attempt == 1 else { throw .unreachable(Self.describe(error.underlying)) }
+                logger.debug("Fleet Engine connection unusable; connecting again", metadata: ["error": "\(Self.describe(error.underlying))"])
+                drop(connection)
+            } catch {
+                throw .cutShort(Self.describe(error))
+            }
+        }
+    }
+
+    /// Closes the connection (the service's shutdown).
+    package func close() {
+        current.withLock { current in
+            current?.whenSuccess { $0.channel.close(promise: nil) }
+            current = nil
+        }
+    }
+
+    private func connection() -> EventLoopFuture<Connection> {
+        current.withLock { current in
+            if let current { return current }
+            let made = connect()
+            current = made
+            made.whenComplete { [weak self] result in
+                switch result {
+                case .failure: self?.clear(made)
+                case .success(let connection):
+                    connection.channel.closeFuture.whenComplete { [weak self] _ in self?.clear(made) }
+                }
+            }
+            return made
+        }
+    }
+
+    private func clear(_ future: EventLoopFuture<Connection>) {
+        current.withLock { if $0 === future { $0 = nil } }
+    }
+
+    private func drop(_ connection: Connection) {
+        connection.channel.close(promise: nil)
+    }
+
+    private func connect() -> EventLoopFuture<Connection> {
+        let tls = tls
+        let serverName = endpoint.host
+        let sniName: String? = LoopbackHost.isAddressLiteral(serverName) ? nil : serverName
+        return ClientBootstrap(group: group)
+            .connectTimeout(.seconds(10))
+            .channelOption(.socketOption(.tcp_nodelay), value: 1)
+            .channelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    if let tls {
+                        try channel.pipeline.syncOperations.addHandler(NIOSSLClientHandler(context: tls, serverHostname: sniName))
+                        try channel.pipeline.syncOperations.addHandler(HandshakeWaiter(channel.eventLoop.makePromise()))
+                    }
+                }
+            }
+            .connect(host: endpoint.host, port: endpoint.port)
+            .flatMap { channel in
+                // With TLS, HTTP/2 starts once the handshake agreed on it: a refused certificate
+                // fails the connection, and every call waiting for it, with the TLS error.
+                let handshake = tls == nil ? channel.eventLoop.makeSucceededVoidFuture()
+                    : channel.pipeline.handler(type: HandshakeWaiter.self).flatMap { $0.done.futureResult }
+                return handshake.flatMap {
+                    channel.eventLoop.submit {
+                        let multiplexer = try channel.pipeline.syncOperations.configureHTTP2Pipeline(
+                            mode: .client, connectionConfiguration: .init(), streamConfiguration: .init()
+                        ) { stream in stream.close() }  // Fleet Engine pushes nothing
+                        return Connection(channel: channel, multiplexer: multiplexer)
+                    }
+                }.flatMapErrorThrowing { error in
+                    channel.close(promise: nil)
+                    throw error
+                }
+            }
+    }
+
+    private func exchange(_ request: ProxyRequest, token: String, on connection: Connection, timeout: TimeAmount) async throws -> ProxyResponse {
+        var fields = HPACKHeaders()
+        fields.add(name: ":method", value: request.method)
+        fields.add(name: ":scheme", value: endpoint.secure ? "https" : "http")
+        fields.add(name: ":authority", value: endpoint.authority)
+        fields.add(name: ":path", value: request.target)
+        for field in ProxyRequestRules.upstreamHeaders(request) { fields.add(name: field.name, value: field.value) }
+        // Never into HPACK's dynamic table: a later header could probe for it.
+        fields.add(name: "authorization", value: "Bearer \(token)", indexing: .neverIndexed)
+        let headers = fields
+        let body = request.body
+        let answer = AnswerSlot(connection.channel.eventLoop.makePromise(of: ProxyResponse.self))
+        connection.multiplexer.createStreamChannel { stream in
+            stream.eventLoop.makeCompletedFuture {
+                try stream.pipeline.syncOperations.addHandler(UpstreamStreamHandler(answer: answer, timeout: timeout))
+            }
+        }.whenComplete { result in
+            switch result {
+            case .failure(let error):
+                answer.complete(.failure(StreamNotOpened(underlying: error)))
+            case .success(let stream):
+                let hasBody = body.readableBytes > 0
+                stream.write(HTTP2Frame.FramePayload.headers(.init(headers: headers, endStream: !hasBody)), promise: nil)
+                if hasBody { stream.write(HTTP2Frame.FramePayload.data(.init(data: .byteBuffer(body), endStream: true)), promise: nil) }
+                stream.flush()
+            }
+        }
+        return try await answer.future.get()
+    }
+
+    static func describe(_ error: any Error) -> String {
+        if let error = error as? NIOSSLError { return "TLS: \(error)" }
+        if let error = error as? BoringSSLError { return "TLS: \(error)" }
+        return "\(error)"
+    }
+}
+
+/// Completes `done` when the TLS handshake has agreed on HTTP/2, or fails it with why not.
+final class HandshakeWaiter: ChannelInboundHandler, RemovableChannelHandler {
+    typealias InboundIn = NIOAny
+
+    /// The handshake's outcome.
+    struct NotHTTP2: Error, CustomStringConvertible {
+        let negotiated: String?
+        var description: String { "TLS: the server did not agree to HTTP/2 by ALPN (it chose \(negotiated ?? "nothing"))" }
+    }
+
+    let done: EventLoopPromise<Void>
+
+    init(_ done: EventLoopPromise<Void>) { self.done = done }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if case .handshakeCompleted(let negotiated) = event as? TLSUserEvent {
+            if negotiated == "h2" { done.succeed() } else { done.fail(NotHTTP2(negotiated: negotiated)) }
+        }
+        context.fireUserInboundEventTriggered(event)
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        done.fail(error)
+        context.fireErrorCaught(error)
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        done.fail(UpstreamFailure.cutShort("the connection closed during the TLS handshake"))
+        context.fireChannelInactive()
+    }
+}
+
+/// The one answer of a call: completed once, by whichever comes first (the answer, a failure,
+/// the timeout).
+final class AnswerSlot: Sendable {
+    private let promise: EventLoopPromise<ProxyResponse>
+    private let done = Mutex(false)
+
+    init(_ promise: EventLoopPromise<ProxyResponse>) { self.promise = promise }
+
+    var future: EventLoopFuture<ProxyResponse> { promise.futureResult }
+
+    func complete(_ result: Result<ProxyResponse, any Error>) {
+        let first = done.withLock { done in
+            defer { done = true }
+            return !done
+        }
+        if first { promise.completeWith(result) }
+    }
+}
+
+/// Collects one stream's answer from Fleet Engine: `:status` and headers, the body, the
+/// trailers; fails it when the stream ends early, is reset, or the time runs out.
+final class UpstreamStreamHandler: ChannelInboundHandler {
+    typealias InboundIn = HTTP2Frame.FramePayload
+    typealias OutboundOut = HTTP2Frame.FramePayload
+
+    private let answer: AnswerSlot
+    private let timeout: TimeAmount
+    private var status: Int?
+    private var headers: [(name: String, value: String)] = []
+    private var body = ByteBuffer()
+    private var trailers: [(name: String, value: String)]?
+    private var timer: Scheduled<Void>?
+
+    init(answer: AnswerSlot, timeout: TimeAmount) {
+        self.answer = answer
+        self.timeout = timeout
+    }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        let answer = answer
+        let channel = context.channel
+        timer = context.eventLoop.scheduleTask(in: timeout) {
+            answer.complete(.failure(UpstreamFailure.timeout))
+            channel.close(promise: nil)
+        }
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        switch unwrapInboundIn(data) {
+        case .headers(let frame):
+            if status == nil {
+                guard let code = frame.headers.first(name: ":status").flatMap({ Int($0) }) else {
+                    return fail(context, .cutShort("an answer without :status"))
+                }
+                if (100..<200).contains(code) { return }  // informational
+                status = code
+                headers = frame.headers.filter { !$0.name.hasPrefix(":") }.map { ($0.name, $0.value) }
+            } else {
+                trailers = frame.headers.map { ($0.name, $0.value) }
+            }
+            if frame.endStream { finish(context) }
+        case .data(let frame):
+            guard case .byteBuffer(var bytes) = frame.data else { return }
+            guard body.readableBytes + bytes.readableBytes <= ProxyRequestRules.maxBodyBytes else {
+                return fail(context, .answerTooLarge)
+            }
+            body.writeBuffer(&bytes)
+            if frame.endStream { finish(context) }
+        case .rstStream(let frame):
+            fail(context, .cutShort("stream reset (\(frame))"))
+        default:
+            break
+        }
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        timer?.cancel()
+        answer.complete(.failure(UpstreamFailure.cutShort("the stream closed before the answer ended")))
+        context.fireChannelInactive()
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        fail(context, .cutShort(FleetEngineUpstream.describe(error)))
+    }
+
+    private func finish(_ context: ChannelHandlerContext) {
+        timer?.cancel()
+        answer.complete(.success(ProxyResponse(status: status ?? 0, headers: headers, body: body, trailers: trailers)))
+    }
+
+    private func fail(_ context: ChannelHandlerContext, _ failure: UpstreamFailure) {
+        timer?.cancel()
+        answer.complete(.failure(failure))
+        context.close(promise: nil)
+    }
+}

@@ -1,0 +1,244 @@
+// The Fleet Engine proxy's wires: a connection's first bytes tell HTTP/2 with prior knowledge
+// (gRPC, or REST over HTTP/2) from HTTP/1.1 (REST); each call is read whole, handed to the
+// proxy's core through the service's call queue, and its answer written in the caller's terms.
+
+import FleetTokenService
+import NIOCore
+import NIOHPACK
+import NIOHTTP1
+import NIOHTTP2
+
+/// What a connection's handlers need: how to run a call, and where it came from.
+struct ProxyCallContext: Sendable {
+    let calls: ProxyCallQueue
+    let proxy: FleetEngineProxy
+    let transport: ProxyTransport
+    let peer: PeerIdentity?
+
+    /// Runs `request` as a child task of the service and gives the answer to `reply` (any thread).
+    func run(_ request: ProxyRequest, reply: @escaping @Sendable (ProxyResponse) -> Void) {
+        let (proxy, transport, peer) = (proxy, transport, peer)
+        calls.submit {
+            reply(await proxy.handle(request, transport: transport, peer: peer))
+        }
+    }
+}
+
+/// Reads a connection's first bytes: the HTTP/2 connection preface sets up HTTP/2, anything
+/// else HTTP/1.1; then steps aside, handing on what it read.
+final class ProtocolSniffer: ChannelInboundHandler, RemovableChannelHandler {
+    typealias InboundIn = ByteBuffer
+    typealias InboundOut = ByteBuffer
+
+    /// `PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`.
+    static let preface = Array("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".utf8)
+
+    private let context: ProxyCallContext
+    private var buffered: ByteBuffer?
+
+    init(_ context: ProxyCallContext) { self.context = context }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        var bytes = unwrapInboundIn(data)
+        if var earlier = buffered {
+            earlier.writeBuffer(&bytes)
+            bytes = earlier
+        }
+        let seen = bytes.readableBytesView.prefix(Self.preface.count)
+        guard seen.elementsEqual(Self.preface.prefix(seen.count)) else { return choose(http2: false, bytes, context) }
+        guard seen.count == Self.preface.count else {
+            buffered = bytes
+            return
+        }
+        choose(http2: true, bytes, context)
+    }
+
+    /// A shutdown before the first bytes: nothing to finish.
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if event is ChannelShouldQuiesceEvent {
+            context.close(promise: nil)
+            return
+        }
+        context.fireUserInboundEventTriggered(event)
+    }
+
+    private func choose(http2: Bool, _ bytes: ByteBuffer, _ context: ChannelHandlerContext) {
+        buffered = nil
+        let calls = self.context
+        do {
+            let pipeline = context.pipeline.syncOperations
+            if http2 {
+                _ = try pipeline.configureHTTP2Pipeline(mode: .server, connectionConfiguration: .init(), streamConfiguration: .init()) { stream in
+                    stream.eventLoop.makeCompletedFuture {
+                        try stream.pipeline.syncOperations.addHandler(HTTP2CallHandler(calls))
+                    }
+                }
+            } else {
+                try pipeline.configureHTTPServerPipeline(withPipeliningAssistance: true, withErrorHandling: true)
+                try pipeline.addHandler(HTTP1CallHandler(calls))
+            }
+        } catch {
+            context.close(promise: nil)
+            return
+        }
+        context.fireChannelRead(wrapInboundOut(bytes))
+        context.pipeline.syncOperations.removeHandler(context: context, promise: nil)
+    }
+}
+
+/// One HTTP/2 stream: a call read whole (headers, body up to the cap), answered with the
+/// status and headers, the body, and the trailers.
+final class HTTP2CallHandler: ChannelInboundHandler {
+    typealias InboundIn = HTTP2Frame.FramePayload
+    typealias OutboundOut = HTTP2Frame.FramePayload
+
+    private let calls: ProxyCallContext
+    private var request: ProxyRequest?
+    private var dispatched = false
+
+    init(_ calls: ProxyCallContext) { self.calls = calls }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        guard !dispatched else { return }
+        switch unwrapInboundIn(data) {
+        case .headers(let frame):
+            if request == nil {
+                request = Self.request(from: frame.headers)
+            }
+            // A second HEADERS frame is the request's trailers: nothing of them is forwarded.
+            if frame.endStream { dispatch(context) }
+        case .data(let frame):
+            guard case .byteBuffer(var bytes) = frame.data, request != nil else { return }
+            guard request!.body.readableBytes + bytes.readableBytes <= ProxyRequestRules.maxBodyBytes else {
+                return refuse(context, ProxyRefusal(grpcStatus: 8, httpStatus: 413, message:
+                    "token-agent's Fleet Engine proxy refused the call: the request body is larger than \(ProxyRequestRules.maxBodyBytes) bytes"))
+            }
+            request!.body.writeBuffer(&bytes)
+            if frame.endStream { dispatch(context) }
+        default:
+            break
+        }
+    }
+
+    static func request(from headers: HPACKHeaders) -> ProxyRequest {
+        var method = "GET", path = "/", authority: String?
+        var fields: [(name: String, value: String)] = []
+        for field in headers {
+            switch field.name {
+            case ":method": method = field.value
+            case ":path": path = field.value
+            case ":authority": authority = field.value
+            case let name where name.hasPrefix(":"): break
+            default: fields.append((field.name, field.value))
+            }
+        }
+        let wire: ProxyWire = fields.first { $0.name == "content-type" }?.value.lowercased().hasPrefix("application/grpc") == true ? .grpc : .rest
+        if authority == nil { authority = fields.first { $0.name == "host" }?.value }
+        return ProxyRequest(wire: wire, method: method, target: path, authority: authority, headers: fields, body: ByteBuffer())
+    }
+
+    private func dispatch(_ context: ChannelHandlerContext) {
+        guard let request, !dispatched else { return }
+        dispatched = true
+        self.request = nil
+        let channel = context.channel
+        calls.run(request) { response in Self.write(response, to: channel) }
+    }
+
+    private func refuse(_ context: ChannelHandlerContext, _ refusal: ProxyRefusal) {
+        dispatched = true
+        Self.write(refusal.response(for: request?.wire ?? .rest), to: context.channel)
+        request = nil
+    }
+
+    static func write(_ response: ProxyResponse, to channel: any Channel) {
+        var head = HPACKHeaders()
+        head.add(name: ":status", value: "\(response.status)")
+        for field in response.headers { head.add(name: field.name, value: field.value) }
+        let hasBody = response.body.readableBytes > 0
+        let trailers = response.trailers
+        channel.write(HTTP2Frame.FramePayload.headers(.init(headers: head, endStream: !hasBody && trailers == nil)), promise: nil)
+        if hasBody {
+            channel.write(HTTP2Frame.FramePayload.data(.init(data: .byteBuffer(response.body), endStream: trailers == nil)), promise: nil)
+        }
+        if let trailers {
+            var fields = HPACKHeaders()
+            for field in trailers { fields.add(name: field.name, value: field.value) }
+            channel.write(HTTP2Frame.FramePayload.headers(.init(headers: fields, endStream: true)), promise: nil)
+        }
+        channel.flush()
+    }
+}
+
+/// One HTTP/1.1 connection: REST calls, one at a time (NIO's pipelining helper holds the next),
+/// each read whole and answered with a length.
+final class HTTP1CallHandler: ChannelInboundHandler, RemovableChannelHandler {
+    typealias InboundIn = HTTPServerRequestPart
+    typealias OutboundOut = HTTPServerResponsePart
+
+    private let calls: ProxyCallContext
+    private var head: HTTPRequestHead?
+    private var body = ByteBuffer()
+    private var refused = false
+
+    init(_ calls: ProxyCallContext) { self.calls = calls }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        switch unwrapInboundIn(data) {
+        case .head(let head):
+            self.head = head
+            body.clear()
+            refused = false
+            if let length = head.headers.first(name: "content-length").flatMap(Int.init), length > ProxyRequestRules.maxBodyBytes {
+                refuseTooLarge(context)
+            }
+        case .body(var bytes):
+            guard !refused else { return }
+            guard body.readableBytes + bytes.readableBytes <= ProxyRequestRules.maxBodyBytes else { return refuseTooLarge(context) }
+            body.writeBuffer(&bytes)
+        case .end:
+            guard let head, !refused else { return }
+            self.head = nil
+            let request = ProxyRequest(
+                wire: .rest, method: head.method.rawValue, target: head.uri, authority: head.headers.first(name: "host"),
+                headers: head.headers.map { ($0.name.lowercased(), $0.value) }, body: body)
+            body = ByteBuffer()
+            let keepAlive = head.isKeepAlive
+            let version = head.version
+            let channel = context.channel
+            calls.run(request) { response in Self.write(response, version: version, keepAlive: keepAlive, to: channel) }
+        }
+    }
+
+    /// 413 and close: the rest of the body is not read.
+    private func refuseTooLarge(_ context: ChannelHandlerContext) {
+        refused = true
+        let refusal = ProxyRefusal(grpcStatus: 8, httpStatus: 413, message:
+            "token-agent's Fleet Engine proxy refused the call: the request body is larger than \(ProxyRequestRules.maxBodyBytes) bytes")
+        Self.write(refusal.response(for: .rest), version: head?.version ?? .http1_1, keepAlive: false, to: context.channel)
+    }
+
+    static func write(_ response: ProxyResponse, version: HTTPVersion, keepAlive: Bool, to channel: any Channel) {
+        var headers = HTTPHeaders(response.headers.map { ($0.name, $0.value) })
+        headers.replaceOrAdd(name: "content-length", value: "\(response.body.readableBytes)")
+        if !keepAlive { headers.replaceOrAdd(name: "connection", value: "close") }
+        let head = HTTPResponseHead(version: version, status: HTTPResponseStatus(statusCode: response.status), headers: headers)
+        channel.write(HTTPServerResponsePart.head(head), promise: nil)
+        if response.body.readableBytes > 0 { channel.write(HTTPServerResponsePart.body(.byteBuffer(response.body)), promise: nil) }
+        let done = channel.writeAndFlush(HTTPServerResponsePart.end(nil))
+        if !keepAlive { done.whenComplete { _ in channel.close(promise: nil) } }
+    }
+}
+
+/// Closes a connection idle (nothing read or written) for the idle timeout.
+final class IdleConnectionCloser: ChannelInboundHandler {
+    typealias InboundIn = NIOAny
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if event is IdleStateHandler.IdleStateEvent {
+            context.close(promise: nil)
+            return
+        }
+        context.fireUserInboundEventTriggered(event)
+    }
+}

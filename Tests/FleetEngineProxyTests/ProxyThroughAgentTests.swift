@@ -1,0 +1,233 @@
+// The Fleet Engine proxy in a real token-agent, called by Google's own Python clients over gRPC
+// (Unix socket and TCP) and REST, in front of a fake Fleet Engine that judges every JWT.
+
+import _CryptoExtras
+import FleetTokenStoreTesting
+import Foundation
+import TestSupportKit
+import Testing
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// An issuer signing with a key the fake knows, the fake, and a token-agent proxying to it.
+final class ProxyRig: Sendable {
+    let scratch: Scratch
+    let issuer: IssuerProcess
+    let fake: FakeFleetEngine
+    let agent: RunningProcess
+    let socket: String
+    let port: Int
+    let python: String
+    let script: String
+
+    /// `pki`: the fake serves TLS with its server certificate, and the agent trusts its CA when
+    /// `trustCA`.
+    init(extraArguments: [String] = [], pki: TestPKI? = nil, trustCA: Bool = true) async throws {
+        let scratch = Scratch()
+        self.scratch = scratch
+        let key = try _RSA.Signing.PrivateKey(keySize: .bits2048)
+        let keyFile = scratch.file("issuer-key.pem")
+        try key.pemRepresentation.write(toFile: keyFile, atomically: true, encoding: .utf8)
+        let issuer = try await IssuerProcess(scratch: scratch, recordTokens: true, keyFile: keyFile)
+        self.issuer = issuer
+        let fake = try FakeFleetEngine(publicKeyPEM: key.publicKey.pemRepresentation)
+        self.fake = fake
+        try await fake.start(tls: pki?.server)
+        let trust = pki.map { trustCA ? ["--fleet-engine-ca-file", $0.caPath] : [] } ?? []
+        let socket = scratch.file("fleet.sock")
+        self.socket = socket
+        let agent = try RunningProcess("token-agent", [
+            "--db", scratch.file("tokens.sqlite"), "--provider-url", issuer.template, "--vehicle", "truck-1",
+            "--allow", "vehicle:*", "--allow", "trip:*", "--allow", "deliveryVehicle:*",
+            "--fleet-engine-listen", "unix:\(socket)", "--fleet-engine-listen", "127.0.0.1:0",
+            "--fleet-engine-url", fake.url,
+        ] + trust + extraArguments, in: scratch)
+        self.agent = agent
+        guard await eventually(within: 60, { Self.tcpPort(in: agent.stderr) != nil && FileManager.default.fileExists(atPath: socket) }),
+              let port = Self.tcpPort(in: agent.stderr) else {
+            throw ProcessFailure(message: "the proxy did not listen: \(agent.stderr)")
+        }
+        self.port = port
+        python = try await offCooperativePool { try FleetEnginePython.interpreter() }
+        let script = scratch.file("fleet_client.py")
+        self.script = script
+        try FleetEnginePython.script.write(toFile: script, atomically: true, encoding: .utf8)
+    }
+
+    static func tcpPort(in log: String) -> Int? {
+        for line in log.split(separator: "\n") where line.contains("Fleet Engine proxy listening") && line.contains("address=127.0.0.1:") {
+            let after = line.split(separator: "address=127.0.0.1:").last ?? ""
+            if let port = Int(after.prefix { $0.isNumber }) { return port }
+        }
+        return nil
+    }
+
+    /// Runs Google's client: one result per call.
+    func call(_ mode: String, _ target: String, _ name: String, count: Int = 1, parallel: Int = 1) async throws -> [[String: Any]] {
+        let run = try await runToEnd(python, [script, mode, target, name, "\(count)", "\(parallel)"], in: scratch, timeout: 300)
+        guard run.status == 0 else { throw ProcessFailure(message: "the Python client failed (\(run.status)): \(run.stderr)") }
+        return run.stdout.split(separator: "\n").compactMap { try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any] }
+    }
+
+    /// Tokens issued per `kind/id`.
+    func issued() async throws -> [String: Int] {
+        try await issuer.issuedTimes().mapValues(\.count)
+    }
+
+    func stop() async {
+        agent.signal(SIGTERM)
+        _ = await agent.wait(upTo: 15)
+        await fake.stop()
+    }
+
+    /// Every token the issuer handed out is absent from the agent's output.
+    func expectNoTokenInLogs(sourceLocation: SourceLocation = #_sourceLocation) async throws {
+        let tokens = try await issuer.issuedTokens().values.flatMap { $0 }
+        #expect(!tokens.isEmpty, sourceLocation: sourceLocation)
+        let output = agent.stdout + agent.stderr
+        for token in tokens { #expect(!output.contains(token), "a token value in the agent's output", sourceLocation: sourceLocation) }
+    }
+}
+
+@Suite("Fleet Engine proxy in a real agent, called by Google's Python clients", .serialized)
+struct ProxyThroughAgentTests {
+    @Test("VehicleService and TripService over gRPC (Unix socket, TCP) and DeliveryService over REST: every call reaches Fleet Engine with its resource's token")
+    func googleClients() async throws {
+        let rig = try await ProxyRig()
+        defer { Task { await rig.stop() } }
+        let vehicle = try await rig.call("grpc-vehicle", "unix:\(rig.socket)", "providers/p/vehicles/truck-1", count: 3)
+        #expect(vehicle.count == 3 && vehicle.allSatisfy { $0["ok"] as? Bool == true && $0["name"] as? String == "providers/p/vehicles/truck-1" }, "\(vehicle)")
+        let trip = try await rig.call("grpc-trip", "127.0.0.1:\(rig.port)", "providers/p/trips/trip-9", count: 2)
+        #expect(trip.count == 2 && trip.allSatisfy { $0["ok"] as? Bool == true && $0["name"] as? String == "providers/p/trips/trip-9" }, "\(trip)")
+        let delivery = try await rig.call("rest-delivery", "127.0.0.1:\(rig.port)", "providers/p/deliveryVehicles/dv-3", count: 2)
+        #expect(delivery.count == 2 && delivery.allSatisfy { $0["ok"] as? Bool == true && $0["name"] as? String == "providers/p/deliveryVehicles/dv-3" }, "\(delivery)")
+
+        let calls = rig.fake.calls
+        #expect(calls.count == 7 && calls.allSatisfy { $0.code == 0 || $0.code == 200 }, "\(calls.map { ($0.method, $0.code, $0.refusal ?? "") })")
+        #expect(Set(calls.map(\.method)) == ["GetVehicle", "GetTrip", "GetDeliveryVehicle"])
+        // Google's headers and the caller's routing metadata pass; the caller's own credential
+        // does not (one authorization field, the resource's token, which the fake accepted).
+        #expect(calls.allSatisfy { $0.headers["x-goog-api-client"] != nil && $0.headers["x-goog-request-params"] == "provider_id=providers/p" })
+        #expect(calls.filter { $0.wire == "grpc" }.allSatisfy { $0.headers["grpc-timeout"] != nil })
+        #expect(calls.allSatisfy { $0.authorizationFields == 1 && $0.headers["authorization"] != "Bearer caller-credential" })
+        // One fetch per subject for all its calls.
+        let issued = try await rig.issued()
+        #expect(issued["vehicle/truck-1"] == 1 && issued["trip/trip-9"] == 1 && issued["deliveryVehicle/dv-3"] == 1, "\(issued)")
+        #expect(rig.agent.stderr.contains("Fleet Engine call") && rig.agent.stderr.contains("method=GetTrip"))
+        try await rig.expectNoTokenInLogs()
+    }
+
+    @Test("over TLS (HTTP/2 by ALPN) to an upstream signed by --fleet-engine-ca-file; without that CA, calls fail UNAVAILABLE and nothing reaches it")
+    func tlsUpstream() async throws {
+        let pki = try TestPKI()
+        defer { pki.removeFiles() }
+        let rig = try await ProxyRig(pki: pki)
+        defer { Task { await rig.stop() } }
+        let vehicle = try await rig.call("grpc-vehicle", "unix:\(rig.socket)", "providers/p/vehicles/truck-1", count: 2)
+        #expect(vehicle.count == 2 && vehicle.allSatisfy { $0["ok"] as? Bool == true }, "\(vehicle)")
+        let delivery = try await rig.call("rest-delivery", "127.0.0.1:\(rig.port)", "providers/p/deliveryVehicles/dv-3")
+        #expect(delivery.first?["ok"] as? Bool == true, "\(delivery)")
+        #expect(rig.fake.calls.count == 3)
+
+        // The system's roots do not know the test CA.
+        let untrusted = try await ProxyRig(pki: pki, trustCA: false)
+        defer { Task { await untrusted.stop() } }
+        let refused = try await untrusted.call("grpc-vehicle", "unix:\(untrusted.socket)", "providers/p/vehicles/truck-2")
+        #expect(refused.first?["code"] as? String == "UNAVAILABLE", "\(refused)")
+        #expect((refused.first?["message"] as? String)?.contains("TLS") == true, "\(refused)")
+        #expect(untrusted.fake.calls.isEmpty)
+    }
+
+    @Test("a key rotation at Fleet Engine: the rejected call is sent once more with a token fetched after the rejection, and succeeds")
+    func rotation() async throws {
+        let rig = try await ProxyRig()
+        defer { Task { await rig.stop() } }
+        let first = try await rig.call("grpc-vehicle", "unix:\(rig.socket)", "providers/p/vehicles/truck-1")
+        #expect(first.first?["ok"] as? Bool == true, "\(first)")
+        // The issuer writes iat in whole seconds: refuse everything issued before the next one.
+        let cutoff = (Date().timeIntervalSince1970 + 1).rounded(.down)
+        rig.fake.rejectTokens(issuedBefore: Date(timeIntervalSince1970: cutoff))
+        while Date().timeIntervalSince1970 < cutoff { try await Task.sleep(for: .milliseconds(50)) }
+        let rotated = try await rig.call("grpc-vehicle", "unix:\(rig.socket)", "providers/p/vehicles/truck-1")
+        #expect(rotated.first?["ok"] as? Bool == true, "\(rotated)")
+        let codes = rig.fake.calls.map(\.code)
+        #expect(codes == [0, 16, 0], "\(rig.fake.calls.map { ($0.code, $0.refusal ?? "") })")
+        #expect(try await rig.issued()["vehicle/truck-1"] == 2)
+        #expect(rig.agent.stderr.contains("sending the call once more with a new one"))
+        // REST likewise: 401, then 200.
+        let rest = try await rig.call("rest-delivery", "127.0.0.1:\(rig.port)", "providers/p/deliveryVehicles/dv-1")
+        #expect(rest.first?["ok"] as? Bool == true, "\(rest)")
+        try await rig.expectNoTokenInLogs()
+    }
+
+    @Test("Fleet Engine refusing whatever token the provider mints: PERMISSION_DENIED after exactly one retry, and no loop")
+    func refusedEveryToken() async throws {
+        let rig = try await ProxyRig()
+        defer { Task { await rig.stop() } }
+        rig.fake.deny("providers/p/vehicles/truck-x")
+        let denied = try await rig.call("grpc-vehicle", "127.0.0.1:\(rig.port)", "providers/p/vehicles/truck-x")
+        #expect(denied.first?["code"] as? String == "PERMISSION_DENIED", "\(denied)")
+        #expect(rig.fake.calls.count == 2)
+        #expect(try await rig.issued()["vehicle/truck-x"] == 2)
+        // Within the invalidation interval: the rejection goes back as it came, no new fetch.
+        let again = try await rig.call("grpc-vehicle", "127.0.0.1:\(rig.port)", "providers/p/vehicles/truck-x", count: 3)
+        #expect(again.count == 3 && again.allSatisfy { $0["code"] as? String == "PERMISSION_DENIED" }, "\(again)")
+        #expect(rig.fake.calls.count == 5)
+        #expect(try await rig.issued()["vehicle/truck-x"] == 2)
+    }
+
+    @Test("1,000 concurrent calls for one cold vehicle: one provider fetch")
+    func singleFlight() async throws {
+        let rig = try await ProxyRig()
+        defer { Task { await rig.stop() } }
+        let results = try await rig.call("grpc-vehicle", "unix:\(rig.socket)", "providers/p/vehicles/cold-7", count: 1000, parallel: 100)
+        #expect(results.count == 1000 && results.allSatisfy { $0["ok"] as? Bool == true }, "\(results.filter { $0["ok"] as? Bool != true }.prefix(3))")
+        #expect(try await rig.issued()["vehicle/cold-7"] == 1)
+        #expect(rig.fake.calls.count == 1000)
+    }
+
+    @Test("a fleet-wide method is refused, naming it, without --fleet-engine-default-subject")
+    func fleetWideRefused() async throws {
+        let rig = try await ProxyRig()
+        defer { Task { await rig.stop() } }
+        let refused = try await rig.call("grpc-search", "unix:\(rig.socket)", "providers/p")
+        #expect(refused.first?["code"] as? String == "PERMISSION_DENIED", "\(refused)")
+        #expect((refused.first?["message"] as? String)?.contains("SearchVehicles") == true, "\(refused)")
+        #expect((refused.first?["message"] as? String)?.contains("--fleet-engine-default-subject") == true)
+        #expect(rig.fake.calls.isEmpty)
+    }
+
+    @Test("a fleet-wide method with --fleet-engine-default-subject gets that subject's token")
+    func fleetWideAllowed() async throws {
+        let rig = try await ProxyRig(extraArguments: ["--fleet-engine-default-subject", "vehicle:fleet-admin"])
+        defer { Task { await rig.stop() } }
+        let allowed = try await rig.call("grpc-search", "unix:\(rig.socket)", "providers/p")
+        #expect(allowed.first?["ok"] as? Bool == true, "\(allowed)")
+        #expect(rig.fake.calls.map(\.method) == ["SearchVehicles"])
+        #expect(try await rig.issued()["vehicle/fleet-admin"] == 1)
+    }
+
+    @Test("forged REST requests are refused before anything is fetched or sent")
+    func forgedREST() async throws {
+        let rig = try await ProxyRig()
+        defer { Task { await rig.stop() } }
+        let path = "/v1/providers/p/deliveryVehicles/dv-1"
+        let google = [("x-goog-api-client", "gl-python/3.11")]
+        let bare = try RawHTTP.send(.tcp(port: rig.port), "GET", path, host: "127.0.0.1:\(rig.port)")
+        #expect(bare.status == 403 && bare.body.contains("x-goog-api-client"), "\(bare)")
+        let foreign = try RawHTTP.send(.tcp(port: rig.port), "GET", path, host: "evil.example", headers: google)
+        #expect(foreign.status == 421, "\(foreign)")
+        let page = try RawHTTP.send(.tcp(port: rig.port), "GET", path, host: "localhost", headers: google + [("Origin", "http://evil.example")])
+        #expect(page.status == 403, "\(page)")
+        let relayed = try RawHTTP.send(.tcp(port: rig.port), "GET", path, host: "localhost", headers: google + [("X-Forwarded-For", "10.0.0.9")])
+        #expect(relayed.status == 403, "\(relayed)")
+        let unknown = try RawHTTP.send(.tcp(port: rig.port), "GET", "/v1/providers/p/secrets/x", host: "localhost", headers: google)
+        #expect(unknown.status == 404, "\(unknown)")
+        #expect(rig.fake.calls.isEmpty)
+        #expect(try await rig.issued()["deliveryVehicle/dv-1"] == nil)
+        // And a well-formed one passes, with the header alone.
+        let marked = try RawHTTP.send(.tcp(port: rig.port), "GET", path, host: "localhost", headers: [("Fleet-Token-Request", "true")])
+        #expect(marked.status == 200 && marked.body.contains("providers/p/deliveryVehicles/dv-1"), "\(marked)")
+    }
+}
