@@ -42,6 +42,8 @@ let package = Package(
         // HTTP/1.1 on one listener, and its HTTP/2 connection to Fleet Engine (gRPC's status is
         // in trailers, which AsyncHTTPClient does not expose).
         .package(url: "https://github.com/apple/swift-nio-http2", from: "1.46.0"),
+        // The proxy's CONNECT tunnel to Fleet Engine through a forward proxy.
+        .package(url: "https://github.com/apple/swift-nio-extras", from: "1.35.0"),
         .package(url: "https://github.com/apple/swift-certificates", from: "1.21.0"),
         .package(url: "https://github.com/apple/swift-asn1", from: "1.7.0"),
         .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.28.0"),
@@ -141,6 +143,7 @@ let package = Package(
                 .product(name: "NIOHPACK", package: "swift-nio-http2"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "NIOTLS", package: "swift-nio"),
+                .product(name: "NIOExtras", package: "swift-nio-extras"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "CoreMetrics", package: "swift-metrics"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),

@@ -3,6 +3,7 @@
 // and one retry with a new token when Fleet Engine rejects the first. Wire-independent: the
 // listener (FleetEngineProxyService) reads and writes the wires.
 
+public import FleetTokenHTTP
 public import FleetTokenService
 import FleetTokenStore
 import Foundation
@@ -23,6 +24,9 @@ public struct FleetEngineProxy: Sendable {
         public var caFile: String?
         /// Whose token goes on a call that names no single resource.
         public var subjectRule: FleetEngineSubjectRule
+        /// The forward proxy to reach the endpoint through (a CONNECT tunnel), as for the token
+        /// provider: `--proxy`, `HTTPS_PROXY`, `NO_PROXY`. Default: direct.
+        public var proxySettings: ProxySettings = .direct
         /// The longest a call waits for Fleet Engine (each attempt), unless the caller's
         /// `grpc-timeout` is shorter. Default 60 s.
         public var upstreamTimeout: Duration = .seconds(60)
@@ -47,7 +51,8 @@ public struct FleetEngineProxy: Sendable {
                 metricsFactory: any MetricsFactory = MetricsSystem.factory) throws(FleetEngineProxyError) {
         self.api = api
         self.configuration = configuration
-        self.upstream = try FleetEngineUpstream(endpoint: configuration.endpoint, caFile: configuration.caFile, logger: logger)
+        self.upstream = try FleetEngineUpstream(endpoint: configuration.endpoint, caFile: configuration.caFile,
+                                                proxySettings: configuration.proxySettings, logger: logger)
         self.logger = logger
         self.metrics = metricsFactory
     }

@@ -2,10 +2,14 @@
 // prior knowledge to a loopback host), made when first needed and again after it closes; each
 // call one stream, its whole answer (headers, body, trailers) collected.
 
+package import FleetTokenHTTP
 import FleetTokenService
+import Foundation
 package import Logging
 package import NIOCore
+import NIOExtras
 import NIOHPACK
+import NIOHTTP1
 import NIOHTTP2
 import NIOPosix
 import NIOSSL
@@ -48,6 +52,8 @@ package final class FleetEngineUpstream: Sendable {
     }
 
     let endpoint: FleetEngineEndpoint
+    /// The forward proxy the connection tunnels through (CONNECT), or nil: direct.
+    let proxy: ProxySettings.Proxy?
     private let tls: NIOSSLContext?
     private let group: any EventLoopGroup
     private let logger: Logger
@@ -55,10 +61,13 @@ package final class FleetEngineUpstream: Sendable {
     private let current = Mutex<EventLoopFuture<Connection>?>(nil)
 
     /// A connection to `endpoint`, trusting the system's roots or, when given, only the
-    /// certificates in the PEM file `caFile`.
+    /// certificates in the PEM file `caFile`, through the forward proxy `proxySettings` name for
+    /// it (`NO_PROXY` applies).
     /// - Throws: ``FleetEngineProxyError`` when `caFile` cannot be used.
-    package init(endpoint: FleetEngineEndpoint, caFile: String?, logger: Logger) throws(FleetEngineProxyError) {
+    package init(endpoint: FleetEngineEndpoint, caFile: String?, proxySettings: ProxySettings = .direct,
+                 logger: Logger) throws(FleetEngineProxyError) {
         self.endpoint = endpoint
+        self.proxy = proxySettings.proxy(scheme: endpoint.secure ? "https" : "http", host: endpoint.host, port: endpoint.port)
         self.group = MultiThreadedEventLoopGroup.singleton
         self.logger = logger
         guard endpoint.secure else {
@@ -92,6 +101,8 @@ package final class FleetEngineUpstream: Sendable {
             let connection: Connection
             do {
                 connection = try await self.connection().get()
+            } catch let failure as UpstreamFailure {
+                throw failure
             } catch {
                 throw .unreachable(Self.describe(error))
             }
@@ -146,28 +157,37 @@ package final class FleetEngineUpstream: Sendable {
         let tls = tls
         let serverName = endpoint.host
         let sniName: String? = LoopbackHost.isAddressLiteral(serverName) ? nil : serverName
+        let (proxy, endpoint) = (proxy, endpoint)
         return ClientBootstrap(group: group)
             .connectTimeout(.seconds(10))
             .channelOption(.socketOption(.tcp_nodelay), value: 1)
-            .channelInitializer { channel in
-                channel.eventLoop.makeCompletedFuture {
-                    if let tls {
-                        try channel.pipeline.syncOperations.addHandler(NIOSSLClientHandler(context: tls, serverHostname: sniName))
-                        try channel.pipeline.syncOperations.addHandler(HandshakeWaiter(channel.eventLoop.makePromise()))
-                    }
-                }
+            .connect(host: proxy?.host ?? endpoint.host, port: proxy?.port ?? endpoint.port)
+            .flatMap { channel in
+                // Through a forward proxy: a CONNECT tunnel first, then TLS inside it.
+                guard let proxy else { return channel.eventLoop.makeSucceededFuture(channel) }
+                return Self.tunnel(channel, through: proxy, to: endpoint)
             }
-            .connect(host: endpoint.host, port: endpoint.port)
             .flatMap { channel in
                 // With TLS, HTTP/2 starts once the handshake agreed on it: a refused certificate
                 // fails the connection, and every call waiting for it, with the TLS error.
-                let handshake = tls == nil ? channel.eventLoop.makeSucceededVoidFuture()
-                    : channel.pipeline.handler(type: HandshakeWaiter.self).flatMap { $0.done.futureResult }
+                let handshake: EventLoopFuture<Void>
+                if let tls {
+                    handshake = channel.eventLoop.submit {
+                        let waiter = HandshakeWaiter(channel.eventLoop.makePromise())
+                        try channel.pipeline.syncOperations.addHandler(NIOSSLClientHandler(context: tls, serverHostname: sniName))
+                        try channel.pipeline.syncOperations.addHandler(waiter)
+                        Self.removeTunnelHandlers(channel)
+                        return waiter.done.futureResult
+                    }.flatMap { $0 }
+                } else {
+                    handshake = channel.eventLoop.makeSucceededVoidFuture()
+                }
                 return handshake.flatMap {
                     channel.eventLoop.submit {
                         let multiplexer = try channel.pipeline.syncOperations.configureHTTP2Pipeline(
                             mode: .client, connectionConfiguration: .init(), streamConfiguration: .init()
                         ) { stream in stream.close() }  // Fleet Engine pushes nothing
+                        Self.removeTunnelHandlers(channel)  // without TLS: after HTTP/2 is in place
                         return Connection(channel: channel, multiplexer: multiplexer)
                     }
                 }.flatMapErrorThrowing { error in
@@ -175,6 +195,50 @@ package final class FleetEngineUpstream: Sendable {
                     throw error
                 }
             }
+    }
+
+    /// Asks `proxy` (over `channel`) for a tunnel to `endpoint`; the channel once the proxy said
+    /// yes, with an ``InboundHolder`` keeping what came after the proxy's answer (the server's
+    /// first bytes) until the next handler is in place (``removeTunnelHandlers(_:)``).
+    private static func tunnel(_ channel: any Channel, through proxy: ProxySettings.Proxy, to endpoint: FleetEngineEndpoint) -> EventLoopFuture<any Channel> {
+        let established = channel.eventLoop.makePromise(of: Void.self)
+        var headers = HTTPHeaders()
+        if let credentials = proxy.credentials {
+            let basic = Data("\(credentials.username):\(credentials.password)".utf8).base64EncodedString()
+            headers.add(name: "Proxy-Authorization", value: "Basic \(basic)")
+        }
+        let connectHeaders = headers
+        return channel.eventLoop.submit {
+            let operations = channel.pipeline.syncOperations
+            try operations.addHandler(HTTPRequestEncoder(), name: "proxy-request-encoder")
+            try operations.addHandler(ByteToMessageHandler(HTTPResponseDecoder(leftOverBytesStrategy: .forwardBytes)), name: "proxy-response-decoder")
+            try operations.addHandler(NIOHTTP1ProxyConnectHandler(
+                targetHost: endpoint.host, targetPort: endpoint.port, headers: connectHeaders,
+                deadline: .now() + .seconds(10), promise: established))
+            try operations.addHandler(InboundHolder(), name: "proxy-holder")
+        }.flatMap {
+            established.futureResult
+        }.flatMap {
+            // The HTTP/1.1 codec goes now (it would take HTTP/2's or TLS's writes for requests);
+            // what the server sent after the proxy's answer waits in the holder.
+            channel.eventLoop.submit {
+                let operations = channel.pipeline.syncOperations
+                for name in ["proxy-request-encoder", "proxy-response-decoder"] {
+                    operations.removeHandler(context: try operations.context(name: name), promise: nil)
+                }
+                return channel
+            }
+        }.flatMapErrorThrowing { error in
+            channel.close(promise: nil)
+            throw UpstreamFailure.unreachable("the forward proxy \(proxy) did not open a tunnel to \(endpoint.authority): \(error)")
+        }
+    }
+
+    /// Removes the CONNECT exchange's holder, if any, handing on what it held; on the channel's
+    /// event loop, once the next handler is in place.
+    private static func removeTunnelHandlers(_ channel: any Channel) {
+        let operations = channel.pipeline.syncOperations
+        if let context = try? operations.context(name: "proxy-holder") { operations.removeHandler(context: context, promise: nil) }
     }
 
     private func exchange(_ request: ProxyRequest, token: String, on connection: Connection, timeout: TimeAmount) async throws -> ProxyResponse {
@@ -211,6 +275,26 @@ package final class FleetEngineUpstream: Sendable {
         if let error = error as? NIOSSLError { return "TLS: \(error)" }
         if let error = error as? BoringSSLError { return "TLS: \(error)" }
         return "\(error)"
+    }
+}
+
+/// Holds what is read until it is removed, then hands it on: the bytes a server sends right
+/// after a proxy's CONNECT answer, while the handlers that read them are put in place.
+final class InboundHolder: ChannelInboundHandler, RemovableChannelHandler {
+    typealias InboundIn = NIOAny
+
+    private var held: [NIOAny] = []
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        held.append(data)
+    }
+
+    func removeHandler(context: ChannelHandlerContext, removalToken: ChannelHandlerContext.RemovalToken) {
+        let held = held
+        self.held = []
+        for data in held { context.fireChannelRead(data) }
+        if !held.isEmpty { context.fireChannelReadComplete() }
+        context.leavePipeline(removalToken: removalToken)
     }
 }
 

@@ -91,6 +91,7 @@ struct AgentOptionTableTests {
             "allow-non-loopback-listen", "socket-mode", "allow", "allow-client", "invalidate-interval", "max-dynamic-subjects",
             "max-api-connections", "max-api-connections-per-peer", "sink", "sink-mode", "exit-on-permanent-error",
             "permanent-error-attempts", "demo-lifetime", "lease-duration", "idle-window", "failure-backoff",
+            "fleet-engine-listen", "fleet-engine-url", "fleet-engine-ca-file", "fleet-engine-default-subject",
         ]
         #expect(Set(documented).subtracting(keys).isEmpty, "missing: \(Set(documented).subtracting(keys))")
         #expect(AgentOption.all.filter(\.secret).map(\.key) == ["db", "header", "body-template", "proxy"])

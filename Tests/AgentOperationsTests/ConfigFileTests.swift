@@ -57,6 +57,10 @@ struct ConfigFileTests {
         max-dynamic-subjects: 500
         max-api-connections: 300
         max-api-connections-per-peer: 20
+        fleet-engine-listen: ["unix:\(scratch.file("fleet.sock"))"]
+        fleet-engine-url: https://fleet.example.test
+        fleet-engine-ca-file: \(scratch.file("fleet-ca.pem"))
+        fleet-engine-default-subject: vehicle:fleet-admin
         demo-lifetime: 60
         lease-duration: 10
         idle-window: 30

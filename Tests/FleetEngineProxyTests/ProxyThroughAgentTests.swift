@@ -90,6 +90,12 @@ final class ProxyRig: Sendable {
     }
 }
 
+/// A raw HTTP/1.1 exchange, off Swift's cooperative pool (it blocks).
+func raw(_ endpoint: RawHTTP.Endpoint, _ method: String, _ target: String, host: String?,
+         headers: [(String, String)] = []) async throws -> RawHTTP.Answer {
+    try await offCooperativePool { try RawHTTP.send(endpoint, method, target, host: host, headers: headers) }
+}
+
 @Suite("Fleet Engine proxy in a real agent, called by Google's Python clients", .serialized)
 struct ProxyThroughAgentTests {
     @Test("VehicleService and TripService over gRPC (Unix socket, TCP) and DeliveryService over REST: every call reaches Fleet Engine with its resource's token")
@@ -137,6 +143,26 @@ struct ProxyThroughAgentTests {
         #expect(refused.first?["code"] as? String == "UNAVAILABLE", "\(refused)")
         #expect((refused.first?["message"] as? String)?.contains("TLS") == true, "\(refused)")
         #expect(untrusted.fake.calls.isEmpty)
+    }
+
+    @Test("through the forward proxy of --proxy (with credentials): one CONNECT tunnel to Fleet Engine carries the calls, HTTP/2 with prior knowledge or TLS inside it",
+          arguments: [false, true])
+    func forwardProxy(tls: Bool) async throws {
+        let connectProxy = ConnectProxy(username: "agent", password: "s3cret")
+        try await connectProxy.start()
+        defer { Task { await connectProxy.stop() } }
+        let pki = tls ? try TestPKI() : nil
+        defer { pki?.removeFiles() }
+        let rig = try await ProxyRig(extraArguments: ["--proxy", "http://agent:s3cret@127.0.0.1:\(connectProxy.port)"], pki: pki)
+        defer { Task { await rig.stop() } }
+        let vehicle = try await rig.call("grpc-vehicle", "unix:\(rig.socket)", "providers/p/vehicles/truck-1", count: 3)
+        #expect(vehicle.count == 3 && vehicle.allSatisfy { $0["ok"] as? Bool == true }, "\(vehicle) \(rig.agent.stderr)")
+        #expect(rig.fake.calls.count == 3)
+        // The provider's fetches tunnel through it too (to the issuer's port).
+        let fakeAddress = "\(tls ? "localhost" : "127.0.0.1"):\(rig.fake.port.withLock { $0 })"
+        let tunnels = connectProxy.requests.filter { $0.method == "CONNECT" && $0.target == fakeAddress }
+        #expect(tunnels.count == 1 && tunnels.first?.outcome == .tunnelled, "\(connectProxy.requests.map { ($0.method, $0.target, $0.outcome) })")
+        #expect(!rig.agent.stderr.contains("s3cret"))
     }
 
     @Test("a key rotation at Fleet Engine: the rejected call is sent once more with a token fetched after the rejection, and succeeds")
@@ -214,20 +240,20 @@ struct ProxyThroughAgentTests {
         defer { Task { await rig.stop() } }
         let path = "/v1/providers/p/deliveryVehicles/dv-1"
         let google = [("x-goog-api-client", "gl-python/3.11")]
-        let bare = try RawHTTP.send(.tcp(port: rig.port), "GET", path, host: "127.0.0.1:\(rig.port)")
+        let bare = try await raw(.tcp(port: rig.port), "GET", path, host: "127.0.0.1:\(rig.port)")
         #expect(bare.status == 403 && bare.body.contains("x-goog-api-client"), "\(bare)")
-        let foreign = try RawHTTP.send(.tcp(port: rig.port), "GET", path, host: "evil.example", headers: google)
+        let foreign = try await raw(.tcp(port: rig.port), "GET", path, host: "evil.example", headers: google)
         #expect(foreign.status == 421, "\(foreign)")
-        let page = try RawHTTP.send(.tcp(port: rig.port), "GET", path, host: "localhost", headers: google + [("Origin", "http://evil.example")])
+        let page = try await raw(.tcp(port: rig.port), "GET", path, host: "localhost", headers: google + [("Origin", "http://evil.example")])
         #expect(page.status == 403, "\(page)")
-        let relayed = try RawHTTP.send(.tcp(port: rig.port), "GET", path, host: "localhost", headers: google + [("X-Forwarded-For", "10.0.0.9")])
+        let relayed = try await raw(.tcp(port: rig.port), "GET", path, host: "localhost", headers: google + [("X-Forwarded-For", "10.0.0.9")])
         #expect(relayed.status == 403, "\(relayed)")
-        let unknown = try RawHTTP.send(.tcp(port: rig.port), "GET", "/v1/providers/p/secrets/x", host: "localhost", headers: google)
+        let unknown = try await raw(.tcp(port: rig.port), "GET", "/v1/providers/p/secrets/x", host: "localhost", headers: google)
         #expect(unknown.status == 404, "\(unknown)")
         #expect(rig.fake.calls.isEmpty)
         #expect(try await rig.issued()["deliveryVehicle/dv-1"] == nil)
         // And a well-formed one passes, with the header alone.
-        let marked = try RawHTTP.send(.tcp(port: rig.port), "GET", path, host: "localhost", headers: [("Fleet-Token-Request", "true")])
+        let marked = try await raw(.tcp(port: rig.port), "GET", path, host: "localhost", headers: [("Fleet-Token-Request", "true")])
         #expect(marked.status == 200 && marked.body.contains("providers/p/deliveryVehicles/dv-1"), "\(marked)")
     }
 }

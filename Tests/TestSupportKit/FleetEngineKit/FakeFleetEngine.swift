@@ -116,10 +116,12 @@ package final class FakeFleetEngine: Sendable {
         try? await channel?.close()
     }
 
-    /// The answer to one call, and its record.
-    fileprivate func answer(headers: HPACKHeaders, body: ByteBuffer) async -> (status: Int, headers: [(String, String)], body: ByteBuffer, trailers: [(String, String)]?) {
-        let delay = state.withLock { $0.delay }
-        if delay > .zero { try? await Task.sleep(for: delay) }
+    /// How long each answer waits first.
+    fileprivate var answerDelay: Duration { state.withLock { $0.delay } }
+
+    /// The answer to one call, and its record. Synchronous: the fake answers on its event loop,
+    /// never waiting for Swift's cooperative pool, which other tests of the suite may hold.
+    fileprivate func answer(headers: HPACKHeaders, body: ByteBuffer) -> (status: Int, headers: [(String, String)], body: ByteBuffer, trailers: [(String, String)]?) {
         let path = headers.first(name: ":path") ?? ""
         let grpc = headers.first(name: "content-type")?.hasPrefix("application/grpc") == true
         var call: FleetEngineCall?
@@ -263,8 +265,10 @@ private final class FakeStreamHandler: ChannelInboundHandler {
         guard let headers else { return }
         self.headers = nil
         let (fake, body, channel) = (fake, body, context.channel)
-        Task {
-            let answer = await fake.answer(headers: headers, body: body)
+        let delay = fake.answerDelay
+        let nanoseconds = delay.components.seconds * 1_000_000_000 + delay.components.attoseconds / 1_000_000_000
+        context.eventLoop.scheduleTask(in: .nanoseconds(nanoseconds)) {
+            let answer = fake.answer(headers: headers, body: body)
             var head = HPACKHeaders()
             head.add(name: ":status", value: "\(answer.status)")
             for (name, value) in answer.headers { head.add(name: name, value: value) }

@@ -53,7 +53,7 @@ struct AgentOptionTable: Sendable {
         .reloadable()
     let clientKey: AgentOptionSpec<String?> = .text("client-key", help: "PEM private key of --client-cert; re-read when it changes.")
         .reloadable()
-    let proxy: AgentOptionSpec<String?> = .text("proxy", help: "Forward proxy for provider requests, http://[USER:PASSWORD@]HOST:PORT, instead of HTTPS_PROXY/HTTP_PROXY.")
+    let proxy: AgentOptionSpec<String?> = .text("proxy", help: "Forward proxy for provider requests and the Fleet Engine proxy's calls, http://[USER:PASSWORD@]HOST:PORT, instead of HTTPS_PROXY/HTTP_PROXY.")
         .secretValues()
     let noProxy: AgentOptionSpec<Bool> = .toggle("no-proxy", help: "Reach the provider directly, whatever HTTPS_PROXY/HTTP_PROXY say.")
     let tokenKey: AgentOptionSpec<String?> = .text("token-key", help: "JSON field (or JSON pointer such as /data/token) of the token for every kind (default VEHICLE_TOKEN_KEY, TRIP_TOKEN_KEY, DELIVERY_VEHICLE_TOKEN_KEY, TASK_TOKEN_KEY).")

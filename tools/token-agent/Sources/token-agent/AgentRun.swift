@@ -190,7 +190,7 @@ struct AgentRun {
     private func prepareAPI(engine: TokenSyncEngine, keys: [TokenKey], demo: Bool, registry: PrometheusCollectorRegistry,
                             logger: Logger) throws -> (service: TokenAPIService?, api: TokenAPI, proxy: FleetEngineProxyService?)? {
         let addresses = try usage { try settings.listenAddresses(demo: demo) }
-        let proxySettings = try usage { try settings.fleetEngineProxySettings() }
+        let proxySettings = try usage { try settings.fleetEngineProxySettings(environment: environment) }
         guard !addresses.isEmpty || proxySettings != nil else { return nil }
         var configuration = TokenAPI.Configuration(allowList: try usage { try settings.allowList(keys: keys) }, readinessSubjects: keys)
         configuration.invalidateInterval = settings.invalidateInterval.seconds

@@ -58,7 +58,7 @@ extension AgentSettings {
         _ = try allowList(keys: [])
         _ = try clientPolicy()
         if self.once && !self.listen.isEmpty { throw UsageError("\(origins.name("listen")) serves tokens while the agent runs: it does not go with --once") }
-        _ = try fleetEngineProxySettings()
+        _ = try fleetEngineProxySettings(environment: environment)
         guard let mode = socketModeValue else {
             throw UsageError("\(origins.name("socket-mode")) \(self.socketMode): give an octal mode such as 0660 or 0600")
         }
@@ -76,7 +76,7 @@ extension AgentSettings {
     private func checkTransport(environment: [String: String]) throws(UsageError) {
         let given = [(!self.caFiles.isEmpty, "ca-file"), (!self.extraCAFiles.isEmpty, "extra-ca-file"),
                      (self.clientCertificate != nil, "client-cert"), (self.clientKey != nil, "client-key"),
-                     (self.proxy != nil, "proxy"), (self.method != .get, "method"), (self.bodyTemplate != nil, "body-template")]
+                     (self.proxy != nil && self.fleetEngineListen.isEmpty, "proxy"), (self.method != .get, "method"), (self.bodyTemplate != nil, "body-template")]
         if self.providerURL == nil, let (_, key) = given.first(where: \.0) {
             throw UsageError("\(origins.name(key)) needs --provider-url (the demo issuer is plain HTTP on loopback)")
         }
@@ -103,7 +103,7 @@ extension AgentSettings {
 
     /// The Fleet Engine proxy's listen addresses (the token API's rules) and configuration;
     /// nil when `--fleet-engine-listen` is not given.
-    func fleetEngineProxySettings() throws(UsageError) -> (addresses: [ListenAddress], configuration: FleetEngineProxy.Configuration)? {
+    func fleetEngineProxySettings(environment: [String: String]) throws(UsageError) -> (addresses: [ListenAddress], configuration: FleetEngineProxy.Configuration)? {
         let others = [("fleet-engine-ca-file", self.fleetEngineCAFile != nil), ("fleet-engine-default-subject", self.fleetEngineDefaultSubject != nil),
                       ("fleet-engine-url", self.fleetEngineURL != FleetEngineEndpoint.defaultURL)]
         guard !self.fleetEngineListen.isEmpty else {
@@ -134,8 +134,10 @@ extension AgentSettings {
             }
             defaultSubject = key
         }
-        let configuration = FleetEngineProxy.Configuration(endpoint: endpoint, caFile: self.fleetEngineCAFile,
+        var configuration = FleetEngineProxy.Configuration(endpoint: endpoint, caFile: self.fleetEngineCAFile,
                                                            subjectRule: FleetEngineSubjectRule(defaultSubject: defaultSubject))
+        // The provider's forward proxy settings, for Fleet Engine too.
+        configuration.proxySettings = try proxySettings(environment: environment)
         return (addresses, configuration)
     }
 
