@@ -75,10 +75,13 @@ final class ProxyRig: Sendable {
         try await issuer.issuedTimes().mapValues(\.count)
     }
 
-    func stop() async {
+    /// Ends the agent and the issuer and closes the fake's listener, at once (from a `defer`):
+    /// explicitly, since a process object may outlive the test and a process left running would
+    /// outlive the test run (seen: every test's issuer was still running after the run).
+    func stop() {
         agent.signal(SIGTERM)
-        _ = await agent.wait(upTo: 15)
-        await fake.stop()
+        issuer.process.signal(SIGTERM)
+        fake.close()
     }
 
     /// Every token the issuer handed out is absent from the agent's output.
@@ -101,7 +104,7 @@ struct ProxyThroughAgentTests {
     @Test("VehicleService and TripService over gRPC (Unix socket, TCP) and DeliveryService over REST: every call reaches Fleet Engine with its resource's token")
     func googleClients() async throws {
         let rig = try await ProxyRig()
-        defer { Task { await rig.stop() } }
+        defer { rig.stop() }
         let vehicle = try await rig.call("grpc-vehicle", "unix:\(rig.socket)", "providers/p/vehicles/truck-1", count: 3)
         #expect(vehicle.count == 3 && vehicle.allSatisfy { $0["ok"] as? Bool == true && $0["name"] as? String == "providers/p/vehicles/truck-1" }, "\(vehicle)")
         let trip = try await rig.call("grpc-trip", "127.0.0.1:\(rig.port)", "providers/p/trips/trip-9", count: 2)
@@ -129,7 +132,7 @@ struct ProxyThroughAgentTests {
         let pki = try TestPKI()
         defer { pki.removeFiles() }
         let rig = try await ProxyRig(pki: pki)
-        defer { Task { await rig.stop() } }
+        defer { rig.stop() }
         let vehicle = try await rig.call("grpc-vehicle", "unix:\(rig.socket)", "providers/p/vehicles/truck-1", count: 2)
         #expect(vehicle.count == 2 && vehicle.allSatisfy { $0["ok"] as? Bool == true }, "\(vehicle)")
         let delivery = try await rig.call("rest-delivery", "127.0.0.1:\(rig.port)", "providers/p/deliveryVehicles/dv-3")
@@ -138,7 +141,7 @@ struct ProxyThroughAgentTests {
 
         // The system's roots do not know the test CA.
         let untrusted = try await ProxyRig(pki: pki, trustCA: false)
-        defer { Task { await untrusted.stop() } }
+        defer { untrusted.stop() }
         let refused = try await untrusted.call("grpc-vehicle", "unix:\(untrusted.socket)", "providers/p/vehicles/truck-2")
         #expect(refused.first?["code"] as? String == "UNAVAILABLE", "\(refused)")
         #expect((refused.first?["message"] as? String)?.contains("TLS") == true, "\(refused)")
@@ -154,7 +157,7 @@ struct ProxyThroughAgentTests {
         let pki = tls ? try TestPKI() : nil
         defer { pki?.removeFiles() }
         let rig = try await ProxyRig(extraArguments: ["--proxy", "http://agent:s3cret@127.0.0.1:\(connectProxy.port)"], pki: pki)
-        defer { Task { await rig.stop() } }
+        defer { rig.stop() }
         let vehicle = try await rig.call("grpc-vehicle", "unix:\(rig.socket)", "providers/p/vehicles/truck-1", count: 3)
         #expect(vehicle.count == 3 && vehicle.allSatisfy { $0["ok"] as? Bool == true }, "\(vehicle) \(rig.agent.stderr)")
         #expect(rig.fake.calls.count == 3)
@@ -168,7 +171,7 @@ struct ProxyThroughAgentTests {
     @Test("a key rotation at Fleet Engine: the rejected call is sent once more with a token fetched after the rejection, and succeeds")
     func rotation() async throws {
         let rig = try await ProxyRig()
-        defer { Task { await rig.stop() } }
+        defer { rig.stop() }
         let first = try await rig.call("grpc-vehicle", "unix:\(rig.socket)", "providers/p/vehicles/truck-1")
         #expect(first.first?["ok"] as? Bool == true, "\(first)")
         // The issuer writes iat in whole seconds: refuse everything issued before the next one.
@@ -190,7 +193,7 @@ struct ProxyThroughAgentTests {
     @Test("Fleet Engine refusing whatever token the provider mints: PERMISSION_DENIED after exactly one retry, and no loop")
     func refusedEveryToken() async throws {
         let rig = try await ProxyRig()
-        defer { Task { await rig.stop() } }
+        defer { rig.stop() }
         rig.fake.deny("providers/p/vehicles/truck-x")
         let denied = try await rig.call("grpc-vehicle", "127.0.0.1:\(rig.port)", "providers/p/vehicles/truck-x")
         #expect(denied.first?["code"] as? String == "PERMISSION_DENIED", "\(denied)")
@@ -206,7 +209,7 @@ struct ProxyThroughAgentTests {
     @Test("1,000 concurrent calls for one cold vehicle: one provider fetch")
     func singleFlight() async throws {
         let rig = try await ProxyRig()
-        defer { Task { await rig.stop() } }
+        defer { rig.stop() }
         let results = try await rig.call("grpc-vehicle", "unix:\(rig.socket)", "providers/p/vehicles/cold-7", count: 1000, parallel: 100)
         #expect(results.count == 1000 && results.allSatisfy { $0["ok"] as? Bool == true }, "\(results.filter { $0["ok"] as? Bool != true }.prefix(3))")
         #expect(try await rig.issued()["vehicle/cold-7"] == 1)
@@ -216,7 +219,7 @@ struct ProxyThroughAgentTests {
     @Test("a fleet-wide method is refused, naming it, without --fleet-engine-default-subject")
     func fleetWideRefused() async throws {
         let rig = try await ProxyRig()
-        defer { Task { await rig.stop() } }
+        defer { rig.stop() }
         let refused = try await rig.call("grpc-search", "unix:\(rig.socket)", "providers/p")
         #expect(refused.first?["code"] as? String == "PERMISSION_DENIED", "\(refused)")
         #expect((refused.first?["message"] as? String)?.contains("SearchVehicles") == true, "\(refused)")
@@ -227,7 +230,7 @@ struct ProxyThroughAgentTests {
     @Test("a fleet-wide method with --fleet-engine-default-subject gets that subject's token")
     func fleetWideAllowed() async throws {
         let rig = try await ProxyRig(extraArguments: ["--fleet-engine-default-subject", "vehicle:fleet-admin"])
-        defer { Task { await rig.stop() } }
+        defer { rig.stop() }
         let allowed = try await rig.call("grpc-search", "unix:\(rig.socket)", "providers/p")
         #expect(allowed.first?["ok"] as? Bool == true, "\(allowed)")
         #expect(rig.fake.calls.map(\.method) == ["SearchVehicles"])
@@ -237,7 +240,7 @@ struct ProxyThroughAgentTests {
     @Test("forged REST requests are refused before anything is fetched or sent")
     func forgedREST() async throws {
         let rig = try await ProxyRig()
-        defer { Task { await rig.stop() } }
+        defer { rig.stop() }
         let path = "/v1/providers/p/deliveryVehicles/dv-1"
         let google = [("x-goog-api-client", "gl-python/3.11")]
         let bare = try await raw(.tcp(port: rig.port), "GET", path, host: "127.0.0.1:\(rig.port)")

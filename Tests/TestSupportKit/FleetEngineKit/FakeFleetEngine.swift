@@ -111,6 +111,11 @@ package final class FakeFleetEngine: Sendable {
         port.withLock { $0 = channel.localAddress?.port ?? 0 }
     }
 
+    /// Closes the listener without waiting (connections end with their clients).
+    package func close() {
+        server.withLock { $0 }?.close(promise: nil)
+    }
+
     package func stop() async {
         let channel = server.withLock { $0 }
         try? await channel?.close()
