@@ -24,8 +24,9 @@ public struct FleetEngineProxy: Sendable {
         public var caFile: String?
         /// Whose token goes on a call that names no single resource.
         public var subjectRule: FleetEngineSubjectRule
-        /// The forward proxy to reach the endpoint through (a CONNECT tunnel), as for the token
-        /// provider: `--proxy`, `HTTPS_PROXY`, `NO_PROXY`. Default: direct.
+        /// The forward proxy to reach an `https` endpoint through (a CONNECT tunnel), as for the
+        /// token provider: `--proxy`, `HTTPS_PROXY`, `NO_PROXY`. Default: direct. A plain `http://`
+        /// endpoint (loopback only) is always reached directly.
         public var proxySettings: ProxySettings = .direct
         /// The longest a call waits for Fleet Engine (each attempt), unless the caller's
         /// `grpc-timeout` is shorter. Default 60 s.

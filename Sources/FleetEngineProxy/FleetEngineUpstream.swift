@@ -62,12 +62,14 @@ package final class FleetEngineUpstream: Sendable {
 
     /// A connection to `endpoint`, trusting the system's roots or, when given, only the
     /// certificates in the PEM file `caFile`, through the forward proxy `proxySettings` name for
-    /// it (`NO_PROXY` applies).
+    /// it (`NO_PROXY` applies; a plain `http://` loopback endpoint is reached directly).
     /// - Throws: ``FleetEngineProxyError`` when `caFile` cannot be used.
     package init(endpoint: FleetEngineEndpoint, caFile: String?, proxySettings: ProxySettings = .direct,
                  logger: Logger) throws(FleetEngineProxyError) {
         self.endpoint = endpoint
-        self.proxy = proxySettings.proxy(scheme: endpoint.secure ? "https" : "http", host: endpoint.host, port: endpoint.port)
+        // Plain HTTP/2 goes only to loopback, which a forward proxy does not reach as this
+        // host's: direct. (Its server also speaks first, right after a tunnel opens.)
+        self.proxy = endpoint.secure ? proxySettings.proxy(scheme: "https", host: endpoint.host, port: endpoint.port) : nil
         self.group = MultiThreadedEventLoopGroup.singleton
         self.logger = logger
         guard endpoint.secure else {

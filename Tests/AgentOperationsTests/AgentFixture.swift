@@ -87,7 +87,7 @@ struct ServingAgent: Sendable {
     }
 
     /// Sends SIGTERM and waits (bounded); the exit status, nil if it did not stop in `seconds`.
-    func stop(within seconds: Double = 20) async -> Int32? {
+    func stop(within seconds: Double = 60) async -> Int32? {
         process.signal(SIGTERM)
         return await process.wait(upTo: seconds)
     }

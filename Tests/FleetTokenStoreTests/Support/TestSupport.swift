@@ -28,7 +28,7 @@ func openStore(_ path: String, mode: StoreOpenMode = .agent, configure: (inout S
 extension SQLiteTokenRepository {
     /// Runs the store's background work, as an engine's run() would, until the integrity check
     /// deferred from start-up has ended (or `seconds` passed); returns what it found.
-    func deferredCheckFinding(within seconds: Double = 20) async -> String? {
+    func deferredCheckFinding(within seconds: Double = 60) async -> String? {
         let work = Task { await self.runBackgroundWork() }
         defer { work.cancel() }
         _ = await eventually(within: seconds) { self.backgroundCheckHasRun }
