@@ -225,7 +225,8 @@ struct PostgresFaultTests {
         let server = try await PostgresServer.make()
         defer { try? server.stop() }
         try await server.createDatabase("faults")
-        let configuration = try configuration(server, "faults")
+        var configuration = try configuration(server, "faults")
+        configuration.connectionWait = .seconds(1)  // the default: an outage is found within it
         let fetcher = ScriptedFetcher { key, _ in FetchedToken(value: TestJWT.make(for: key, issuedAt: Date(), lifetime: 3600)) }
         let log = LogRecorder()
         try await PostgresTokenRepository.withRepository(configuration, logger: log.logger) { store in
