@@ -173,7 +173,7 @@ struct PowerCutCampaign<Workload: PowerCutWorkload> {
 /// returns what is committed, and nil when that did not come within a wide bound.
 func committedNewer(_ store: SQLiteTokenRepository, _ keys: [TokenKey], than before: [TokenKey: Date]) async -> [TokenKey: Date]? {
     var committed: [TokenKey: Date] = [:]
-    let progressed = await eventually(within: 20) {
+    let progressed = await eventually(within: 60) {
         if powerIsCut { return true }
         guard let entries = try? await store.entries(for: keys) else { return false }
         committed = entries.compactMapValues { $0.token?.expiresAt }
@@ -198,5 +198,5 @@ func lostTokens(_ store: SQLiteTokenRepository, promised: [TokenKey: Date]) asyn
 /// its clock: moved while the scheduler is between reading the time and going to sleep, the
 /// clock would leave the next refreshes a whole step late (the workload would stall).
 func settledOrCut(_ engine: TokenSyncEngine) async {
-    _ = await eventually(within: 20) { powerIsCut ? true : await engine.isSettled }
+    _ = await eventually(within: 60) { powerIsCut ? true : await engine.isSettled }
 }

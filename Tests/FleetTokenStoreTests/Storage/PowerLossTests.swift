@@ -82,7 +82,7 @@ struct PowerCutRound {
                 // Every key's token newer than the one committed before this step (a first one at step 0).
                 let before = seen
                 var committed: [TokenKey: Date] = [:]
-                let progressed = await eventually(within: 20) {
+                let progressed = await eventually(within: 60) {
                     if powerloss_has_cut() != 0 { return true }
                     guard let entries = try? await store.entries(for: Self.keys) else { return false }
                     committed = entries.compactMapValues { $0.token?.expiresAt }
