@@ -8,7 +8,7 @@ import TestSupportKit
 import Testing
 @testable import token_agent
 
-@Suite("token-agent's option table: one declaration, every source")
+@Suite("token-agent's option table: one declaration, every source", .paced)
 struct AgentOptionTableTests {
     /// A value of `option` that is not its default, as items (one for a single value).
     static func sample(_ option: AgentOption) -> [String] {

@@ -7,7 +7,7 @@ import Foundation
 import Testing
 @testable import token_agent
 
-@Suite("token-agent's decisions, with plain values")
+@Suite("token-agent's decisions, with plain values", .paced)
 struct AgentValueTests {
     @Test("every live option is copied by a reload, and nothing else is")
     func liveOptions() {

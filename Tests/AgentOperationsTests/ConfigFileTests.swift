@@ -7,7 +7,7 @@ import Foundation
 import TestSupportKit
 import Testing
 
-@Suite("token-agent configuration: file, environment, flags")
+@Suite("token-agent configuration: file, environment, flags", .paced)
 struct ConfigFileTests {
     /// Every option once, each on its own line (the line numbers are asserted).
     static func everyKey(_ scratch: Scratch) -> String {

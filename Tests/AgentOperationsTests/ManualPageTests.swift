@@ -21,7 +21,7 @@ enum GenerateManualTool {
     ], installHint: "tools/package/generate-manuals OUTDIR builds it once (about a minute)")
 }
 
-@Suite("man pages and shell completions, generated from the command definitions", .serialized,
+@Suite("man pages and shell completions, generated from the command definitions", .paced, .serialized,
        .enabled(if: GenerateManualTool.tool.shouldRun,
                 "needs swift-argument-parser's generate-manual, built once by tools/package/generate-manuals (.ci/run does before the tests); FLEET_REQUIRE_THIRD_PARTY=1 makes its absence a failure"))
 struct ManualPageTests {

@@ -8,7 +8,7 @@ import Testing
 import Glibc
 #endif
 
-@Suite("token-agent under systemd: sd_notify, watchdog, JSON logs", .exclusive)
+@Suite("token-agent under systemd: sd_notify, watchdog, JSON logs", .paced, .exclusive)
 struct ServiceManagerTests {
     /// token-agent on its own store against `issuer`, with `arguments` and `environment`.
     static func agent(_ scratch: Scratch, _ issuer: IssuerProcess, _ arguments: [String],

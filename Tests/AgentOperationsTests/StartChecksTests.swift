@@ -10,7 +10,7 @@ import Testing
 import Glibc
 #endif
 
-@Suite("token-agent's start-up checks, store variable and reload de-duplication")
+@Suite("token-agent's start-up checks, store variable and reload de-duplication", .paced)
 struct StartChecksTests {
     /// Nothing listens there: a check that sent a request would fail on it.
     static let provider = "https://127.0.0.1:1/fleet/{kind}/{id}"

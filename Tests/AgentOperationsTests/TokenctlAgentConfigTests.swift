@@ -7,7 +7,7 @@ import Foundation
 import TestSupportKit
 import Testing
 
-@Suite("tokenctl --config: the agent's store and keys from the agent's config file")
+@Suite("tokenctl --config: the agent's store and keys from the agent's config file", .paced)
 struct TokenctlAgentConfigTests {
     /// An agent config naming the store and a key file, and the store filled by a demo `--once`.
     static func installedAgent(_ scratch: Scratch) async throws -> (config: String, db: String) {

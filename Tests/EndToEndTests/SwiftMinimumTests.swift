@@ -6,7 +6,7 @@ import Testing
 /// declare tools version 6.2, so a 6.1 toolchain cannot even resolve the package. This reads
 /// the promise from the README and checks it against every resolved dependency's manifest, the
 /// way SwiftPM picks one (a `Package@swift-X.Y.swift` only on toolchains at or above X.Y).
-@Suite("The README's Swift minimum")
+@Suite("The README's Swift minimum", .paced)
 struct SwiftMinimumTests {
     static let packageRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
         .deletingLastPathComponent().deletingLastPathComponent()

@@ -5,7 +5,7 @@
 import NIOCore
 import Testing
 
-@Suite("Fleet Engine proxy: the rules, as pure functions")
+@Suite("Fleet Engine proxy: the rules, as pure functions", .paced)
 struct ProxyRulesTests {
     static func request(_ wire: ProxyWire = .rest, authority: String? = "127.0.0.1:8788", _ headers: [(String, String)] = []) -> ProxyRequest {
         let base: [(String, String)] = wire == .grpc ? [("content-type", "application/grpc")] : [("x-goog-api-client", "gl-python/3.11")]

@@ -63,11 +63,21 @@ final class ProxyRig: Sendable {
         return nil
     }
 
-    /// Runs Google's client: one result per call.
-    func call(_ mode: String, _ target: String, _ name: String, count: Int = 1, parallel: Int = 1) async throws -> [[String: Any]] {
-        let run = try await runToEnd(python, [script, mode, target, name, "\(count)", "\(parallel)"], in: scratch, timeout: 300)
+    /// Runs Google's client: one result per call, each within `deadline` seconds.
+    func call(_ mode: String, _ target: String, _ name: String, count: Int = 1, parallel: Int = 1,
+              deadline: Int = 60) async throws -> [[String: Any]] {
+        let run = try await runToEnd(python, [script, mode, target, name, "\(count)", "\(parallel)", "\(deadline)"], in: scratch, timeout: 300)
         guard run.status == 0 else { throw ProcessFailure(message: "the Python client failed (\(run.status)): \(run.stderr)") }
         return run.stdout.split(separator: "\n").compactMap { try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any] }
+    }
+
+    /// A raw HTTP/1.1 exchange with the TCP listener; a failure carries the end of the agent's log.
+    func tcp(_ method: String, _ target: String, host: String?, headers: [(String, String)] = []) async throws -> RawHTTP.Answer {
+        do {
+            return try await raw(.tcp(port: port), method, target, host: host, headers: headers)
+        } catch {
+            throw ProcessFailure(message: "\(method) \(target): \(error); the agent's log ends: \(agent.stderr.suffix(6000))")
+        }
     }
 
     /// Tokens issued per `kind/id`.
@@ -99,7 +109,7 @@ func raw(_ endpoint: RawHTTP.Endpoint, _ method: String, _ target: String, host:
     try await offCooperativePool { try RawHTTP.send(endpoint, method, target, host: host, headers: headers) }
 }
 
-@Suite("Fleet Engine proxy in a real agent, called by Google's Python clients", .serialized)
+@Suite("Fleet Engine proxy in a real agent, called by Google's Python clients", .paced, .serialized)
 struct ProxyThroughAgentTests {
     @Test("VehicleService and TripService over gRPC (Unix socket, TCP) and DeliveryService over REST: every call reaches Fleet Engine with its resource's token")
     func googleClients() async throws {
@@ -142,7 +152,8 @@ struct ProxyThroughAgentTests {
         // The system's roots do not know the test CA.
         let untrusted = try await ProxyRig(pki: pki, trustCA: false)
         defer { untrusted.stop() }
-        let refused = try await untrusted.call("grpc-vehicle", "unix:\(untrusted.socket)", "providers/p/vehicles/truck-2")
+        // The client retries UNAVAILABLE until its deadline: the default one, 15 s.
+        let refused = try await untrusted.call("grpc-vehicle", "unix:\(untrusted.socket)", "providers/p/vehicles/truck-2", deadline: 15)
         #expect(refused.first?["code"] as? String == "UNAVAILABLE", "\(refused)")
         #expect((refused.first?["message"] as? String)?.contains("TLS") == true, "\(refused)")
         #expect(untrusted.fake.calls.isEmpty)
@@ -244,20 +255,20 @@ struct ProxyThroughAgentTests {
         defer { rig.stop() }
         let path = "/v1/providers/p/deliveryVehicles/dv-1"
         let google = [("x-goog-api-client", "gl-python/3.11")]
-        let bare = try await raw(.tcp(port: rig.port), "GET", path, host: "127.0.0.1:\(rig.port)")
+        let bare = try await rig.tcp("GET", path, host: "127.0.0.1:\(rig.port)")
         #expect(bare.status == 403 && bare.body.contains("x-goog-api-client"), "\(bare)")
-        let foreign = try await raw(.tcp(port: rig.port), "GET", path, host: "evil.example", headers: google)
+        let foreign = try await rig.tcp("GET", path, host: "evil.example", headers: google)
         #expect(foreign.status == 421, "\(foreign)")
-        let page = try await raw(.tcp(port: rig.port), "GET", path, host: "localhost", headers: google + [("Origin", "http://evil.example")])
+        let page = try await rig.tcp("GET", path, host: "localhost", headers: google + [("Origin", "http://evil.example")])
         #expect(page.status == 403, "\(page)")
-        let relayed = try await raw(.tcp(port: rig.port), "GET", path, host: "localhost", headers: google + [("X-Forwarded-For", "10.0.0.9")])
+        let relayed = try await rig.tcp("GET", path, host: "localhost", headers: google + [("X-Forwarded-For", "10.0.0.9")])
         #expect(relayed.status == 403, "\(relayed)")
-        let unknown = try await raw(.tcp(port: rig.port), "GET", "/v1/providers/p/secrets/x", host: "localhost", headers: google)
+        let unknown = try await rig.tcp("GET", "/v1/providers/p/secrets/x", host: "localhost", headers: google)
         #expect(unknown.status == 404, "\(unknown)")
         #expect(rig.fake.calls.isEmpty)
         #expect(try await rig.issued()["deliveryVehicle/dv-1"] == nil)
         // And a well-formed one passes, with the header alone.
-        let marked = try await raw(.tcp(port: rig.port), "GET", path, host: "localhost", headers: [("Fleet-Token-Request", "true")])
+        let marked = try await rig.tcp("GET", path, host: "localhost", headers: [("Fleet-Token-Request", "true")])
         #expect(marked.status == 200 && marked.body.contains("providers/p/deliveryVehicles/dv-1"), "\(marked)")
     }
 }

@@ -4,7 +4,7 @@ import Foundation
 import Testing
 
 /// Inputs found by the libFuzzer harnesses in tools/fuzz, kept so what they exposed stays fixed.
-@Suite("Provider responses found by fuzzing")
+@Suite("Provider responses found by fuzzing", .paced)
 struct ProviderResponseFuzzRegressionTests {
     // tools/fuzz reproducer (provider-response, found after 224,390 runs; kept as
     // Corpus/provider-response/regression-opaque-expiry-beyond-int): configuration byte "@"

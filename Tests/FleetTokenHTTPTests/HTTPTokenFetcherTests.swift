@@ -5,7 +5,7 @@ import Foundation
 import Testing
 import TestSupportKit
 
-@Suite("HTTPTokenFetcher against real loopback servers", .exclusive)
+@Suite("HTTPTokenFetcher against real loopback servers", .paced, .exclusive)
 struct HTTPTokenFetcherTests {
     let vehicle = try! TokenKey.vehicle("truck 7/ä?x=1")
     let trip = try! TokenKey.trip("trip-42")

@@ -4,7 +4,7 @@ import Testing
 @testable import FleetTokenStore
 
 /// `tokenKey` and `expirationKey` as JSON pointers (RFC 6901) for answers that wrap the token.
-@Suite("Provider answers read through JSON pointers")
+@Suite("Provider answers read through JSON pointers", .paced)
 struct JSONPointerTests {
     let key = try! TokenKey.vehicle("truck-7")
     let now = Date(timeIntervalSince1970: 1_800_000_000)

@@ -11,7 +11,7 @@ import Testing
 import TestSupportKit
 import X509
 
-@Suite("Test kit: generated PKI, TLS token server, CONNECT proxy", .exclusive)
+@Suite("Test kit: generated PKI, TLS token server, CONNECT proxy", .paced, .exclusive)
 struct KitTests {
     @Test("the PKI writes certificates, chains and 0600 keys with the expected names, usages and validity")
     func pkiFiles() throws {

@@ -11,7 +11,7 @@ import Testing
 import Glibc
 #endif
 
-@Suite("The provider configuration digest")
+@Suite("The provider configuration digest", .paced)
 struct ProviderConfigurationDigestTests {
     static let template = "https://auth.example.com/fleet/{kind}/{id}"
 

@@ -257,7 +257,7 @@ final class FaultRig: Sendable {
     }
 }
 
-@Suite("Provider faults through the engine, a loopback HTTP provider and a real store", .exclusive)
+@Suite("Provider faults through the engine, a loopback HTTP provider and a real store", .paced, .exclusive)
 struct ProviderFaultTests {
     let key = try! TokenKey.vehicle(ProviderFault.subject)
 

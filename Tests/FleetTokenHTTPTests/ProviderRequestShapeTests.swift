@@ -7,7 +7,7 @@ import TestSupportKit
 
 /// The fetcher's request shape and route (issue 14, library level): POST bodies, the proxy chosen
 /// for the template's host, and the configurations it refuses.
-@Suite("HTTPTokenFetcher: request method, body and proxy", .exclusive)
+@Suite("HTTPTokenFetcher: request method, body and proxy", .paced, .exclusive)
 struct ProviderRequestShapeTests {
     let key = try! TokenKey.task("task 1/\"x\"")
 

@@ -7,7 +7,7 @@ import TestSupportKit
 
 /// The fetcher against real TLS servers with a generated private CA: custom trust, mutual TLS,
 /// client certificates rotated on disk (issue 14, TLS part).
-@Suite("HTTPTokenFetcher: private CAs and client certificates", .exclusive)
+@Suite("HTTPTokenFetcher: private CAs and client certificates", .paced, .exclusive)
 struct ProviderTLSTests {
     let key = try! TokenKey.vehicle("truck-7")
 

@@ -3,7 +3,7 @@ import Testing
 @testable import FleetTokenHTTP
 @testable import FleetTokenStore
 
-@Suite("Proxy settings: HTTPS_PROXY, HTTP_PROXY, NO_PROXY and the agent's overrides")
+@Suite("Proxy settings: HTTPS_PROXY, HTTP_PROXY, NO_PROXY and the agent's overrides", .paced)
 struct ProxySettingsTests {
     let https = URL(string: "https://tokens.example.com/token")!
     let http = URL(string: "http://tokens.example.com/token")!

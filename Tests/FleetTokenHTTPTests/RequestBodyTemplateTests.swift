@@ -3,7 +3,7 @@ import Testing
 @testable import FleetTokenHTTP
 @testable import FleetTokenStore
 
-@Suite("Request body templates: {kind} and {id} in JSON, form and plain-text bodies")
+@Suite("Request body templates: {kind} and {id} in JSON, form and plain-text bodies", .paced)
 struct RequestBodyTemplateTests {
     static let awkwardIDs = [
         "truck-7", "say \"hi\"", #"back\slash"#, "line\nbreak", "tab\there", "nul\u{0}byte", "bell\u{7}\u{1F}",
@@ -133,7 +133,7 @@ struct RequestBodyTemplateTests {
     }
 }
 
-@Suite("Strict RFC 8259 syntax check behind JSON body templates")
+@Suite("Strict RFC 8259 syntax check behind JSON body templates", .paced)
 struct StrictJSONSyntaxTests {
     @Test("valid documents", arguments: [
         #"{}"#, #"[]"#, #" { "a" : [ 1 , -0.5e+3 , true , false , null , "x\"\\\/\b\f\n\r\t\u00e9" ] } "#, #""s""#, "0", "-1.0E-2",

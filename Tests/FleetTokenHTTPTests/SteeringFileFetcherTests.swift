@@ -14,7 +14,7 @@ import TestSupportKit
 import Glibc
 #endif
 
-@Suite("HTTPTokenFetcher refuses header and TLS files others could have written", .exclusive)
+@Suite("HTTPTokenFetcher refuses header and TLS files others could have written", .paced, .exclusive)
 struct SteeringFileFetcherTests {
     let key = try! TokenKey.vehicle("truck-7")
 

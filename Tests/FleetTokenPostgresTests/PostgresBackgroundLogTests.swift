@@ -10,7 +10,7 @@ import Logging
 import Testing
 import TestSupportKit
 
-@Suite("postgres-nio's background messages")
+@Suite("postgres-nio's background messages", .paced)
 struct PostgresBackgroundLogTests {
     @Test("warnings and errors pass with their metadata; the request-before-run() warning and anything below a warning do not")
     func passesWhatMatters() {

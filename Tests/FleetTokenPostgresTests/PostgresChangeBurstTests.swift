@@ -10,7 +10,7 @@ import TestSupportKit
 @testable import FleetTokenPostgres
 @testable import FleetTokenStore
 
-@Suite("The PostgreSQL change feed in a burst and at start-up", .enabled(if: PostgresServer.testsEnabled))
+@Suite("The PostgreSQL change feed in a burst and at start-up", .paced, .enabled(if: PostgresServer.testsEnabled))
 struct PostgresChangeBurstTests {
     let logger = Logger(label: "burst")
 

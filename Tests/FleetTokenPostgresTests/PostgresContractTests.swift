@@ -20,7 +20,7 @@ private let postgres = RepositoryContract.Subject(name: "PostgresTokenRepository
     }
 }
 
-@Suite("The repository contract against PostgreSQL", .enabled(if: PostgresServer.testsEnabled))
+@Suite("The repository contract against PostgreSQL", .paced, .enabled(if: PostgresServer.testsEnabled))
 struct PostgresContractTests {
     @Test("contract", arguments: [postgres], RepositoryContract.Check.allCases)
     func contract(subject: RepositoryContract.Subject, check: RepositoryContract.Check) async throws {

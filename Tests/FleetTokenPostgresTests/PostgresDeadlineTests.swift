@@ -7,7 +7,7 @@ import Foundation
 import Synchronization
 import Testing
 
-@Suite("PostgreSQL call deadlines")
+@Suite("PostgreSQL call deadlines", .paced)
 struct PostgresDeadlineTests {
     @Test("withDeadline ends the call when its limit passes, though the operation ignores cancellation")
     func deadlineDoesNotWaitForAnOperationIgnoringCancellation() async throws {

@@ -10,7 +10,7 @@ import Logging
 import Testing
 import TestSupportKit
 
-@Suite("Encryption at rest on PostgreSQL: sealed values, tampering, missing keys, rotation, sealing plaintext",
+@Suite("Encryption at rest on PostgreSQL: sealed values, tampering, missing keys, rotation, sealing plaintext", .paced,
        .enabled(if: PostgresServer.testsEnabled))
 struct PostgresEncryptionTests {
     static let table = "fleet_token_store.tokens"

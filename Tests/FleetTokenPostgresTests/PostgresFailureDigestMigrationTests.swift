@@ -11,7 +11,7 @@ import Testing
 @testable import FleetTokenPostgres
 @testable import FleetTokenStore
 
-@Suite("PostgreSQL V0003: the failure's configuration digest", .enabled(if: PostgresServer.testsEnabled))
+@Suite("PostgreSQL V0003: the failure's configuration digest", .paced, .enabled(if: PostgresServer.testsEnabled))
 struct PostgresFailureDigestMigrationTests {
     let logger = Logger(label: "migrations")
 

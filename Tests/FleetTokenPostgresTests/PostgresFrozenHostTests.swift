@@ -14,7 +14,7 @@ import TestSupportKit
 @testable import FleetTokenPostgres
 @testable import FleetTokenStore
 
-@Suite("PostgresTokenRepository when the host in use loses power", .serialized, .enabled(if: PostgresServer.testsEnabled))
+@Suite("PostgresTokenRepository when the host in use loses power", .paced, .serialized, .enabled(if: PostgresServer.testsEnabled))
 struct PostgresFrozenHostTests {
     /// Upserts `count` keys named `prefix-N` at once; each call's seconds and error.
     private func writeConcurrently(_ store: PostgresTokenRepository, _ prefix: String, count: Int) async -> [(seconds: Double, error: String?)] {

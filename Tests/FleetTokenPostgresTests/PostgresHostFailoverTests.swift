@@ -10,7 +10,7 @@ import TestSupportKit
 @testable import FleetTokenPostgres
 @testable import FleetTokenStore
 
-@Suite("PostgresTokenRepository on several hosts", .serialized, .enabled(if: PostgresServer.testsEnabled))
+@Suite("PostgresTokenRepository on several hosts", .paced, .serialized, .enabled(if: PostgresServer.testsEnabled))
 struct PostgresHostFailoverTests {
     @Test("read-write skips a standby listed first: the store opens on the primary and writes there")
     func standbyListedFirstIsSkipped() async throws {

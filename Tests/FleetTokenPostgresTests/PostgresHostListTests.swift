@@ -6,7 +6,7 @@ import Testing
 import TestSupportKit
 @testable import FleetTokenPostgres
 
-@Suite("PostgresStoreLocation: several hosts and target_session_attrs")
+@Suite("PostgresStoreLocation: several hosts and target_session_attrs", .paced)
 struct PostgresHostListTests {
     typealias Host = PostgresStoreLocation.Host
 

@@ -13,7 +13,7 @@ import TestSupportKit
 @testable import FleetTokenPostgres
 @testable import FleetTokenStore
 
-@Suite("PostgresAvailability: host searches", .serialized, .enabled(if: PostgresServer.testsEnabled))
+@Suite("PostgresAvailability: host searches", .paced, .serialized, .enabled(if: PostgresServer.testsEnabled))
 struct PostgresAvailabilityHostSearchTests {
     @Test("the host in use stops and the other host accepts TCP but never answers: calls fail within their connection wait, not after the search")
     func callDoesNotWaitForASlowSearch() async throws {

@@ -10,7 +10,7 @@ import Testing
 import TestSupportKit
 @testable import FleetTokenPostgres
 
-@Suite("The session check's decision")
+@Suite("The session check's decision", .paced)
 struct PostgresSessionProbeTests {
     typealias Round = PostgresSessionProbe.Round
 
@@ -33,7 +33,7 @@ struct PostgresSessionProbeTests {
     }
 }
 
-@Suite("The store through PgBouncer", .serialized, .enabled(if: PgBouncer.testsEnabled))
+@Suite("The store through PgBouncer", .paced, .serialized, .enabled(if: PgBouncer.testsEnabled))
 struct PostgresPoolerTests {
     let logger = Logger(label: "pooler")
 

@@ -10,7 +10,7 @@ import TestSupportKit
 @testable import FleetTokenPostgres
 @testable import FleetTokenStore
 
-@Suite("PostgresStoreLocation: the connection URL")
+@Suite("PostgresStoreLocation: the connection URL", .paced)
 struct PostgresURLTests {
     @Test("host, port, database, user and defaults; the description never shows the password")
     func parts() throws {
@@ -114,7 +114,7 @@ struct PostgresURLTests {
     }
 }
 
-@Suite("PostgreSQL schema migrations between hosts", .enabled(if: PostgresServer.testsEnabled))
+@Suite("PostgreSQL schema migrations between hosts", .paced, .enabled(if: PostgresServer.testsEnabled))
 struct PostgresMigrationTests {
     let logger = Logger(label: "migrations")
 
@@ -218,7 +218,7 @@ struct PostgresMigrationTests {
     }
 }
 
-@Suite("An engine on PostgreSQL while the server goes away", .exclusive, .enabled(if: PostgresServer.testsEnabled))
+@Suite("An engine on PostgreSQL while the server goes away", .paced, .exclusive, .enabled(if: PostgresServer.testsEnabled))
 struct PostgresFaultTests {
     @Test("the server stopped: tokens are served from memory, a new key is fetched and served, store-degraded is reported; back: store-recovered and the write lands")
     func serverStopsAndReturns() async throws {
@@ -272,7 +272,7 @@ struct PostgresFaultTests {
     }
 }
 
-@Suite("The PostgreSQL change feed and leases between engines", .enabled(if: PostgresServer.testsEnabled))
+@Suite("The PostgreSQL change feed and leases between engines", .paced, .enabled(if: PostgresServer.testsEnabled))
 struct PostgresFeedTests {
     let logger = Logger(label: "feed")
 
@@ -341,7 +341,7 @@ struct PostgresFeedTests {
     }
 }
 
-@Suite("TLS to the database", .enabled(if: PostgresServer.testsEnabled))
+@Suite("TLS to the database", .paced, .enabled(if: PostgresServer.testsEnabled))
 struct PostgresTLSTests {
     let logger = Logger(label: "tls")
 

@@ -10,7 +10,7 @@ import Logging
 import Testing
 import TestSupportKit
 
-@Suite("EncryptedTokenRepository removes only the value that failed to open (PostgreSQL)",
+@Suite("EncryptedTokenRepository removes only the value that failed to open (PostgreSQL)", .paced,
        .enabled(if: PostgresServer.testsEnabled))
 struct PostgresSealedRemovalTests {
     @Test("an altered value is read; another host stores a valid token before the removal: the valid token stays")

@@ -14,7 +14,7 @@ private let needsPostgres = ConditionTrait.enabled(
     if: PostgresServer.testsEnabled,
     "needs PostgreSQL (apt-get install postgresql openssl); FLEET_REQUIRE_POSTGRES=1 makes its absence a failure")
 
-@Suite("PostgresServer: CI has PostgreSQL")
+@Suite("PostgresServer: CI has PostgreSQL", .paced)
 struct PostgresAvailabilityTests {
     @Test("FLEET_REQUIRE_POSTGRES=1: the server binaries, psql and openssl are here",
           .enabled(if: PostgresServer.isRequired))
@@ -23,7 +23,7 @@ struct PostgresAvailabilityTests {
     }
 }
 
-@Suite("PostgresServer: the shared server", needsPostgres)
+@Suite("PostgresServer: the shared server", .paced, needsPostgres)
 struct SharedPostgresServerTests {
     @Test("answers SELECT 1 over its Unix socket")
     func answersOverTheSocket() async throws {
@@ -77,7 +77,7 @@ struct SharedPostgresServerTests {
     }
 }
 
-@Suite("PostgresServer: a private server", .serialized, .exclusive, needsPostgres)
+@Suite("PostgresServer: a private server", .paced, .serialized, .exclusive, needsPostgres)
 struct PrivatePostgresServerTests {
     @Test("restart() comes back on the same port with the data")
     func restartKeepsPortAndData() async throws {

@@ -5,7 +5,7 @@
 @testable import FleetTokenPostgres
 import Testing
 
-@Suite("PostgreSQL session settings record")
+@Suite("PostgreSQL session settings record", .paced)
 struct PostgresSessionSettingsTests {
     @Test("a newer pool forgets the older one's connections; a late record of the old pool is ignored")
     func generations() {

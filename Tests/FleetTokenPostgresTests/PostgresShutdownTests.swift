@@ -10,7 +10,7 @@ import TestSupportKit
 @testable import FleetTokenPostgres
 @testable import FleetTokenStore
 
-@Suite("Cancelling an engine's run() on PostgreSQL", .enabled(if: PostgresServer.testsEnabled))
+@Suite("Cancelling an engine's run() on PostgreSQL", .paced, .enabled(if: PostgresServer.testsEnabled))
 struct PostgresShutdownTests {
     let logger = Logger(label: "shutdown")
 

@@ -13,7 +13,7 @@ import TestSupportKit
 import Glibc
 #endif
 
-@Suite("PostgreSQL store: the CA and password files no other user could have written")
+@Suite("PostgreSQL store: the CA and password files no other user could have written", .paced)
 struct PostgresSteeringFileTests {
     /// A self-signed certificate (PEM), made by openssl in `scratch`.
     static func certificate(_ scratch: Scratch) throws -> String {

@@ -1,8 +1,9 @@
-// Shared by the test targets: a trait that keeps timing-sensitive and process-heavy tests from
-// running at the same time as each other. Swift Testing runs everything in parallel; on a
-// 2-core machine a dozen processes starting at once can delay a "seen within 1 s" check past
-// its bound, which says nothing about the code under test.
+// Shared by the test targets: traits that keep the suite's load within what a 2-core machine
+// can carry. Swift Testing starts every test at once; on 2 cores a few hundred tests starting
+// together (processes, servers, stores) delayed a loopback answer by over 15 s in fresh-clone CI
+// runs, which says nothing about the code under test.
 
+import Foundation
 import Testing
 
 /// One test (or suite) at a time among those marked `.exclusive`, across all test targets of
@@ -11,18 +12,11 @@ public struct ExclusiveTrait: SuiteTrait, TestTrait, TestScoping {
     public var isRecursive: Bool { true }
 
     public func provideScope(for test: Test, testCase: Test.Case?, performing function: @Sendable () async throws -> Void) async throws {
-        if ExclusiveGate.held {
+        if TestGate.exclusiveHeld {
             try await function()
             return
         }
-        await ExclusiveGate.shared.acquire()
-        do {
-            try await ExclusiveGate.$held.withValue(true) { try await function() }
-        } catch {
-            await ExclusiveGate.shared.release()
-            throw error
-        }
-        await ExclusiveGate.shared.release()
+        try await TestGate.exclusive.run { try await TestGate.$exclusiveHeld.withValue(true) { try await function() } }
     }
 }
 
@@ -31,25 +25,76 @@ extension Trait where Self == ExclusiveTrait {
     public static var exclusive: ExclusiveTrait { ExclusiveTrait() }
 }
 
-/// A FIFO async lock.
-actor ExclusiveGate {
-    static let shared = ExclusiveGate()
-    @TaskLocal static var held = false
+/// At most ``TestGate/pacedWidth`` test cases of `.paced` suites run at once, across all test
+/// targets of the process; the others wait their turn before they start (their own time bounds
+/// start with them). Every suite carries it. An `.exclusive` suite waits for its turn before any
+/// of its test cases takes a paced slot, so a waiting suite holds none.
+public struct PacedTrait: SuiteTrait, TestTrait, TestScoping {
+    public var isRecursive: Bool { true }
 
-    private var busy = false
+    /// Each test case on its own: a suite's scope would hold a slot for all of its tests.
+    public func scopeProvider(for test: Test, testCase: Test.Case?) -> PacedTrait? {
+        testCase == nil ? nil : self
+    }
+
+    public func provideScope(for test: Test, testCase: Test.Case?, performing function: @Sendable () async throws -> Void) async throws {
+        if TestGate.pacedHeld {
+            try await function()
+            return
+        }
+        try await TestGate.paced.run { try await TestGate.$pacedHeld.withValue(true) { try await function() } }
+    }
+}
+
+extension Trait where Self == PacedTrait {
+    /// Waits for one of the suite's shared slots before each test case starts.
+    public static var paced: PacedTrait { PacedTrait() }
+}
+
+/// A FIFO async counting gate.
+actor TestGate {
+    static let exclusive = TestGate(slots: 1)
+    static let paced = TestGate(slots: pacedWidth)
+    @TaskLocal static var exclusiveHeld = false
+    @TaskLocal static var pacedHeld = false
+
+    /// Test cases of `.paced` suites running at once: `FTS_TEST_WIDTH`, else 8 per core. Most
+    /// tests wait on timers, processes and sockets, so a slot is rarely a busy core.
+    static var pacedWidth: Int {
+        if let text = ProcessInfo.processInfo.environment["FTS_TEST_WIDTH"], let width = Int(text), width > 0 { return width }
+        return 8 * max(1, ProcessInfo.processInfo.activeProcessorCount)
+    }
+
+    private var free: Int
     private var waiters: [CheckedContinuation<Void, Never>] = []
 
-    func acquire() async {
-        if !busy {
-            busy = true
+    init(slots: Int) {
+        free = slots
+    }
+
+    /// Runs `body` holding one slot.
+    nonisolated func run(_ body: @Sendable () async throws -> Void) async throws {
+        await acquire()
+        do {
+            try await body()
+        } catch {
+            await release()
+            throw error
+        }
+        await release()
+    }
+
+    private func acquire() async {
+        if free > 0 {
+            free -= 1
             return
         }
         await withCheckedContinuation { waiters.append($0) }
     }
 
-    func release() {
+    private func release() {
         if waiters.isEmpty {
-            busy = false
+            free += 1
         } else {
             waiters.removeFirst().resume()
         }

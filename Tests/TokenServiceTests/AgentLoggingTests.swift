@@ -11,7 +11,7 @@ import Testing
 import Glibc
 #endif
 
-@Suite("AgentLogHandler: JSON and text lines, shared level")
+@Suite("AgentLogHandler: JSON and text lines, shared level", .paced)
 struct AgentLoggingTests {
     /// Every line a handler hands to its output.
     final class Lines: Sendable {

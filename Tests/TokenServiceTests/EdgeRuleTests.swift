@@ -5,7 +5,7 @@
 import FleetTokenStore
 import Testing
 
-@Suite("Edge rules (pure): request targets, loopback hosts, byte-for-byte patterns")
+@Suite("Edge rules (pure): request targets, loopback hosts, byte-for-byte patterns", .paced)
 struct EdgeRuleTests {
     @Test("targets in normal form pass", arguments: [
         "/", "/healthz", "/v1/token/vehicle/truck-7", "/v1/token/trip/T%E2%84%AA-9", "/v1/token/vehicle/fleet-a%2Ftruck-7",

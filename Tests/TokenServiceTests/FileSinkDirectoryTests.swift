@@ -68,7 +68,7 @@ struct UnsafeSinkLayout: Sendable, CustomTestStringConvertible {
 
 // Its own suite since the token-agent sink tests (FileSinkTests) moved to AgentOperationsTests;
 // exclusive as they were there.
-@Suite("token sinks in process: directories checked, then held; tracking followed between checks", .exclusive)
+@Suite("token sinks in process: directories checked, then held; tracking followed between checks", .paced, .exclusive)
 struct FileSinkDirectoryTests {
     /// The text of the file at `path`, nil when there is none.
     static func contents(_ path: String) -> String? {

@@ -41,7 +41,7 @@ private func call(_ method: String, _ message: [UInt8]) throws(FleetEngineCallRe
     try FleetEngineCall(grpcPath: method, message: message)
 }
 
-@Suite("Fleet Engine calls: method table, resource names, subjects (pure)")
+@Suite("Fleet Engine calls: method table, resource names, subjects (pure)", .paced)
 struct FleetEngineCallTests {
     static let vehicles = "/maps.fleetengine.v1.VehicleService/"
     static let trips = "/maps.fleetengine.v1.TripService/"

@@ -6,7 +6,7 @@ import FleetTokenStore
 import Logging
 import Testing
 
-@Suite("HandoutAudit: once per caller, subject and token, in fixed memory")
+@Suite("HandoutAudit: once per caller, subject and token, in fixed memory", .paced)
 struct HandoutAuditTests {
     @Test("a handout is logged the first time only; a new token, caller or pid is logged again")
     func once() throws {

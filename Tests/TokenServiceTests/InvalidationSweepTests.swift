@@ -15,7 +15,7 @@ import Synchronization
 import TestSupportKit
 import Testing
 
-@Suite("token API: a burst of invalidations is forgotten without further requests", .exclusive)
+@Suite("token API: a burst of invalidations is forgotten without further requests", .paced, .exclusive)
 struct InvalidationSweepTests {
     @Test("2,000 invalidations, then silence: once their interval has passed the limiter remembers none of them")
     func burstForgottenWhileIdle() async throws {

@@ -3,7 +3,7 @@ import FleetTokenStore
 import Foundation
 import Testing
 
-@Suite("SubjectAllowList and InvalidationLimiter (pure)")
+@Suite("SubjectAllowList and InvalidationLimiter (pure)", .paced)
 struct SubjectAllowListTests {
     @Test("patterns match the whole id with * as any run; configured subjects always pass", arguments: [
         ("trip:*", "trip", "t-1", true),

@@ -7,7 +7,7 @@ import Foundation
 import TestSupportKit
 import Testing
 
-@Suite("SubjectListFile (pure)")
+@Suite("SubjectListFile (pure)", .paced)
 struct SubjectListFileTests {
     @Test("a good file: every kind, comments, blank lines, surrounding whitespace, CRLF, a BOM; duplicates kept once at their first line")
     func goodFile() throws {

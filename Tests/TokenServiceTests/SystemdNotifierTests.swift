@@ -12,7 +12,7 @@ import Testing
 import Glibc
 #endif
 
-@Suite("SystemdNotifier: the sd_notify protocol")
+@Suite("SystemdNotifier: the sd_notify protocol", .paced)
 struct SystemdNotifierTests {
     static let wait = Duration.seconds(5)
 

@@ -14,7 +14,7 @@ import TestSupportKit
 import Glibc
 #endif
 
-@Suite("Encryption at rest on PostgreSQL: token-agent and tokenctl as processes", .serialized, .exclusive,
+@Suite("Encryption at rest on PostgreSQL: token-agent and tokenctl as processes", .paced, .serialized, .exclusive,
        .enabled(if: PostgresServer.testsEnabled))
 struct PostgresEncryptionProcessTests {
     // MARK: - kill -9 while writing, then the cluster's bytes

@@ -14,7 +14,7 @@ import TestSupportKit
 import Glibc
 #endif
 
-@Suite("PostgreSQL failover to a promoted standby", .serialized, .exclusive, .enabled(if: PostgresServer.testsEnabled))
+@Suite("PostgreSQL failover to a promoted standby", .paced, .serialized, .exclusive, .enabled(if: PostgresServer.testsEnabled))
 struct PostgresFailoverTests {
     @Test("primary crashes, standby promoted: three token-agents on the two-host URL keep serving, find the new primary, resume writes and single flight; tokenctl follows")
     func agentsFollowThePromotion() async throws {

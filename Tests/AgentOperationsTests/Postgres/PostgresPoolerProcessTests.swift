@@ -11,7 +11,7 @@ import TestSupportKit
 import Glibc
 #endif
 
-@Suite("token-agent and tokenctl through PgBouncer", .serialized, .exclusive, .enabled(if: PgBouncer.testsEnabled))
+@Suite("token-agent and tokenctl through PgBouncer", .paced, .serialized, .exclusive, .enabled(if: PgBouncer.testsEnabled))
 struct PostgresPoolerProcessTests {
     @Test("PgBouncer in session mode: two token-agents, 20 keys of 10 s tokens over 2+ lifetimes: each key fetched once per lifetime between them, each replica holds the other's fetches, a purge reaches both within 2 s")
     func replicasThroughSessionPooling() async throws {

@@ -10,7 +10,7 @@ import TestSupportKit
 import Glibc
 #endif
 
-@Suite("Replicas sharing one PostgreSQL database", .serialized, .exclusive, .enabled(if: PostgresServer.testsEnabled))
+@Suite("Replicas sharing one PostgreSQL database", .paced, .serialized, .exclusive, .enabled(if: PostgresServer.testsEnabled))
 struct PostgresReplicaTests {
     // MARK: - 1. Three replicas, 200 keys, three lifetimes
 

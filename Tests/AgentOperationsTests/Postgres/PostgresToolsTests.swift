@@ -6,7 +6,7 @@ import Foundation
 import Testing
 import TestSupportKit
 
-@Suite("tokenctl and token-agent on PostgreSQL", .enabled(if: PostgresServer.testsEnabled))
+@Suite("tokenctl and token-agent on PostgreSQL", .paced, .enabled(if: PostgresServer.testsEnabled))
 struct PostgresToolsTests {
     @Test("tokenctl migrate creates the schema once; stats, list, check and purge work against it; token-agent --once stores tokens")
     func tokenctlAndAgentOnce() async throws {

@@ -13,7 +13,7 @@ import TestSupportKit
 import Glibc
 #endif
 
-@Suite("Concurrency: token-agent beside tokenctl and sqlite3 processes", .serialized, .exclusive)
+@Suite("Concurrency: token-agent beside tokenctl and sqlite3 processes", .paced, .serialized, .exclusive)
 struct ConcurrencyTests {
     static let lifetime = 6
 

@@ -15,7 +15,7 @@ import TestSupportKit
 import Glibc
 #endif
 
-@Suite("Crash consistency: kill -9 of a live token-agent", .serialized, .exclusive)
+@Suite("Crash consistency: kill -9 of a live token-agent", .paced, .serialized, .exclusive)
 struct CrashConsistencyTests {
     /// Issuer token lifetime: soft points come 4.5-4.8 s after `iat`, so a round of up to 2 s
     /// always finds refreshes due, in flight or being committed, without sleeping for lifetimes.

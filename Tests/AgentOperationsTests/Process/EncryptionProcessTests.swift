@@ -12,7 +12,7 @@ import TestSupportKit
 import Glibc
 #endif
 
-@Suite("Encryption at rest under a real token-agent and tokenctl", .serialized, .exclusive)
+@Suite("Encryption at rest under a real token-agent and tokenctl", .paced, .serialized, .exclusive)
 struct EncryptionProcessTests {
     /// Issuer lifetime of the refreshing tests: soft points 4.5-4.8 s after `iat`, so a live
     /// agent refreshes (and writes) every few hundred milliseconds across its subjects.

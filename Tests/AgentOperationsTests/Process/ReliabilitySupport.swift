@@ -179,7 +179,7 @@ extension SecretScanner {
     }
 }
 
-@Suite("Reliability suite helpers")
+@Suite("Reliability suite helpers", .paced)
 struct ReliabilitySupportTests {
     @Test("the secrets check finds a token or its signature anywhere in an output, and names only the fingerprint")
     func scanFindsLeaks() throws {

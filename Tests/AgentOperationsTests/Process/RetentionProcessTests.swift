@@ -9,7 +9,7 @@ import TestSupportKit
 import Logging
 import Testing
 
-@Suite("Retention in a real agent", .serialized)
+@Suite("Retention in a real agent", .paced, .serialized)
 struct RetentionProcessTests {
     @Test("--retention 10s: 20 finished trips whose tokens expire 3 s after start are deleted once eligible (13 s), not at the next fixed sweep")
     func firstSweepWhenEarliestRowIsEligible() async throws {

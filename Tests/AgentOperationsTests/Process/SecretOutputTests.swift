@@ -11,7 +11,7 @@ import Testing
 import Glibc
 #endif
 
-@Suite("database passwords are never printed")
+@Suite("database passwords are never printed", .paced)
 struct SecretOutputTests {
     static let password = "S3cretDbPw"
     /// The password percent-encoded in the URL (`!` as `%21`): neither form may show.

@@ -7,7 +7,7 @@ import Testing
 
 /// The README's promise that agents sharing a store fetch each key once between them, with real
 /// `token-agent` processes (issue 12, items 1-3).
-@Suite("Single flight between real agent processes", .serialized)
+@Suite("Single flight between real agent processes", .paced, .serialized)
 struct SingleFlightProcessTests {
     @Test("two long-lived agents, 100 vehicles, a provider slower than the lease: each key fetched exactly once")
     func twoAgentsFetchEachKeyOnce() async throws {

@@ -10,7 +10,7 @@ import Testing
 import Glibc
 #endif
 
-@Suite("token-agent --sink: directories are checked, then held", .serialized, .exclusive)
+@Suite("token-agent --sink: directories are checked, then held", .paced, .serialized, .exclusive)
 struct SinkDirectoryProcessTests {
     /// The wrapper that runs the built agent as `nobody` (65534), when the tests are root and
     /// setpriv can.

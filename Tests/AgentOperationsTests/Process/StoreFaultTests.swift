@@ -20,7 +20,7 @@ enum StoreDamage: String, CaseIterable, Sendable, CustomTestStringConvertible {
     var testDescription: String { rawValue }
 }
 
-@Suite("Store faults under a real token-agent", .serialized, .exclusive)
+@Suite("Store faults under a real token-agent", .paced, .serialized, .exclusive)
 struct StoreFaultTests {
     static let lifetime = 6
     static let subjects = Subjects(vehicles: 3, trips: 3)

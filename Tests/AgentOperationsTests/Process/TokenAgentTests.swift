@@ -5,7 +5,7 @@ import TestSupportKit
 import Glibc
 #endif
 
-@Suite("token-agent as a real process", .serialized, .exclusive)
+@Suite("token-agent as a real process", .paced, .serialized, .exclusive)
 struct TokenAgentTests {
     @Test("demo mode: says so loudly, stores the demo subjects' tokens, stops on SIGTERM with 0 within 5 s")
     func demoMode() async throws {

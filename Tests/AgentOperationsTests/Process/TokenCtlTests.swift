@@ -32,7 +32,7 @@ func tokenctl(_ arguments: [String], _ scratch: Scratch, environment: [String: S
     try await runToEnd("tokenctl", arguments, environment: environment, in: scratch, timeout: 30)
 }
 
-@Suite("tokenctl as a real process", .exclusive)
+@Suite("tokenctl as a real process", .paced, .exclusive)
 struct TokenCtlTests {
     @Test("bad arguments get a clear message and exit 64", arguments: [
         (["purge"], "choose what to purge"),

@@ -6,7 +6,7 @@ import Foundation
 import TestSupportKit
 import Testing
 
-@Suite("token API: bounded state per request", .exclusive)
+@Suite("token API: bounded state per request", .paced, .exclusive)
 struct BoundedStateTests {
     @Test("invalidating ids the agent does not hold creates nothing: /v1/subjects still lists only what it holds")
     func invalidateUnknownCreatesNothing() async throws {

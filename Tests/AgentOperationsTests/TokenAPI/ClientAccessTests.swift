@@ -10,7 +10,7 @@ import Testing
 import Glibc
 #endif
 
-@Suite("token API: callers by identity (--allow-client, SO_PEERCRED)", .exclusive)
+@Suite("token API: callers by identity (--allow-client, SO_PEERCRED)", .paced, .exclusive)
 struct ClientAccessTests {
     /// `curl` run as `uid`/`gid` (with group 0 beside, for the socket's 0660 mode) against the
     /// agent's socket: each URL's status and body.

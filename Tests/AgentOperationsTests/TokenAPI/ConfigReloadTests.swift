@@ -11,7 +11,7 @@ import Testing
 import Glibc
 #endif
 
-@Suite("token-agent --config reloads", .exclusive)
+@Suite("token-agent --config reloads", .paced, .exclusive)
 struct ConfigReloadTests {
     /// Keeps asking for one token every 20 ms until stopped; the statuses seen.
     final class Client: @unchecked Sendable {

@@ -14,7 +14,7 @@ import Testing
 import Glibc
 #endif
 
-@Suite("token API connection caps", .exclusive)
+@Suite("token API connection caps", .paced, .exclusive)
 struct ConnectionLimitTests {
     static let marked = [("Fleet-Token-Request", "true")]
 

@@ -10,7 +10,7 @@ import Testing
 import Glibc
 #endif
 
-@Suite("token API edges: access on the matched route, Host and Origin, listeners", .exclusive)
+@Suite("token API edges: access on the matched route, Host and Origin, listeners", .paced, .exclusive)
 struct EdgeAccessTests {
     /// Targets that name a token route only after a reader drops empty or dot segments or
     /// decodes escapes: each must be 400 before routing, with or without the request header.

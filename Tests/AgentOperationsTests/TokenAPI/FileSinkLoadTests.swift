@@ -15,7 +15,7 @@ import Testing
 import Glibc
 #endif
 
-@Suite("token-agent --sink under load: files follow what changed", .exclusive)
+@Suite("token-agent --sink under load: files follow what changed", .paced, .exclusive)
 struct FileSinkLoadTests {
     /// Pattern-allowed trip ids fetched through the API (each then refreshed by the agent while
     /// used within the idle window).

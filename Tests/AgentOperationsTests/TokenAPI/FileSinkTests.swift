@@ -11,7 +11,7 @@ import Testing
 import Glibc
 #endif
 
-@Suite("token-agent --sink: token files", .exclusive)
+@Suite("token-agent --sink: token files", .paced, .exclusive)
 struct FileSinkTests {
     /// A long-lived token-agent writing its tokens under `scratch/sink`.
     static func startAgent(_ scratch: Scratch, provider: String, _ arguments: [String]) throws -> RunningProcess {

@@ -8,7 +8,7 @@ import NIOHTTP1
 import TestSupportKit
 import Testing
 
-@Suite("token-agent's invalidate while another process holds the store's write lock", .exclusive)
+@Suite("token-agent's invalidate while another process holds the store's write lock", .paced, .exclusive)
 struct InvalidateLockedStoreTests {
     @Test("POST /v1/invalidate answers 204 within 2 s while sqlite3 holds BEGIN IMMEDIATE for 40 s with a commit pending; GET serves a new token at once; afterwards the store holds neither invalidated token")
     func invalidateWhileLocked() async throws {

@@ -12,7 +12,7 @@ import Foundation
 import TestSupportKit
 import Testing
 
-@Suite("openapi-python-client: a client generated from docs/openapi.yaml against the live agent", .exclusive,
+@Suite("openapi-python-client: a client generated from docs/openapi.yaml against the live agent", .paced, .exclusive,
        .enabled(if: OpenAPIPythonClient.shouldRun,
                 "needs openapi-python-client (.ci/run installs it in ~/.cache/fleet-token-store/openapi-python-client-venv; or set FLEET_OPENAPI_PYTHON_CLIENT=PATH); FLEET_REQUIRE_THIRD_PARTY=1 makes its absence a failure"))
 struct OpenAPIClientTests {
@@ -161,7 +161,7 @@ enum OpenAPIPythonClient {
 
 /// The README shows the example the generated-client test runs: kept identical, whether or not
 /// openapi-python-client is installed here.
-@Suite("README: the generated-client example is the one OpenAPIClientTests runs")
+@Suite("README: the generated-client example is the one OpenAPIClientTests runs", .paced)
 struct OpenAPIClientReadmeTests {
     @Test("README.md contains OpenAPIClientTests.readmeExample line for line")
     func readmeShowsTheTestedExample() throws {

@@ -10,7 +10,7 @@ import Foundation
 import TestSupportKit
 import Testing
 
-@Suite("Schemathesis: the live token API against docs/openapi.yaml", .exclusive,
+@Suite("Schemathesis: the live token API against docs/openapi.yaml", .paced, .exclusive,
        .enabled(if: Schemathesis.shouldRun,
                 "needs Schemathesis (.ci/run installs it in ~/.cache/fleet-token-store/schemathesis-venv; or set FLEET_SCHEMATHESIS=PATH); FLEET_REQUIRE_THIRD_PARTY=1 makes its absence a failure"))
 struct OpenAPIConformanceTests {

@@ -11,7 +11,7 @@ import Foundation
 import TestSupportKit
 import Testing
 
-@Suite("Prometheus's promtool on a live agent's /metrics and on the sample alert rules", .exclusive,
+@Suite("Prometheus's promtool on a live agent's /metrics and on the sample alert rules", .paced, .exclusive,
        .enabled(if: Promtool.shouldRun,
                 "needs promtool (apt-get install prometheus; or FLEET_PROMTOOL=PATH); FLEET_REQUIRE_THIRD_PARTY=1 makes its absence a failure"))
 struct PrometheusConformanceTests {

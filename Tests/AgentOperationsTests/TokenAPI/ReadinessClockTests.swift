@@ -16,7 +16,7 @@ import Testing
 import Glibc
 #endif
 
-@Suite("token API readiness on an injected clock", .exclusive)
+@Suite("token API readiness on an injected clock", .paced, .exclusive)
 struct ReadinessClockTests {
     @Test("/readyz turns 503 once the provider has failed long enough for the token to pass the floor, and 200 again when it answers")
     func readinessFollowsTheFloor() async throws {

@@ -12,7 +12,7 @@ import Testing
 import Glibc
 #endif
 
-@Suite("token-agent refuses reloads from files others could have written", .exclusive)
+@Suite("token-agent refuses reloads from files others could have written", .paced, .exclusive)
 struct SteeringFileReloadTests {
     /// Rewrites `path` in place, as another user with write access would: same inode, owner and mode.
     static func rewrite(_ path: String, _ text: String) throws {
@@ -129,7 +129,7 @@ struct SteeringFileReloadTests {
     }
 }
 
-@Suite("SubjectListFile reads only a file no other user could have written")
+@Suite("SubjectListFile reads only a file no other user could have written", .paced)
 struct SubjectListFileSteeringTests {
     @Test("what SubjectListFile(contentsOfFile:) reads is judged as it is read: writable by group or others, or in such a directory, it is refused naming the file and the fix")
     func judgedWhereRead() throws {

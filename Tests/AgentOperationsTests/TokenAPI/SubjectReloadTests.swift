@@ -11,7 +11,7 @@ import Testing
 import Glibc
 #endif
 
-@Suite("token-agent --subjects-file and SIGHUP", .exclusive)
+@Suite("token-agent --subjects-file and SIGHUP", .paced, .exclusive)
 struct SubjectReloadTests {
     @Test("SIGHUP tracks added subjects and untracks removed ones (still served); flag subjects stay; a bad file leaves the list as it was; SIGTERM exits 0")
     func reload() async throws {

@@ -15,7 +15,7 @@ import Foundation
 import TestSupportKit
 import Testing
 
-@Suite("token-agent.service passes systemd-analyze verify")
+@Suite("token-agent.service passes systemd-analyze verify", .paced)
 struct SystemdUnitTests {
     static let analyzer = ["/usr/bin/systemd-analyze", "/bin/systemd-analyze"].first { FileManager.default.isExecutableFile(atPath: $0) }
     static let skipReason: Comment = "systemd-analyze is not installed (package systemd)"

@@ -12,7 +12,7 @@ import Testing
 import Glibc
 #endif
 
-@Suite("token-agent's local token API", .exclusive)
+@Suite("token-agent's local token API", .paced, .exclusive)
 struct TokenAPITests {
     @Test("every route and status over the Unix socket and loopback TCP; the request-header and forwarding rules; no token in the access log")
     func routesAndRules() async throws {

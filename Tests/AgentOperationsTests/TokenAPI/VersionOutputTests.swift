@@ -8,7 +8,7 @@ import Foundation
 import TestSupportKit
 import Testing
 
-@Suite("--version of the three executables: version, the revision built from, Swift version")
+@Suite("--version of the three executables: version, the revision built from, Swift version", .paced)
 struct VersionOutputTests {
     @Test("each prints one line, exits 0: its name, the version, the stamped revision, the Swift version",
           arguments: ["token-agent", "tokenctl", "dev-token-server"])

@@ -10,7 +10,7 @@ import Foundation
 import TestSupportKit
 import Testing
 
-@Suite("token-agent tries a fixed configuration at once", .serialized, .exclusive)
+@Suite("token-agent tries a fixed configuration at once", .paced, .serialized, .exclusive)
 struct AgentFixedConfigurationTests {
     @Test("--ca-file added after a refused run: the next run fetches at once, though the refused run's backoff still runs")
     func caFileAddedIsTriedAtOnce() async throws {

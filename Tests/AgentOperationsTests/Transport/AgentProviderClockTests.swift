@@ -11,7 +11,7 @@ import NIOHTTP1
 import TestSupportKit
 import Testing
 
-@Suite("token-agent and a provider whose clock runs ahead", .serialized, .exclusive)
+@Suite("token-agent and a provider whose clock runs ahead", .paced, .serialized, .exclusive)
 struct AgentProviderClockTests {
     /// A provider an hour ahead of this machine, minting `lifetime`-second vehicle tokens.
     static func aheadProvider(by ahead: TimeInterval, lifetime: TimeInterval) -> TLSTokenServer.Respond {

@@ -11,7 +11,7 @@ import Testing
 import Glibc
 #endif
 
-@Suite("token-agent reloads its transport and gives up on permanent refusals", .serialized, .exclusive)
+@Suite("token-agent reloads its transport and gives up on permanent refusals", .paced, .serialized, .exclusive)
 struct AgentReloadTransportTests {
     // MARK: reload: header files
 

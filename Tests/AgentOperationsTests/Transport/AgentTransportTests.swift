@@ -13,7 +13,7 @@ import Testing
 import Glibc
 #endif
 
-@Suite("token-agent reaches real token servers", .serialized, .exclusive)
+@Suite("token-agent reaches real token servers", .paced, .serialized, .exclusive)
 struct AgentTransportTests {
     // MARK: trust
 

@@ -21,7 +21,7 @@ import Testing
 import Glibc
 #endif
 
-@Suite("Third-party servers: nginx (private CA, mutual TLS) reached through tinyproxy (CONNECT, BasicAuth)", .serialized, .exclusive,
+@Suite("Third-party servers: nginx (private CA, mutual TLS) reached through tinyproxy (CONNECT, BasicAuth)", .paced, .serialized, .exclusive,
        // Skipped quietly on a machine without the Debian packages, so `swift test` works on a
        // fresh machine; CI installs them and sets FLEET_REQUIRE_THIRD_PARTY=1 so it cannot skip.
        .enabled(if: ThirdPartyTools.shouldRun,

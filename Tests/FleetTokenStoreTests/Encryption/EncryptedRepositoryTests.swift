@@ -19,7 +19,7 @@ enum SealedStoreKind: String, CaseIterable, CustomTestStringConvertible, Sendabl
     }
 }
 
-@Suite("EncryptedTokenRepository: values sealed on the way in, opened on the way out, never served when they do not open")
+@Suite("EncryptedTokenRepository: values sealed on the way in, opened on the way out, never served when they do not open", .paced)
 struct EncryptedRepositoryTests {
     let dir = Scratch()
     let key = TokenEncryptionKey.random()
@@ -152,7 +152,7 @@ struct EncryptedRepositoryTests {
     }
 }
 
-@Suite("The engine on an encrypted store: a value that does not open is refetched, never served")
+@Suite("The engine on an encrypted store: a value that does not open is refetched, never served", .paced)
 struct EncryptedEngineTests {
     let dir = Scratch()
     let time = TestTime()

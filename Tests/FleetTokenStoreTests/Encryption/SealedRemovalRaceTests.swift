@@ -8,7 +8,7 @@ import Testing
 import TestSupportKit
 @testable import FleetTokenStore
 
-@Suite("EncryptedTokenRepository removes only the value that failed to open (SQLite)")
+@Suite("EncryptedTokenRepository removes only the value that failed to open (SQLite)", .paced)
 struct SealedRemovalRaceTests {
     let dir = Scratch()
     let keyring = TokenKeyring(primary: .random())

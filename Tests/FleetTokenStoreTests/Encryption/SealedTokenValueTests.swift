@@ -4,7 +4,7 @@ import Testing
 import TestSupportKit
 @testable import FleetTokenStore
 
-@Suite("Sealed token values: AES-GCM bound to kind, subject id, key id and fingerprint")
+@Suite("Sealed token values: AES-GCM bound to kind, subject id, key id and fingerprint", .paced)
 struct SealedTokenValueTests {
     let key = TokenEncryptionKey.random()
     let vehicle = try! TokenKey.vehicle("truck-7")
@@ -117,7 +117,7 @@ struct SealedTokenValueTests {
     }
 }
 
-@Suite("Key files: 32 bytes raw or base64, owned by this user, no access for group or others")
+@Suite("Key files: 32 bytes raw or base64, owned by this user, no access for group or others", .paced)
 struct KeyFileTests {
     let dir = Scratch()
 

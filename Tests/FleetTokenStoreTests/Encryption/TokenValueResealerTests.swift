@@ -7,7 +7,7 @@ import Testing
 import TestSupportKit
 @testable import FleetTokenStore
 
-@Suite("Opening an encrypted store: refusing missing keys, sealing an older store's values, rekey")
+@Suite("Opening an encrypted store: refusing missing keys, sealing an older store's values, rekey", .paced)
 struct TokenValueResealerTests {
     let dir = Scratch()
     let log = LogRecorder()

@@ -5,7 +5,7 @@ import FleetTokenStore
 import Foundation
 import Testing
 
-@Suite("Public errors: codes, details, kinds and messages")
+@Suite("Public errors: codes, details, kinds and messages", .paced)
 struct ErrorShapeTests {
     static let date = Date(timeIntervalSince1970: 1_700_000_000)
 

@@ -3,7 +3,7 @@ import Testing
 import TestSupportKit
 import FleetTokenStore
 
-@Suite("Relative time descriptions")
+@Suite("Relative time descriptions", .paced)
 struct RelativeTimeTests {
     let now = referenceNow
 

@@ -2,7 +2,7 @@ import Foundation
 import Testing
 import FleetTokenStore
 
-@Suite("Token keys: which subject ids are accepted")
+@Suite("Token keys: which subject ids are accepted", .paced)
 struct TokenKeyTests {
     // Issue 12 item 10: the HTTP fetcher leaves "." unencoded (RFC 3986 unreserved), so an id of
     // "." or ".." became a path segment that proxies and servers resolve to another endpoint.

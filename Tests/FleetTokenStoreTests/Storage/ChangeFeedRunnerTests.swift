@@ -53,7 +53,7 @@ private final class ScriptedWatch: ChangeFeedWatch {
     func loopEnded() { state.withLock { $0.loopsEnded += 1 } }
 }
 
-@Suite("ChangeFeedRunner: the loop of both stores' change feeds")
+@Suite("ChangeFeedRunner: the loop of both stores' change feeds", .paced)
 struct ChangeFeedRunnerTests {
     let clock = ManualClock()
 

@@ -46,7 +46,7 @@ final class SQLiteShell {
     }
 }
 
-@Suite("Sharing a store with other connections and processes")
+@Suite("Sharing a store with other connections and processes", .paced)
 struct CrossProcessTests {
     let dir = Scratch()
     var path: String { dir.file("tokens.sqlite") }

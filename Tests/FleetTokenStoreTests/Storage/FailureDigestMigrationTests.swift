@@ -10,7 +10,7 @@ import TestSupportKit
 import Testing
 @testable import FleetTokenStore
 
-@Suite("V0004: the failure's configuration digest")
+@Suite("V0004: the failure's configuration digest", .paced)
 struct FailureDigestMigrationTests {
     static let beforeDigest = SchemaMigrator(migrations: EmbeddedMigrations.all.filter { $0.version <= 3 })
 

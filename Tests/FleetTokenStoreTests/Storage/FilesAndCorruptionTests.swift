@@ -6,7 +6,7 @@ import Logging
 import Testing
 @testable import FleetTokenStore
 
-@Suite("Store files: paths, modes and corruption")
+@Suite("Store files: paths, modes and corruption", .paced)
 struct FilesAndCorruptionTests {
     @Test("looser modes on an existing store are tightened with a warning; read-only opens only warn")
     func modesTightened() async throws {

@@ -7,7 +7,7 @@ import Logging
 import Testing
 @testable import FleetTokenStore
 
-@Suite("Opening a store and migrating its schema")
+@Suite("Opening a store and migrating its schema", .paced)
 struct OpenAndMigrationTests {
     @Test("a fresh store gets the whole schema, WAL, synchronous=NORMAL, secure_delete, a 5 s busy timeout and private modes")
     func freshStore() async throws {

@@ -157,7 +157,7 @@ struct PowerCutRound {
     }
 }
 
-@Suite("Power loss (simulated as SQLite's crash tests do)", .serialized)
+@Suite("Power loss (simulated as SQLite's crash tests do)", .paced, .serialized)
 struct PowerLossTests {
     /// Fixed, so a run repeats; a finding names its seed and cut point to replay it.
     static let baseSeed: UInt64 = 0x5EED_0030

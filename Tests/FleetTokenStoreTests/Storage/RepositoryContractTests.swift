@@ -32,7 +32,7 @@ private let inMemory = RepositoryContract.Subject(name: "InMemoryTokenRepository
     }
 }
 
-@Suite("The repository contract, run against every store")
+@Suite("The repository contract, run against every store", .paced)
 struct RepositoryContractTests {
     @Test("contract", arguments: [sqlite, inMemory], RepositoryContract.Check.allCases)
     func contract(subject: RepositoryContract.Subject, check: RepositoryContract.Check) async throws {

@@ -5,7 +5,7 @@ import Logging
 import Testing
 @testable import FleetTokenStore
 
-@Suite("SQLiteTokenRepository: what only the SQLite store does (the rest: RepositoryContractTests)")
+@Suite("SQLiteTokenRepository: what only the SQLite store does (the rest: RepositoryContractTests)", .paced)
 struct RepositoryTests {
     let dir = Scratch()
     var path: String { dir.file("tokens.sqlite") }

@@ -9,7 +9,7 @@ import Testing
 import Glibc
 #endif
 
-@Suite("SteeringFileCheck: files others could have written")
+@Suite("SteeringFileCheck: files others could have written", .paced)
 struct SteeringFileCheckTests {
     @Test("sound: owned by the agent's user or root, no write bit for group or others", arguments: [
         (UInt32(0o600), UInt32(1000), UInt32(1000)),

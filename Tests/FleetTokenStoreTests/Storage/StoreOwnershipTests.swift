@@ -10,7 +10,7 @@ import Glibc
 /// Issue 12 item 9: in a directory other users can write, another user can plant the store (or a
 /// side file, or a symbolic link) so that the tokens written to it are theirs to read. The store
 /// refuses any file it cannot make private to the running user.
-@Suite("Store files another user controls are refused")
+@Suite("Store files another user controls are refused", .paced)
 struct StoreOwnershipTests {
     /// `nobody`: a user other than the one running the tests. Only root can give a file away.
     static let otherUser: uid_t = 65534

@@ -6,7 +6,7 @@ import Logging
 import Testing
 @testable import FleetTokenStore
 
-@Suite("WriterStatements: the write path's prepared statements and its remembered change-log sequence")
+@Suite("WriterStatements: the write path's prepared statements and its remembered change-log sequence", .paced)
 struct WriterStatementsTests {
     let dir = Scratch()
     var path: String { dir.file("tokens.sqlite") }

@@ -37,7 +37,7 @@ private final class StuckFetches: Sendable {
     }
 }
 
-@Suite("Cancelling run()", .serialized)
+@Suite("Cancelling run()", .paced, .serialized)
 struct CancelledRunTests {
     let key = try! TokenKey.vehicle("fetched-before-cancel")
 

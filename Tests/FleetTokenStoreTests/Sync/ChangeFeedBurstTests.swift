@@ -8,7 +8,7 @@ import Testing
 import TestSupportKit
 @testable import FleetTokenStore
 
-@Suite("StoreChangeBroadcaster: a slow reader misses nothing")
+@Suite("StoreChangeBroadcaster: a slow reader misses nothing", .paced)
 struct StoreChangeBroadcasterTests {
     let keys = (0..<30).map { try! TokenKey.vehicle("k\($0)") }
 
@@ -95,7 +95,7 @@ struct StoreChangeBroadcasterTests {
     }
 }
 
-@Suite("PendingReread: what the change follower re-reads")
+@Suite("PendingReread: what the change follower re-reads", .paced)
 struct PendingRereadTests {
     let keys = (0..<5).map { try! TokenKey.trip("t\($0)") }
 
@@ -132,7 +132,7 @@ struct PendingRereadTests {
     }
 }
 
-@Suite("An engine on SQLite following a burst and a start-up change")
+@Suite("An engine on SQLite following a burst and a start-up change", .paced)
 struct SQLiteChangeBurstTests {
     @Test("a purge of 6,300 rows (more than one poll itemizes) by another process: each of the 300 held subjects is refetched, none served purged")
     func purgeBurst() async throws {

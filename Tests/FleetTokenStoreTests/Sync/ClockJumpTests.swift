@@ -78,7 +78,7 @@ final class JumpRig: Sendable {
 
 // The waits for the first 50 fetches are liveness bounds, not promises: at the start of the
 // whole suite on two cores (PostgreSQL clusters being made, agents starting) they took over 10 s.
-@Suite("Wall-clock jumps: nothing expired served, no refresh storm, schedules recover")
+@Suite("Wall-clock jumps: nothing expired served, no refresh storm, schedules recover", .paced)
 struct ClockJumpTests {
     @Test("forward an hour past expiry, then back an hour, with 50 tracked keys")
     func forwardThenBack() async throws {

@@ -76,7 +76,7 @@ private final class GatedWrites: TokenRepository, RefreshLeaseStore, Sendable {
     }
 }
 
-@Suite("The change feed against the group commit")
+@Suite("The change feed against the group commit", .paced)
 struct CommitRaceTests {
     // Found by the PostgreSQL fault test: after the database came back, the feed's `.unknown`
     // made the engine re-read a key whose token was being written at that moment; the read
@@ -148,7 +148,7 @@ private final class FailingLeases: TokenRepository, RefreshLeaseStore, Sendable 
     }
 }
 
-@Suite("Refresh leases that cannot be taken")
+@Suite("Refresh leases that cannot be taken", .paced)
 struct LeaseOutageLogTests {
     // A database that is down fails every lease call at once: with thousands of keys, a warning
     // per refresh buried everything else in the log. One when it starts, one when it ends.

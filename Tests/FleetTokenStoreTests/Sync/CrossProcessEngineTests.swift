@@ -3,7 +3,7 @@ import Testing
 import TestSupportKit
 @testable import FleetTokenStore
 
-@Suite("Processes sharing one store")
+@Suite("Processes sharing one store", .paced)
 struct CrossProcessEngineTests {
     @Test("two processes asking for the same missing key at once fetch it once between them")
     func twoProcessesOneFetch() async throws {

@@ -5,7 +5,7 @@ import Testing
 import TestSupportKit
 @testable import FleetTokenStore
 
-@Suite("TokenSyncEngine: reuse, refresh, floor, offline, backoff")
+@Suite("TokenSyncEngine: reuse, refresh, floor, offline, backoff", .paced)
 struct EngineTests {
     let key = try! TokenKey.vehicle("truck-7")
 

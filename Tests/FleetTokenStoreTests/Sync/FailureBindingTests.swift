@@ -30,7 +30,7 @@ final class DigestFetcher: TokenFetcher, Sendable {
     }
 }
 
-@Suite("A failure is bound to the provider configuration that made it")
+@Suite("A failure is bound to the provider configuration that made it", .paced)
 struct FailureBindingTests {
     let time = TestTime()
 

@@ -10,7 +10,7 @@ import Testing
 import TestSupportKit
 @testable import FleetTokenStore
 
-@Suite("Scheduler heartbeat")
+@Suite("Scheduler heartbeat", .paced)
 struct HeartbeatTests {
     @Test("beats at once, then only when the interval has passed; says how long the loop may sleep")
     func rule() {

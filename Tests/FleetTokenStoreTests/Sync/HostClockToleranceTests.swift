@@ -9,7 +9,7 @@ import Testing
 import TestSupportKit
 @testable import FleetTokenStore
 
-@Suite("Backoff across hosts whose clocks differ a little")
+@Suite("Backoff across hosts whose clocks differ a little", .paced)
 struct HostClockToleranceTests {
     let key = try! TokenKey.vehicle("shared-backoff")
 

@@ -4,7 +4,7 @@ import Foundation
 import Testing
 @testable import FleetTokenStore
 
-@Suite("Refresh lease holders")
+@Suite("Refresh lease holders", .paced)
 struct LeaseHolderTests {
     @Test("a holder names the host, the process and the machine (boot id and PID namespace)")
     func name() throws {

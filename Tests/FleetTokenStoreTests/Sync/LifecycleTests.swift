@@ -7,7 +7,7 @@ import Testing
 import TestSupportKit
 @testable import FleetTokenStore
 
-@Suite("TokenSyncEngine: restarts, proactive refresh, other processes, lifecycle")
+@Suite("TokenSyncEngine: restarts, proactive refresh, other processes, lifecycle", .paced)
 struct LifecycleTests {
     let keys = (0..<3).map { try! TokenKey.vehicle("v\($0)") } + [try! TokenKey.trip("t0")]
 

@@ -20,7 +20,7 @@ import Testing
 import TestSupportKit
 @testable import FleetTokenStore
 
-@Suite("Months of uptime on the injected clock")
+@Suite("Months of uptime on the injected clock", .paced)
 struct LongUptimeTests {
     @Test("days of one-hour tokens for tracked vehicles and trips that come and go: one fetch per lifetime, no drift, rows and live heap flat")
     func monthsOfUptime() async throws {

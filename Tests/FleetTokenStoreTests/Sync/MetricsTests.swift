@@ -8,7 +8,7 @@ import TestSupportKit
 
 /// Each test gives its engine its own metrics backend, so tests running in parallel (whose
 /// engines use the process-wide one) cannot change what it counts.
-@Suite("Metrics through swift-metrics")
+@Suite("Metrics through swift-metrics", .paced)
 struct MetricsTests {
     let testMetrics = TestMetrics()
 

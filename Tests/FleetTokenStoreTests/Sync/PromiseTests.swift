@@ -7,7 +7,7 @@ import TestSupportKit
 @testable import FleetTokenStore
 
 /// The README's promises under contention, clock steps and long uptime (issue 12, items 1-7).
-@Suite("Promises under contention, clock steps and months of uptime")
+@Suite("Promises under contention, clock steps and months of uptime", .paced)
 struct PromiseTests {
     // MARK: - Cross-process single flight (items 1-3)
 

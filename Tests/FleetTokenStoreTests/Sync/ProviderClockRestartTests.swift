@@ -10,7 +10,7 @@ import Testing
 import TestSupportKit
 @testable import FleetTokenStore
 
-@Suite("A restart judges stored tokens by the provider's clock")
+@Suite("A restart judges stored tokens by the provider's clock", .paced)
 struct ProviderClockRestartTests {
     let key = try! TokenKey.vehicle("skewed-1")
 

@@ -9,7 +9,7 @@ import Testing
 /// schedule, the commit queue, the store and the reporting answer what each test sets, and each
 /// effect the coordinator asks for is written down in order. No store, no scheduler loop, no
 /// sleep: what is checked is which effects each entry point asks for, and in which order.
-@Suite("RefreshCoordinator through its effects: what each entry point does, recorded")
+@Suite("RefreshCoordinator through its effects: what each entry point does, recorded", .paced)
 struct RefreshCoordinatorEffectsTests {
     static let key = try! TokenKey.vehicle("truck-9")
     static let t0 = Date(timeIntervalSince1970: 1_800_000_000)

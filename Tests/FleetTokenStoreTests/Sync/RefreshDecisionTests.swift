@@ -4,7 +4,7 @@ import Testing
 
 /// The refresh state machine with plain values: every rule of the README's "How refresh works"
 /// that concerns one key's flight is a test here. No clock, no store, no task.
-@Suite("RefreshDecision: one key's flight, events in, actions out")
+@Suite("RefreshDecision: one key's flight, events in, actions out", .paced)
 struct RefreshDecisionTests {
     let key = try! TokenKey.vehicle("truck-7")
     let policy = RefreshPolicy()

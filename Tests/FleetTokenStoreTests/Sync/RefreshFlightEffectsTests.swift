@@ -7,7 +7,7 @@ import Testing
 /// ``KeyRefreshState`` applied with the refresh machine, the store, the lease and the provider
 /// answer what each test sets, and every step of I/O the flight takes is written down. No
 /// clock, no store, no task besides the flight's own, no sleep.
-@Suite("RefreshFlight through its effects: what each step does, recorded")
+@Suite("RefreshFlight through its effects: what each step does, recorded", .paced)
 struct RefreshFlightEffectsTests {
     static let key = try! TokenKey.vehicle("truck-7")
     static let t0 = Date(timeIntervalSince1970: 1_800_000_000)

@@ -5,7 +5,7 @@ import TestSupportKit
 
 /// The refresh machine with plain values: each rule of the README's "How refresh works" that it
 /// decides is a test here. No clock, no store, no task, no sleep.
-@Suite("RefreshMachine: every refresh rule of one key, decided once")
+@Suite("RefreshMachine: every refresh rule of one key, decided once", .paced)
 struct RefreshMachineTests {
     let key = try! TokenKey.vehicle("truck-7")
     let policy = RefreshPolicy()
@@ -299,7 +299,7 @@ struct RefreshMachineTests {
 /// the coordinator), another process writing the store, the scheduler, invalidation (its removal
 /// reaching the store later, as the group commit writes it), retry-now, configuration changes
 /// and wall-clock steps. Every event checks the invariants.
-@Suite("RefreshMachine under generated event sequences")
+@Suite("RefreshMachine under generated event sequences", .paced)
 struct RefreshMachineGeneratedTests {
     @Test("2,000 seeded sequences of 50 events: never served past the floor or once invalidated, one fetch at a time, no retry before the backoff")
     func invariants() async {

@@ -4,7 +4,7 @@ import Foundation
 import Testing
 @testable import FleetTokenStore
 
-@Suite("When the retention sweep runs")
+@Suite("When the retention sweep runs", .paced)
 struct RetentionScheduleTests {
     let now = Date(timeIntervalSince1970: 1_800_000_000)
 

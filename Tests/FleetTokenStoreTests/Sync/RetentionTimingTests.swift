@@ -9,7 +9,7 @@ import Testing
 import TestSupportKit
 @testable import FleetTokenStore
 
-@Suite("Retention keeps its period")
+@Suite("Retention keeps its period", .paced)
 struct RetentionTimingTests {
     @Test("--retention 90 s: finished trips whose tokens expire 30 s after start are kept until 120 s, and deleted then, not at the next fixed period")
     func sweepWhenEarliestRowIsEligible() async throws {

@@ -10,7 +10,7 @@ import Testing
 import TestSupportKit
 @testable import FleetTokenStore
 
-@Suite("Retrying failed keys now")
+@Suite("Retrying failed keys now", .paced)
 struct RetryFailedNowTests {
     @Test("a tracked key refused with 403 backs off; retryFailedNow fetches it again without the clock moving; its failure count stays")
     func retryAfterFix() async throws {

@@ -10,7 +10,7 @@ import Testing
 import TestSupportKit
 @testable import FleetTokenStore
 
-@Suite("Scheduler wake-up measured from its reading of the time")
+@Suite("Scheduler wake-up measured from its reading of the time", .paced)
 struct SchedulerWakeTests {
     /// A wall clock that, once armed, moves the test clock forward right after its `nth` reading
     /// of one moment: time passing between that reading and whatever the reader does next, as

@@ -62,7 +62,7 @@ extension TokenSyncEvent {
     }
 }
 
-@Suite("The engine while another process holds the store's write lock", .serialized)
+@Suite("The engine while another process holds the store's write lock", .paced, .serialized)
 struct StoreLockTests {
     let held = try! TokenKey.vehicle("held")
     let pending = try! TokenKey.vehicle("pending")

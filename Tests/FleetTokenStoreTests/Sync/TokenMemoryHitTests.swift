@@ -6,7 +6,7 @@ import Foundation
 import Testing
 @testable import FleetTokenStore
 
-@Suite("TokenMemory's hot path")
+@Suite("TokenMemory's hot path", .paced)
 struct TokenMemoryHitTests {
     let key = try! TokenKey.vehicle("hot")
     let issued = Date(timeIntervalSince1970: 1_800_000_000)

@@ -9,7 +9,7 @@ import TestSupportKit
 
 /// Promises a mutation run found unguarded (issue 27 item 11): each test here fails with the
 /// mutation named in its comment applied.
-@Suite("Promises no test guarded: a queued caller released by another process's token, a stored backoff kept across a restart")
+@Suite("Promises no test guarded: a queued caller released by another process's token, a stored backoff kept across a restart", .paced)
 struct UnguardedPromiseTests {
     // Mutation: `slots.endWait(for:)` removed from `EngineParts.adoptIfNewer`. The caller then
     // stays queued until a slot frees, which the closed provider never lets happen.

@@ -4,7 +4,7 @@ import Testing
 import TestSupportKit
 @testable import FleetTokenStore
 
-@Suite("Validation of every fetched token")
+@Suite("Validation of every fetched token", .paced)
 struct ValidationTests {
     let key = try! TokenKey.vehicle("truck-7")
     let now = referenceNow
@@ -173,7 +173,7 @@ struct ValidationTests {
     }
 }
 
-@Suite("RefreshPolicy arithmetic")
+@Suite("RefreshPolicy arithmetic", .paced)
 struct RefreshPolicyTests {
     let policy = RefreshPolicy()
 

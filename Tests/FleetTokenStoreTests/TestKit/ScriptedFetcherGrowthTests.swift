@@ -10,7 +10,7 @@ import Foundation
 import Synchronization
 import Testing
 
-@Suite("Test kit: the scripted fetcher over many fetches")
+@Suite("Test kit: the scripted fetcher over many fetches", .paced)
 struct ScriptedFetcherGrowthTests {
     @Test("ScriptedFetcher: the memory a fetch's task needs to reach its script does not grow with the fetches before it")
     func scriptCallStaysFlat() async throws {

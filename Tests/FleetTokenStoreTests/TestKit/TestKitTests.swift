@@ -9,7 +9,7 @@ import Synchronization
 import Testing
 import TestSupportKit
 
-@Suite("Test kit: time, scripted fetcher, JWTs, log recorder, secret scanner, in-memory repository")
+@Suite("Test kit: time, scripted fetcher, JWTs, log recorder, secret scanner, in-memory repository", .paced)
 struct TestKitTests {
     @Test("TestTime: advancing moves both clocks and wakes sleepers; a jump moves only the wall clock")
     func time() async throws {

@@ -55,7 +55,7 @@ package enum FleetEnginePython {
     }
 
     /// A script calling Fleet Engine through the proxy with Google's clients, no credentials:
-    /// `python3 script MODE TARGET NAME COUNT [PARALLEL]`, MODE `grpc-vehicle` (GetVehicle),
+    /// `python3 script MODE TARGET NAME COUNT [PARALLEL [DEADLINE_SECONDS]]`, MODE `grpc-vehicle` (GetVehicle),
     /// `grpc-trip` (GetTrip), `grpc-search` (SearchVehicles, fleet-wide) or `rest-delivery`
     /// (GetDeliveryVehicle); TARGET `unix:PATH` or `127.0.0.1:PORT`. Prints one JSON line per
     /// call: `{"ok": true, "name": …}` or `{"ok": false, "code": "PERMISSION_DENIED", "message": …}`.
@@ -78,6 +78,11 @@ def result_of(call):
         code = code.name if code is not None else type(error).__name__
         return {"ok": False, "code": code, "message": str(getattr(error, "message", error))}
 
+# Each call's deadline (the clients' default is 15 s): the tests judge answers, not speed, and a
+# loaded 2-core machine once took longer for a call, a rejection and the retry's fetch. The
+# clients retry UNAVAILABLE until it passes.
+timeout = float(sys.argv[6]) if len(sys.argv) > 6 else 60.0
+
 # What a caller may send besides: routing metadata (passed on) and a credential of its own
 # (dropped: the proxy puts the resource's token in its place).
 metadata = [("x-goog-request-params", "provider_id=providers/p"), ("authorization", "Bearer caller-credential")]
@@ -90,21 +95,21 @@ if mode.startswith("grpc"):
         from google.maps.fleetengine_v1.services.vehicle_service.transports import VehicleServiceGrpcTransport
         client = fleetengine_v1.VehicleServiceClient(transport=VehicleServiceGrpcTransport(channel=channel))
         if mode == "grpc-vehicle":
-            call = lambda: client.get_vehicle(request={"name": name}, metadata=metadata)
+            call = lambda: client.get_vehicle(request={"name": name}, metadata=metadata, timeout=timeout)
         else:
-            call = lambda: client.search_vehicles(request={"parent": name, "pickup_radius_meters": 400, "count": 1}, metadata=metadata)
+            call = lambda: client.search_vehicles(request={"parent": name, "pickup_radius_meters": 400, "count": 1}, metadata=metadata, timeout=timeout)
     else:
         from google.maps import fleetengine_v1
         from google.maps.fleetengine_v1.services.trip_service.transports import TripServiceGrpcTransport
         client = fleetengine_v1.TripServiceClient(transport=TripServiceGrpcTransport(channel=channel))
-        call = lambda: client.get_trip(request={"name": name}, metadata=metadata)
+        call = lambda: client.get_trip(request={"name": name}, metadata=metadata, timeout=timeout)
 else:
     from google.auth.credentials import AnonymousCredentials
     from google.maps import fleetengine_delivery_v1
     from google.maps.fleetengine_delivery_v1.services.delivery_service.transports import DeliveryServiceRestTransport
     transport = DeliveryServiceRestTransport(host=target, url_scheme="http", credentials=AnonymousCredentials())
     client = fleetengine_delivery_v1.DeliveryServiceClient(transport=transport)
-    call = lambda: client.get_delivery_vehicle(name=name, metadata=metadata)
+    call = lambda: client.get_delivery_vehicle(name=name, metadata=metadata, timeout=timeout)
 
 with ThreadPoolExecutor(max_workers=parallel) as pool:
     for result in pool.map(lambda _: result_of(call), range(count)):
