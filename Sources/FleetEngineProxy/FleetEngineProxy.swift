@@ -32,6 +32,13 @@ public struct FleetEngineProxy: Sendable {
         /// `grpc-timeout` is shorter. Default 60 s.
         public var upstreamTimeout: Duration = .seconds(60)
 
+        /// Reads what the proxy will read at start (the CA file, judged as every file that
+        /// steers the agent), without connecting: for a configuration check.
+        /// - Throws: ``FleetEngineProxyError`` when the CA file cannot be used.
+        public func check() throws(FleetEngineProxyError) {
+            _ = try FleetEngineUpstream.tlsContext(for: endpoint, caFile: caFile)
+        }
+
         /// A configuration sending calls to `endpoint` with `subjectRule`.
         public init(endpoint: FleetEngineEndpoint, caFile: String? = nil, subjectRule: FleetEngineSubjectRule = FleetEngineSubjectRule()) {
             self.endpoint = endpoint

@@ -4,6 +4,7 @@
 
 package import FleetTokenHTTP
 import FleetTokenService
+import FleetTokenStore
 import Foundation
 package import Logging
 package import NIOCore
@@ -72,23 +73,33 @@ package final class FleetEngineUpstream: Sendable {
         self.proxy = endpoint.secure ? proxySettings.proxy(scheme: "https", host: endpoint.host, port: endpoint.port) : nil
         self.group = MultiThreadedEventLoopGroup.singleton
         self.logger = logger
-        guard endpoint.secure else {
-            tls = nil
-            return
-        }
+        self.tls = try Self.tlsContext(for: endpoint, caFile: caFile)
+    }
+
+    /// The TLS settings for `endpoint` (nil for plain `http://`): the system's roots, or only the
+    /// certificates in `caFile`, read only when no other user could have written or replaced it
+    /// (whoever can write it can trust their own server, and read every call's token).
+    static func tlsContext(for endpoint: FleetEngineEndpoint, caFile: String?) throws(FleetEngineProxyError) -> NIOSSLContext? {
+        guard endpoint.secure else { return nil }
         var configuration = TLSConfiguration.makeClientConfiguration()
         configuration.applicationProtocols = ["h2"]
         if let caFile {
-            do {
-                let certificates = try NIOSSLCertificate.fromPEMFile(caFile)
-                guard !certificates.isEmpty else { throw FleetEngineProxyError(.caFile, "") }
-                configuration.trustRoots = .certificates(certificates)
-            } catch {
-                throw FleetEngineProxyError(.caFile, "--fleet-engine-ca-file \(caFile): no PEM certificate could be read from it; give the CA certificate(s) that sign Fleet Engine's (or your relay's) certificate")
+            let pem: Data
+            do { pem = try SteeringFileCheck.read(path: caFile, role: "Fleet Engine CA file") } catch {
+                switch error.code {
+                case .missing, .unreadable:
+                    throw FleetEngineProxyError(.caFile, "cannot read the Fleet Engine CA file \(caFile): check that it exists and is readable")
+                default:
+                    throw FleetEngineProxyError(.caFile, error.description)
+                }
             }
+            guard let certificates = try? NIOSSLCertificate.fromPEMBytes(Array(pem)), !certificates.isEmpty else {
+                throw FleetEngineProxyError(.caFile, "the Fleet Engine CA file \(caFile) holds no PEM certificate: give the CA certificate(s) that sign Fleet Engine's (or your relay's) certificate")
+            }
+            configuration.trustRoots = .certificates(certificates)
         }
         do {
-            tls = try NIOSSLContext(configuration: configuration)
+            return try NIOSSLContext(configuration: configuration)
         } catch {
             throw FleetEngineProxyError(.caFile, "the TLS settings for Fleet Engine cannot be used: \(error)")
         }

@@ -12,7 +12,7 @@ import Testing
 import Glibc
 #endif
 
-@Suite("token-agent refuses files others could have written")
+@Suite("token-agent refuses files others could have written", .paced)
 struct SteeringFileProcessTests {
     /// The files the agent takes its settings and provider credentials from.
     enum Role: String, CaseIterable, CustomTestStringConvertible, Sendable {
@@ -171,5 +171,39 @@ struct SteeringFileProcessTests {
         let tokenctl = try await runToEnd("tokenctl", ["--db", url, "list"], in: scratch)
         #expect(tokenctl.status != 0)
         #expect(tokenctl.stderr.contains("chmod go-w \(ca)"), "\(tokenctl.stderr)")
+    }
+
+    @Test("--fleet-engine-ca-file others could write, or owned by another user, is refused at start and by --check-config, naming the file and the fix; a sound one passes",
+          arguments: [Setting.sound, .writableByAll, .ownedByAnotherUser])
+    func fleetEngineCAFile(_ setting: Setting) async throws {
+        if setting == .ownedByAnotherUser && geteuid() != 0 { return }  // only root can give a file away
+        let scratch = Scratch()
+        let pem = try Self.certificateAndKey(scratch)
+        let ca = scratch.file("fleet-engine-ca.pem")
+        try pem.certificate.write(toFile: ca, atomically: true, encoding: .utf8)
+        #expect(chmod(ca, setting == .writableByAll ? 0o666 : 0o644) == 0)
+        if setting == .ownedByAnotherUser { #expect(chown(ca, 65534, 65534) == 0) }
+        // Whoever can write the file can trust their own server, and read every call's token.
+        let arguments = ["--db", scratch.file("tokens.sqlite"), "--vehicle", "a", "--fleet-engine-listen", "unix:\(scratch.file("fleet.sock"))",
+                         "--fleet-engine-url", "https://127.0.0.1:\(SecretOutputTests.closedPort)", "--fleet-engine-ca-file", ca]
+        let checked = try await AgentFixture.run(arguments + ["--check-config"], in: scratch)
+        if setting == .sound {
+            #expect(checked.status == 0 && checked.stdout.contains("configuration OK"), "\(checked.stderr)")
+            return
+        }
+        // A real start refuses it before it listens (a start that went on would run to the bound).
+        let started = try await AgentFixture.run(arguments, in: scratch, timeout: 30)
+        for result in [checked, started] {
+            switch setting {
+            case .writableByAll:
+                #expect(result.status == 64, "\(result.stderr)")
+                #expect(result.stderr.contains("--fleet-engine-ca-file") && result.stderr.contains("chmod go-w \(ca)"), "\(result.stderr)")
+            case .ownedByAnotherUser:
+                #expect(result.status == 64, "\(result.stderr)")
+                #expect(result.stderr.contains("belongs to uid 65534") && result.stderr.contains("chown \(geteuid()) \(ca)"), "\(result.stderr)")
+            default:
+                Issue.record("unexpected setting \(setting)")
+            }
+        }
     }
 }

@@ -60,6 +60,12 @@ struct AgentRun {
             throw error
         }
         ProxyReport.log(fetcherConfiguration, template: template!, logger: logger)
+        // Before the store opens, as the provider's files: a Fleet Engine CA file that cannot be
+        // used stops the start as a usage error.
+        do { try checkFleetEngineProxy() } catch {
+            await issuer?.stop()
+            throw error
+        }
 
         // Before the store opens: a refused key file stops the start without touching the store.
         let keyring: TokenKeyring?
@@ -213,7 +219,10 @@ struct AgentRun {
         }
         var proxyService: FleetEngineProxyService?
         if let proxySettings {
-            let proxy = try FleetEngineProxy(api: api, configuration: proxySettings.configuration, logger: logger)
+            let proxy: FleetEngineProxy
+            do { proxy = try FleetEngineProxy(api: api, configuration: proxySettings.configuration, logger: logger) } catch {
+                throw fleetEngineCAFileRefused(error)
+            }
             proxyService = FleetEngineProxyService(proxy: proxy, addresses: proxySettings.addresses, socketMode: settings.socketModeValue ?? 0o660,
                                                    connectionLimits: limits, logger: logger)
             try proxyService?.prepare()
@@ -243,8 +252,21 @@ struct AgentRun {
             let fetcher = try makeFetcher(try fetcherConfiguration(template: template, demo: false), logger: Logger(label: "token-agent"))
             await fetcher.shutdown()
         }
+        try checkFleetEngineProxy()
         _ = try loadKeyring(exitCode: 64)
         if PostgresStoreLocation.isPostgresURL(storePath) { _ = try postgresConfiguration(storePath) }
+    }
+
+    /// The Fleet Engine proxy's settings and its CA file, read and judged as the proxy will read
+    /// them; nothing is connected.
+    private func checkFleetEngineProxy() throws {
+        guard let proxySettings = try usage({ try settings.fleetEngineProxySettings(environment: environment) }) else { return }
+        do { try proxySettings.configuration.check() } catch { throw fleetEngineCAFileRefused(error) }
+    }
+
+    /// A `--fleet-engine-ca-file` that cannot be used, as a usage error (exit 64).
+    private func fleetEngineCAFileRefused(_ error: FleetEngineProxyError) -> ValidationError {
+        ValidationError("\(settings.origins.name("fleet-engine-ca-file")): \(error.description)")
     }
 
     // The start-up checks, each a step of run() and of checkOnly().
