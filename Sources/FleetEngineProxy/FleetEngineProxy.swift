@@ -150,11 +150,9 @@ public struct FleetEngineProxy: Sendable {
         do {
             return try await api.engine.token(for: key)
         } catch {
-            let reason = error.reason
-            let kind = reason.code == .shuttingDown ? "shutting_down" : reason.providerError?.kind ?? reason.code.description
-            let retryAfter = error.nextAttemptAt.map { max(1, Int($0.timeIntervalSinceNow.rounded(.up))) }
             throw ProxyRefusal(grpcStatus: 14, httpStatus: 503, message:
-                "token-agent's Fleet Engine proxy has no usable token for \(key) (last error: \(kind)); see the agent's log", retryAfter: retryAfter)
+                "token-agent's Fleet Engine proxy has no usable token for \(key) (last error: \(error.lastErrorKind)); see the agent's log",
+                retryAfter: error.retryAfterSeconds)
         }
     }
 
@@ -188,7 +186,7 @@ public struct FleetEngineProxy: Sendable {
         let elapsed = ContinuousClock.now - started
         var metadata: Logger.Metadata = [
             "protocol": "\(request.wire.rawValue)", "method": "\(outcome.method)", "code": "\(code)",
-            "latency_ms": "\(String(format: "%.2f", Double(elapsed.components.seconds) * 1000 + Double(elapsed.components.attoseconds) / 1e15))",
+            "latency_ms": "\(elapsed.accessLogMilliseconds)",
         ]
         if let subject = outcome.subject { metadata["subject"] = "\(subject)" }
         if let fingerprint = outcome.fingerprint { metadata["fingerprint"] = "\(fingerprint)" }

@@ -143,8 +143,7 @@ public struct FleetEngineProxyService: Service, CustomStringConvertible {
         let admission = gate.admit(peer)
         guard case .admitted = admission else {
             let body = "{\"error\":{\"code\":503,\"message\":\"token-agent's Fleet Engine proxy has as many connections open as its caps allow (per client or overall): reuse a connection, or retry shortly\",\"status\":\"UNAVAILABLE\"}}"
-            let answer = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json; charset=UTF-8\r\nContent-Length: \(body.utf8.count)\r\nRetry-After: 1\r\nConnection: close\r\n\r\n" + body
-            try channel.pipeline.syncOperations.addHandler(RefusedConnectionHandler(answer, gate: gate))
+            try channel.pipeline.syncOperations.addHandler(RefusedConnectionHandler(RefusedConnectionHandler.answer(json: body), gate: gate))
             return
         }
         connections.add(channel)

@@ -54,8 +54,7 @@ struct GatedHTTP1Channel: ServerChildChannel {
         default:
             "the token agent has \(caps.overall) connections open, its cap (max-api-connections, within the open-files limit): retry shortly"
         }
-        let body = "{\"error\":\(JSONText.quoted(message))}"
-        return "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: \(body.utf8.count)\r\nRetry-After: 1\r\nConnection: close\r\n\r\n" + body
+        return RefusedConnectionHandler.answer(json: "{\"error\":\(JSONText.quoted(message))}")
     }
 }
 
@@ -72,6 +71,11 @@ package final class RefusedConnectionHandler: ChannelInboundHandler, RemovableCh
     private var written: EventLoopFuture<Void>?
     private var lingering = false
     private var deadline: Scheduled<Void>?
+
+    /// The whole `503` answer with the JSON `body`: retry in a second, the connection closes.
+    package static func answer(json body: String) -> String {
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: \(body.utf8.count)\r\nRetry-After: 1\r\nConnection: close\r\n\r\n" + body
+    }
 
     package init(_ answer: String, gate: ConnectionGate) {
         self.answer = answer

@@ -51,14 +51,11 @@ extension TokenAPI {
     }
 
     func unavailable(_ error: TokenUnavailable) -> Response {
-        // The kind only: a provider's message can quote what it was sent.
-        let reason = error.reason
-        let lastError = reason.code == .shuttingDown ? "shutting_down" : reason.providerError?.kind ?? reason.code.description
-        var object: [String: Any] = ["error": "no usable token for \(error.key)", "last_error_kind": lastError]
+        var object: [String: Any] = ["error": "no usable token for \(error.key)", "last_error_kind": error.lastErrorKind]
         var headers: HTTPFields = [:]
-        if let next = error.nextAttemptAt {
+        if let next = error.nextAttemptAt, let seconds = error.retryAfterSeconds {
             object["next_attempt_at"] = Self.timestamp(next)
-            headers[.retryAfter] = "\(max(1, Int(next.timeIntervalSinceNow.rounded(.up))))"
+            headers[.retryAfter] = "\(seconds)"
         }
         return Self.json(.serviceUnavailable, object, headers: headers)
     }
@@ -90,5 +87,19 @@ extension TokenAPI {
     struct Refusal: Error {
         let response: Response
         init(_ response: Response) { self.response = response }
+    }
+}
+
+extension TokenUnavailable {
+    /// What went wrong last, as the token API and the Fleet Engine proxy name it: the provider
+    /// error's kind, `shutting_down`, or the reason's code. The kind only: a provider's message
+    /// can quote what it was sent.
+    package var lastErrorKind: String {
+        reason.code == .shuttingDown ? "shutting_down" : reason.providerError?.kind ?? reason.code.description
+    }
+
+    /// Whole seconds until the next attempt (at least 1), for `Retry-After`; nil when none is set.
+    package var retryAfterSeconds: Int? {
+        nextAttemptAt.map { max(1, Int($0.timeIntervalSinceNow.rounded(.up))) }
     }
 }

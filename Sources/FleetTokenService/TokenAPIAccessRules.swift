@@ -75,7 +75,7 @@ struct TokenAPIAccessRules: RouterMiddleware {
     static func metadata(_ request: Request, _ response: Response, peer: PeerIdentity?, since started: ContinuousClock.Instant) -> Logger.Metadata {
         var metadata: Logger.Metadata = [
             "method": "\(request.method)", "path": "\(request.uri.path)", "status": "\(response.status.code)",
-            "latency_ms": "\(milliseconds(ContinuousClock.now - started))",
+            "latency_ms": "\((ContinuousClock.now - started).accessLogMilliseconds)",
         ]
         if let peer {
             metadata["uid"] = "\(peer.uid)"
@@ -83,11 +83,6 @@ struct TokenAPIAccessRules: RouterMiddleware {
         }
         if let fingerprint = response.headers[TokenAPI.fingerprintHeader] { metadata["fingerprint"] = "\(fingerprint)" }
         return metadata
-    }
-
-    static func milliseconds(_ duration: Duration) -> String {
-        let (seconds, attoseconds) = duration.components
-        return String(format: "%.2f", Double(seconds) * 1000 + Double(attoseconds) / 1e15)
     }
 }
 
@@ -157,5 +152,14 @@ enum RequestTarget {
         case UInt8(ascii: "-"), UInt8(ascii: "."), UInt8(ascii: "_"), UInt8(ascii: "~"): true
         default: false
         }
+    }
+}
+
+extension Duration {
+    /// In milliseconds with two decimals, as the token API's and the Fleet Engine proxy's access
+    /// logs write latency.
+    package var accessLogMilliseconds: String {
+        let (seconds, attoseconds) = components
+        return String(format: "%.2f", Double(seconds) * 1000 + Double(attoseconds) / 1e15)
     }
 }

@@ -117,9 +117,6 @@ extension AgentSettings {
         } catch {
             throw UsageError("\(origins.name("fleet-engine-listen")): \(OperatorHints.describe(error))")
         }
-        if !self.allowClient.isEmpty, let tcp = self.fleetEngineListen.first(where: { !$0.hasPrefix("unix:") }) {
-            throw UsageError("\(origins.name("allow-client")) grants tokens per caller, and a caller over TCP (\(origins.name("fleet-engine-listen")) \(tcp)) cannot be identified: listen on a Unix socket only")
-        }
         let endpoint: FleetEngineEndpoint
         do {
             endpoint = try FleetEngineEndpoint(parsing: self.fleetEngineURL)
@@ -150,8 +147,8 @@ extension AgentSettings {
     }
 
     /// The `--allow-client` rules, names resolved now (at start, and on every reload).
-    /// - Throws: ``UsageError`` for a bad rule, an unknown name, or rules beside a TCP listener
-    ///   (whose callers cannot be identified).
+    /// - Throws: ``UsageError`` for a bad rule, an unknown name, or rules beside a TCP listener of
+    ///   the token API or the Fleet Engine proxy (whose callers cannot be identified).
     func clientPolicy() throws(UsageError) -> ClientAccessPolicy {
         let policy: ClientAccessPolicy
         do {
@@ -159,8 +156,11 @@ extension AgentSettings {
         } catch {
             throw UsageError("\(origins.name("allow-client")) \(error)")
         }
-        if !policy.isEmpty, let tcp = self.listen.first(where: { !$0.hasPrefix("unix:") }) {
-            throw UsageError("\(origins.name("allow-client")) grants tokens per caller, and a caller over TCP (\(origins.name("listen")) \(tcp)) cannot be identified: listen on a Unix socket only")
+        // The token API's listeners and the Fleet Engine proxy's alike.
+        for (key, addresses) in [("listen", self.listen), ("fleet-engine-listen", self.fleetEngineListen)] where !policy.isEmpty {
+            if let tcp = addresses.first(where: { !$0.hasPrefix("unix:") }) {
+                throw UsageError("\(origins.name("allow-client")) grants tokens per caller, and a caller over TCP (\(origins.name(key)) \(tcp)) cannot be identified: listen on a Unix socket only")
+            }
         }
         return policy
     }
