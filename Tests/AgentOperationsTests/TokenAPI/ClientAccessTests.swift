@@ -94,13 +94,14 @@ struct ClientAccessTests {
         #expect(await agent.stop() == 0, "\(agent.process.stderr)")
     }
 
-    @Test("client rules are usage errors when unreadable, naming an unknown user, or beside a TCP listener", arguments: [
+    @Test("client rules are usage errors when unreadable, naming an unknown user, or beside a TCP listener (the token API's or the Fleet Engine proxy's)", arguments: [
         (["--allow-client", "user:no-such-user-fts vehicle:*"], "no user named no-such-user-fts"),
         (["--allow-client", "group:no-such-group-fts vehicle:*"], "no group named no-such-group-fts"),
         (["--allow-client", "vehicle:*"], "WHO KIND:GLOB"),
         (["--allow-client", "uid:abc vehicle:*"], "not a number"),
         (["--allow-client", "user:nobody bus:*"], "unknown kind"),
         (["--allow-client", "user:nobody vehicle:*", "--listen", "127.0.0.1:0"], "cannot be identified"),
+        (["--allow-client", "user:nobody vehicle:*", "--fleet-engine-listen", "127.0.0.1:0"], "(--fleet-engine-listen 127.0.0.1:0) cannot be identified"),
     ])
     func usage(arguments: [String], message: String) async throws {
         let scratch = Scratch()
