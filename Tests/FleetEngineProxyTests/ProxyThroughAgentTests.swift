@@ -71,12 +71,15 @@ final class ProxyRig: Sendable {
         return run.stdout.split(separator: "\n").compactMap { try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any] }
     }
 
-    /// A raw HTTP/1.1 exchange with the TCP listener; a failure carries the end of the agent's log.
+    /// A raw HTTP/1.1 exchange with the TCP listener, answered within 60 s (a liveness bound); a
+    /// failure carries what the fake and the issuer saw and the end of the agent's log.
     func tcp(_ method: String, _ target: String, host: String?, headers: [(String, String)] = []) async throws -> RawHTTP.Answer {
         do {
-            return try await raw(.tcp(port: port), method, target, host: host, headers: headers)
+            return try await raw(.tcp(port: port), method, target, host: host, headers: headers, timeout: 60)
         } catch {
-            throw ProcessFailure(message: "\(method) \(target): \(error); the agent's log ends: \(agent.stderr.suffix(6000))")
+            let calls = fake.calls.map { "\($0.method) \($0.code)" }
+            let issued = (try? await issued()) ?? [:]
+            throw ProcessFailure(message: "\(method) \(target): \(error); the fake saw \(calls), the issuer issued \(issued); the agent's log ends: \(agent.stderr.suffix(6000))")
         }
     }
 
@@ -105,8 +108,8 @@ final class ProxyRig: Sendable {
 
 /// A raw HTTP/1.1 exchange, off Swift's cooperative pool (it blocks).
 func raw(_ endpoint: RawHTTP.Endpoint, _ method: String, _ target: String, host: String?,
-         headers: [(String, String)] = []) async throws -> RawHTTP.Answer {
-    try await offCooperativePool { try RawHTTP.send(endpoint, method, target, host: host, headers: headers) }
+         headers: [(String, String)] = [], timeout: Int = 15) async throws -> RawHTTP.Answer {
+    try await offCooperativePool { try RawHTTP.send(endpoint, method, target, host: host, headers: headers, timeout: timeout) }
 }
 
 @Suite("Fleet Engine proxy in a real agent, called by Google's Python clients", .paced, .serialized)

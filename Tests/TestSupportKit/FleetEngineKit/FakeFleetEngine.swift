@@ -46,6 +46,10 @@ package final class FakeFleetEngine: Sendable {
     private let publicKey: _RSA.Signing.PublicKey
     private let state = Mutex(State())
     private let server = Mutex<(any Channel)?>(nil)
+    /// The fake's own event loop: on NIO's shared group, another test's servers could keep it
+    /// from answering (twice a call through the proxy got no answer within 15 s in full runs,
+    /// and never when the suite ran alone).
+    private let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
     /// The port bound, once started.
     package let port = Mutex(0)
 
@@ -94,7 +98,7 @@ package final class FakeFleetEngine: Sendable {
             secure.withLock { $0 = true }
         }
         let tls = context
-        let channel = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+        let channel = try await ServerBootstrap(group: group)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
@@ -114,11 +118,13 @@ package final class FakeFleetEngine: Sendable {
     /// Closes the listener without waiting (connections end with their clients).
     package func close() {
         server.withLock { $0 }?.close(promise: nil)
+        group.shutdownGracefully { _ in }
     }
 
     package func stop() async {
         let channel = server.withLock { $0 }
         try? await channel?.close()
+        try? await group.shutdownGracefully()
     }
 
     /// How long each answer waits first.
