@@ -15,6 +15,8 @@ let package = Package(
         .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.28.0"),
         .package(url: "https://github.com/apple/swift-http-types", from: "1.0.0"),
         .package(url: "https://github.com/apple/swift-nio", from: "2.101.0"),
+        // The Fleet Engine proxy's figures: HTTP/2 clients and the upstream stand-in.
+        .package(url: "https://github.com/apple/swift-nio-http2", from: "1.46.0"),
         // The raw baseline of the PostgreSQL figures: the client the repository is built on.
         .package(url: "https://github.com/vapor/postgres-nio", from: "1.33.0"),
     ],
@@ -64,6 +66,22 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ],
             path: "Sources/APIMeasurements"
+        ),
+        // The Fleet Engine proxy of a release token-agent against the same calls sent straight to
+        // an upstream stand-in in the tool, gRPC and REST; calls per second at 64 callers.
+        .executableTarget(
+            name: "fleet-engine-proxy-measurements",
+            dependencies: [
+                "BenchmarkSupport",
+                .product(name: "DevTokenIssuer", package: "FleetTokenStore"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOHTTP2", package: "swift-nio-http2"),
+                .product(name: "NIOHPACK", package: "swift-nio-http2"),
+            ],
+            path: "Sources/ProxyMeasurements"
         ),
         // The baseline server: one Hummingbird route answering a constant body, with the token
         // API's server settings, on a Unix socket.
