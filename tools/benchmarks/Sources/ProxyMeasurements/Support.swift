@@ -352,15 +352,17 @@ func throughput(port: Int, headers: HPACKHeaders, callers: Int, seconds: Double,
         @Sendable func step() {
             guard !stop.isSet else { return done.succeed(()) }
             call().whenComplete { result in
-                if counting.isSet {
-                    switch result {
-                    case .success: tally.calls += 1
-                    case .failure(let error):
-                        tally.failures += 1
-                        if tally.firstFailure == nil { tally.firstFailure = "\(error)" }
-                    }
+                switch result {
+                case .success:
+                    if counting.isSet { tally.calls += 1 }
+                    step()
+                case .failure(let error):
+                    // A failed call ends this caller (its connection may be gone, and a call that
+                    // fails at once would otherwise recurse without bound); the run reports it.
+                    tally.failures += 1
+                    if tally.firstFailure == nil { tally.firstFailure = "\(error)" }
+                    done.succeed(())
                 }
-                step()
             }
         }
         loop.execute { step() }
