@@ -33,36 +33,26 @@ final class ProxyRig: Sendable {
         self.issuer = issuer
         let fake = try FakeFleetEngine(publicKeyPEM: key.publicKey.pemRepresentation)
         self.fake = fake
-        // A set-up that fails ends what it started: the issuer, the fake's loop, the agent.
-        var started: RunningProcess?
-        do {
-            try await fake.start(tls: pki?.server)
-            let trust = pki.map { trustCA ? ["--fleet-engine-ca-file", $0.caPath] : [] } ?? []
-            let socket = scratch.file("fleet.sock")
-            self.socket = socket
-            let agent = try RunningProcess("token-agent", [
-                "--db", scratch.file("tokens.sqlite"), "--provider-url", issuer.template, "--vehicle", "truck-1",
-                "--allow", "vehicle:*", "--allow", "trip:*", "--allow", "deliveryVehicle:*",
-                "--fleet-engine-listen", "unix:\(socket)", "--fleet-engine-listen", "127.0.0.1:0",
-                "--fleet-engine-url", fake.url,
-            ] + trust + extraArguments, in: scratch)
-            started = agent
-            self.agent = agent
-            guard await eventually(within: 60, { Self.tcpPort(in: agent.stderr) != nil && FileManager.default.fileExists(atPath: socket) }),
-                  let port = Self.tcpPort(in: agent.stderr) else {
-                throw ProcessFailure(message: "the proxy did not listen: \(agent.stderr)")
-            }
-            self.port = port
-            python = try await offCooperativePool { try FleetEnginePython.interpreter() }
-            let script = scratch.file("fleet_client.py")
-            self.script = script
-            try FleetEnginePython.script.write(toFile: script, atomically: true, encoding: .utf8)
-        } catch {
-            started?.signal(SIGTERM)
-            issuer.process.signal(SIGTERM)
-            fake.close()
-            throw error
+        try await fake.start(tls: pki?.server)
+        let trust = pki.map { trustCA ? ["--fleet-engine-ca-file", $0.caPath] : [] } ?? []
+        let socket = scratch.file("fleet.sock")
+        self.socket = socket
+        let agent = try RunningProcess("token-agent", [
+            "--db", scratch.file("tokens.sqlite"), "--provider-url", issuer.template, "--vehicle", "truck-1",
+            "--allow", "vehicle:*", "--allow", "trip:*", "--allow", "deliveryVehicle:*",
+            "--fleet-engine-listen", "unix:\(socket)", "--fleet-engine-listen", "127.0.0.1:0",
+            "--fleet-engine-url", fake.url,
+        ] + trust + extraArguments, in: scratch)
+        self.agent = agent
+        guard await eventually(within: 60, { Self.tcpPort(in: agent.stderr) != nil && FileManager.default.fileExists(atPath: socket) }),
+              let port = Self.tcpPort(in: agent.stderr) else {
+            throw ProcessFailure(message: "the proxy did not listen: \(agent.stderr)")
         }
+        self.port = port
+        python = try await offCooperativePool { try FleetEnginePython.interpreter() }
+        let script = scratch.file("fleet_client.py")
+        self.script = script
+        try FleetEnginePython.script.write(toFile: script, atomically: true, encoding: .utf8)
     }
 
     static func tcpPort(in log: String) -> Int? {

@@ -6,24 +6,29 @@
 import Foundation
 import Testing
 
-/// One test case at a time among those marked `.exclusive` (on the test or its suite), across
-/// all test targets of the process.
+/// One test (or suite) at a time among those marked `.exclusive`, across all test targets of
+/// the process. Reentrant: test cases inside an exclusive test or suite share its turn.
 public struct ExclusiveTrait: SuiteTrait, TestTrait, TestScoping {
     public var isRecursive: Bool { true }
 
     public func provideScope(for test: Test, testCase: Test.Case?, performing function: @Sendable () async throws -> Void) async throws {
-        try await TestGate.enter(test, function)
+        if TestGate.exclusiveHeld {
+            try await function()
+            return
+        }
+        try await TestGate.exclusive.run { try await TestGate.$exclusiveHeld.withValue(true) { try await function() } }
     }
 }
 
 extension Trait where Self == ExclusiveTrait {
-    /// Runs each test case alone among other `.exclusive` ones.
+    /// Runs the test or suite alone among other `.exclusive` ones.
     public static var exclusive: ExclusiveTrait { ExclusiveTrait() }
 }
 
 /// At most ``TestGate/pacedWidth`` test cases of `.paced` suites run at once, across all test
 /// targets of the process; the others wait their turn before they start (their own time bounds
-/// start with them). Every suite carries it.
+/// start with them). Every suite carries it. An `.exclusive` suite waits for its turn before any
+/// of its test cases takes a paced slot, so a waiting suite holds none.
 public struct PacedTrait: SuiteTrait, TestTrait, TestScoping {
     public var isRecursive: Bool { true }
 
@@ -33,29 +38,17 @@ public struct PacedTrait: SuiteTrait, TestTrait, TestScoping {
     }
 
     public func provideScope(for test: Test, testCase: Test.Case?, performing function: @Sendable () async throws -> Void) async throws {
-        try await TestGate.enter(test, function)
+        if TestGate.pacedHeld {
+            try await function()
+            return
+        }
+        try await TestGate.paced.run { try await TestGate.$pacedHeld.withValue(true) { try await function() } }
     }
 }
 
 extension Trait where Self == PacedTrait {
     /// Waits for one of the suite's shared slots before each test case starts.
     public static var paced: PacedTrait { PacedTrait() }
-}
-
-extension TestGate {
-    /// Runs `function` holding what `test`'s traits ask for, whichever trait's scope comes first,
-    /// always in one order: the exclusive turn, then a paced slot. So a test case waiting for its
-    /// exclusive turn holds no paced slot (which would leave the others idle), and no two test
-    /// cases can wait on each other.
-    static func enter(_ test: Test, _ function: @Sendable () async throws -> Void) async throws {
-        if !exclusiveHeld && test.traits.contains(where: { $0 is ExclusiveTrait }) {
-            return try await exclusive.run { try await $exclusiveHeld.withValue(true) { try await enter(test, function) } }
-        }
-        if !pacedHeld && test.traits.contains(where: { $0 is PacedTrait }) {
-            return try await paced.run { try await $pacedHeld.withValue(true) { try await function() } }
-        }
-        try await function()
-    }
 }
 
 /// A FIFO async counting gate.

@@ -115,8 +115,7 @@ package final class FakeFleetEngine: Sendable {
         port.withLock { $0 = channel.localAddress?.port ?? 0 }
     }
 
-    /// Closes the listener and ends the fake's event loop, without waiting (its connections close
-    /// with it).
+    /// Closes the listener without waiting (connections end with their clients).
     package func close() {
         server.withLock { $0 }?.close(promise: nil)
         group.shutdownGracefully { _ in }
