@@ -378,6 +378,7 @@ let package = Package(
                 "FleetTokenStore",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "_CryptoExtras", package: "swift-crypto"),
             ],
             swiftSettings: testSettings

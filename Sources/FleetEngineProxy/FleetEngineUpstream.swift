@@ -58,6 +58,9 @@ package final class FleetEngineUpstream: Sendable {
     private let tls: NIOSSLContext?
     private let group: any EventLoopGroup
     private let logger: Logger
+    /// How long a new connection waits between connecting and setting up HTTP/2: zero, but for
+    /// tests standing in for a loaded event loop (whatever the server sends meanwhile must wait).
+    private let setUpDelay: TimeAmount
     /// The connection made or being made; cleared when it fails or closes.
     private let current = Mutex<EventLoopFuture<Connection>?>(nil)
 
@@ -66,8 +69,9 @@ package final class FleetEngineUpstream: Sendable {
     /// it (`NO_PROXY` applies; a plain `http://` loopback endpoint is reached directly).
     /// - Throws: ``FleetEngineProxyError`` when `caFile` cannot be used.
     package init(endpoint: FleetEngineEndpoint, caFile: String?, proxySettings: ProxySettings = .direct,
-                 logger: Logger) throws(FleetEngineProxyError) {
+                 logger: Logger, setUpDelay: TimeAmount = .zero) throws(FleetEngineProxyError) {
         self.endpoint = endpoint
+        self.setUpDelay = setUpDelay
         // Plain HTTP/2 goes only to loopback, which a forward proxy does not reach as this
         // host's: direct. (Its server also speaks first, right after a tunnel opens.)
         self.proxy = endpoint.secure ? proxySettings.proxy(scheme: "https", host: endpoint.host, port: endpoint.port) : nil
@@ -170,10 +174,16 @@ package final class FleetEngineUpstream: Sendable {
         let tls = tls
         let serverName = endpoint.host
         let sniName: String? = LoopbackHost.isAddressLiteral(serverName) ? nil : serverName
-        let (proxy, endpoint) = (proxy, endpoint)
+        let (proxy, endpoint, setUpDelay) = (proxy, endpoint, setUpDelay)
         return ClientBootstrap(group: group)
             .connectTimeout(.seconds(10))
             .channelOption(.socketOption(.tcp_nodelay), value: 1)
+            .channelInitializer { channel in
+                // Before anything is read: a server speaks first (HTTP/2's SETTINGS, right after
+                // the TLS handshake or at once without TLS), and what it sends before HTTP/2 is
+                // in place must wait for it, not be dropped by an empty pipeline.
+                channel.eventLoop.makeCompletedFuture { try channel.pipeline.syncOperations.addHandler(InboundHolder()) }
+            }
             .connect(host: proxy?.host ?? endpoint.host, port: proxy?.port ?? endpoint.port)
             .flatMap { channel in
                 // Through a forward proxy: a CONNECT tunnel first, then TLS inside it.
@@ -187,22 +197,26 @@ package final class FleetEngineUpstream: Sendable {
                 if let tls {
                     handshake = channel.eventLoop.submit {
                         let waiter = HandshakeWaiter(channel.eventLoop.makePromise())
-                        try channel.pipeline.syncOperations.addHandler(NIOSSLClientHandler(context: tls, serverHostname: sniName))
-                        try channel.pipeline.syncOperations.addHandler(waiter)
-                        Self.removeTunnelHandlers(channel)
+                        let operations = channel.pipeline.syncOperations
+                        let holder = try operations.handler(type: InboundHolder.self)
+                        try operations.addHandler(NIOSSLClientHandler(context: tls, serverHostname: sniName), position: .before(holder))
+                        try operations.addHandler(waiter, position: .before(holder))
                         return waiter.done.futureResult
                     }.flatMap { $0 }
                 } else {
                     handshake = channel.eventLoop.makeSucceededVoidFuture()
                 }
                 return handshake.flatMap {
-                    channel.eventLoop.submit {
-                        let multiplexer = try channel.pipeline.syncOperations.configureHTTP2Pipeline(
+                    channel.eventLoop.scheduleTask(in: setUpDelay) {
+                        let operations = channel.pipeline.syncOperations
+                        let multiplexer = try operations.configureHTTP2Pipeline(
                             mode: .client, connectionConfiguration: .init(), streamConfiguration: .init()
                         ) { stream in stream.close() }  // Fleet Engine pushes nothing
-                        Self.removeTunnelHandlers(channel)  // without TLS: after HTTP/2 is in place
+                        try operations.addHandler(ConnectionErrorCloser())
+                        // HTTP/2 is in place: what the server sent meanwhile goes to it now.
+                        operations.removeHandler(try operations.handler(type: InboundHolder.self), promise: nil)
                         return Connection(channel: channel, multiplexer: multiplexer)
-                    }
+                    }.futureResult
                 }.flatMapErrorThrowing { error in
                     channel.close(promise: nil)
                     throw error
@@ -211,8 +225,8 @@ package final class FleetEngineUpstream: Sendable {
     }
 
     /// Asks `proxy` (over `channel`) for a tunnel to `endpoint`; the channel once the proxy said
-    /// yes, with an ``InboundHolder`` keeping what came after the proxy's answer (the server's
-    /// first bytes) until the next handler is in place (``removeTunnelHandlers(_:)``).
+    /// yes. What came after the proxy's answer (the server's first bytes) waits in the channel's
+    /// ``InboundHolder`` until HTTP/2 is in place.
     private static func tunnel(_ channel: any Channel, through proxy: ProxySettings.Proxy, to endpoint: FleetEngineEndpoint) -> EventLoopFuture<any Channel> {
         let established = channel.eventLoop.makePromise(of: Void.self)
         var headers = HTTPHeaders()
@@ -223,12 +237,13 @@ package final class FleetEngineUpstream: Sendable {
         let connectHeaders = headers
         return channel.eventLoop.submit {
             let operations = channel.pipeline.syncOperations
-            try operations.addHandler(HTTPRequestEncoder(), name: "proxy-request-encoder")
-            try operations.addHandler(ByteToMessageHandler(HTTPResponseDecoder(leftOverBytesStrategy: .forwardBytes)), name: "proxy-response-decoder")
+            let holder = try operations.handler(type: InboundHolder.self)
+            try operations.addHandler(HTTPRequestEncoder(), name: "proxy-request-encoder", position: .before(holder))
+            try operations.addHandler(ByteToMessageHandler(HTTPResponseDecoder(leftOverBytesStrategy: .forwardBytes)),
+                                      name: "proxy-response-decoder", position: .before(holder))
             try operations.addHandler(NIOHTTP1ProxyConnectHandler(
                 targetHost: endpoint.host, targetPort: endpoint.port, headers: connectHeaders,
-                deadline: .now() + .seconds(10), promise: established))
-            try operations.addHandler(InboundHolder(), name: "proxy-holder")
+                deadline: .now() + .seconds(10), promise: established), position: .before(holder))
         }.flatMap {
             established.futureResult
         }.flatMap {
@@ -245,13 +260,6 @@ package final class FleetEngineUpstream: Sendable {
             channel.close(promise: nil)
             throw UpstreamFailure.unreachable("the forward proxy \(proxy) did not open a tunnel to \(endpoint.authority): \(error)")
         }
-    }
-
-    /// Removes the CONNECT exchange's holder, if any, handing on what it held; on the channel's
-    /// event loop, once the next handler is in place.
-    private static func removeTunnelHandlers(_ channel: any Channel) {
-        let operations = channel.pipeline.syncOperations
-        if let context = try? operations.context(name: "proxy-holder") { operations.removeHandler(context: context, promise: nil) }
     }
 
     private func exchange(_ request: ProxyRequest, token: String, on connection: Connection, timeout: TimeAmount) async throws -> ProxyResponse {
@@ -291,8 +299,8 @@ package final class FleetEngineUpstream: Sendable {
     }
 }
 
-/// Holds what is read until it is removed, then hands it on: the bytes a server sends right
-/// after a proxy's CONNECT answer, while the handlers that read them are put in place.
+/// Holds what is read until it is removed, then hands it on: the bytes a server sends before
+/// the handlers that read them are in place (HTTP/2's SETTINGS, which a server sends first).
 final class InboundHolder: ChannelInboundHandler, RemovableChannelHandler {
     typealias InboundIn = NIOAny
 
@@ -308,6 +316,19 @@ final class InboundHolder: ChannelInboundHandler, RemovableChannelHandler {
         for data in held { context.fireChannelRead(data) }
         if !held.isEmpty { context.fireChannelReadComplete() }
         context.leavePipeline(removalToken: removalToken)
+    }
+}
+
+/// Closes the connection when an error reaches the end of its pipeline (HTTP/2 gave up on it and
+/// sent GOAWAY, a TLS read failed): its calls then end at once and the next call connects again,
+/// instead of each waiting for its timeout on a connection that stays open and answers nothing.
+/// A stream's own errors close the connection too; Fleet Engine does not send such streams, and
+/// the calls in flight that end with it are answered `UNAVAILABLE`, which clients retry.
+final class ConnectionErrorCloser: ChannelInboundHandler {
+    typealias InboundIn = HTTP2Frame
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        context.close(promise: nil)
     }
 }
 

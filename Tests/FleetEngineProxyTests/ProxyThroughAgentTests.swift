@@ -66,8 +66,13 @@ final class ProxyRig: Sendable {
     /// Runs Google's client: one result per call, each within `deadline` seconds.
     func call(_ mode: String, _ target: String, _ name: String, count: Int = 1, parallel: Int = 1,
               deadline: Int = 60) async throws -> [[String: Any]] {
-        let run = try await runToEnd(python, [script, mode, target, name, "\(count)", "\(parallel)", "\(deadline)"], in: scratch, timeout: 300)
-        guard run.status == 0 else { throw ProcessFailure(message: "the Python client failed (\(run.status)): \(run.stderr)") }
+        let run: (status: Int32, stdout: String, stderr: String)
+        do {
+            run = try await runToEnd(python, [script, mode, target, name, "\(count)", "\(parallel)", "\(deadline)"], in: scratch, timeout: 300)
+        } catch {
+            throw await failure("\(mode) \(name): \(error)")
+        }
+        guard run.status == 0 else { throw await failure("the Python client failed (\(run.status)): \(run.stderr)") }
         return run.stdout.split(separator: "\n").compactMap { try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any] }
     }
 
@@ -77,10 +82,17 @@ final class ProxyRig: Sendable {
         do {
             return try await raw(.tcp(port: port), method, target, host: host, headers: headers, timeout: 60)
         } catch {
-            let calls = fake.calls.map { "\($0.method) \($0.code)" }
-            let issued = (try? await issued()) ?? [:]
-            throw ProcessFailure(message: "\(method) \(target): \(error); the fake saw \(calls), the issuer issued \(issued); the agent's log ends: \(agent.stderr.suffix(6000))")
+            throw await failure("\(method) \(target): \(error)")
         }
+    }
+
+    /// `what` went wrong, with what the fake saw, what the issuer issued and the end of the
+    /// agent's log.
+    private func failure(_ what: String) async -> ProcessFailure {
+        let calls = fake.calls.map { "\($0.method) \($0.code)" }
+        let summary = calls.count > 20 ? "\(calls.count) calls, the last \(calls.suffix(5))" : "\(calls)"
+        let issued = (try? await issued()) ?? [:]
+        return ProcessFailure(message: "\(what); the fake saw \(summary), the fake's connections carried \(fake.traffic), the issuer issued \(issued); the agent's log ends: \(agent.stderr.suffix(6000))")
     }
 
     /// Tokens issued per `kind/id`.

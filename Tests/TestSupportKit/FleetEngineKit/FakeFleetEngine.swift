@@ -41,6 +41,7 @@ package final class FakeFleetEngine: Sendable {
         var rejectIssuedBefore: Double?
         var deniedResources: Set<String> = []
         var delay: Duration = .zero
+        var traffic = FakeFleetEngineTraffic()
     }
 
     private let publicKey: _RSA.Signing.PublicKey
@@ -67,6 +68,13 @@ package final class FakeFleetEngine: Sendable {
 
     /// Every call so far.
     package var calls: [FakeFleetEngineCall] { state.withLock { $0.calls } }
+
+    /// What the fake's connections carried so far: for a failure's message.
+    package var traffic: FakeFleetEngineTraffic { state.withLock { $0.traffic } }
+
+    fileprivate func note(_ change: (inout FakeFleetEngineTraffic) -> Void) {
+        state.withLock { change(&$0.traffic) }
+    }
 
     /// From now on, tokens issued before `moment` are refused as `UNAUTHENTICATED` / 401 (a
     /// key rotation at Fleet Engine).
@@ -101,7 +109,9 @@ package final class FakeFleetEngine: Sendable {
         let channel = try await ServerBootstrap(group: group)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelInitializer { channel in
-                channel.eventLoop.makeCompletedFuture {
+                fake.note { $0.connections += 1 }
+                channel.closeFuture.whenComplete { _ in fake.note { $0.connectionsClosed += 1 } }
+                return channel.eventLoop.makeCompletedFuture {
                     if let tls { try channel.pipeline.syncOperations.addHandler(NIOSSLServerHandler(context: tls)) }
                     _ = try channel.pipeline.syncOperations.configureHTTP2Pipeline(
                         mode: .server, connectionConfiguration: .init(), streamConfiguration: .init()
@@ -248,6 +258,20 @@ package final class FakeFleetEngine: Sendable {
     }
 }
 
+/// Counts of what the fake's connections carried.
+package struct FakeFleetEngineTraffic: Sendable, CustomStringConvertible {
+    package var connections = 0
+    package var connectionsClosed = 0
+    package var streams = 0
+    package var requests = 0
+    package var answersSent = 0
+    package var answersFailed: [String] = []
+
+    package var description: String {
+        "connections \(connections) (closed \(connectionsClosed)), streams \(streams), requests read \(requests), answers sent \(answersSent), failed \(answersFailed.prefix(3))"
+    }
+}
+
 /// One stream at the fake: the request read whole, then the answer.
 private final class FakeStreamHandler: ChannelInboundHandler {
     typealias InboundIn = HTTP2Frame.FramePayload
@@ -258,6 +282,10 @@ private final class FakeStreamHandler: ChannelInboundHandler {
     private var body = ByteBuffer()
 
     init(_ fake: FakeFleetEngine) { self.fake = fake }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        fake.note { $0.streams += 1 }
+    }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         switch unwrapInboundIn(data) {
@@ -275,6 +303,7 @@ private final class FakeStreamHandler: ChannelInboundHandler {
     private func respond(_ context: ChannelHandlerContext) {
         guard let headers else { return }
         self.headers = nil
+        fake.note { $0.requests += 1 }
         let (fake, body, channel) = (fake, body, context.channel)
         let delay = fake.answerDelay
         let nanoseconds = delay.components.seconds * 1_000_000_000 + delay.components.attoseconds / 1_000_000_000
@@ -284,14 +313,27 @@ private final class FakeStreamHandler: ChannelInboundHandler {
             head.add(name: ":status", value: "\(answer.status)")
             for (name, value) in answer.headers { head.add(name: name, value: value) }
             let hasBody = answer.body.readableBytes > 0
-            channel.write(HTTP2Frame.FramePayload.headers(.init(headers: head, endStream: !hasBody && answer.trailers == nil)), promise: nil)
-            if hasBody { channel.write(HTTP2Frame.FramePayload.data(.init(data: .byteBuffer(answer.body), endStream: answer.trailers == nil)), promise: nil) }
+            // The last frame's write tells whether the answer left (for a failure's message).
+            let sent = channel.eventLoop.makePromise(of: Void.self)
+            sent.futureResult.whenComplete { result in
+                switch result {
+                case .success: fake.note { $0.answersSent += 1 }
+                case .failure(let error): fake.note { $0.answersFailed.append("\(error)") }
+                }
+            }
+            let last = !hasBody && answer.trailers == nil
+            channel.write(HTTP2Frame.FramePayload.headers(.init(headers: head, endStream: last)), promise: last ? sent : nil)
+            if hasBody {
+                channel.write(HTTP2Frame.FramePayload.data(.init(data: .byteBuffer(answer.body), endStream: answer.trailers == nil)),
+                              promise: answer.trailers == nil ? sent : nil)
+            }
             if let trailers = answer.trailers {
                 var fields = HPACKHeaders()
                 for (name, value) in trailers { fields.add(name: name, value: value) }
-                channel.write(HTTP2Frame.FramePayload.headers(.init(headers: fields, endStream: true)), promise: nil)
+                channel.write(HTTP2Frame.FramePayload.headers(.init(headers: fields, endStream: true)), promise: sent)
             }
             channel.flush()
         }
     }
 }
+

@@ -1,0 +1,140 @@
+// The proxy's connection to Fleet Engine: what the server sends the moment it accepts is never
+// lost, a connection the HTTP/2 layer gives up on ends its calls at once, and many calls share one
+// connection.
+
+import _CryptoExtras
+@testable import FleetEngineProxy
+import Foundation
+import Logging
+import NIOCore
+import NIOPosix
+import Synchronization
+import TestSupportKit
+import Testing
+
+@Suite("Fleet Engine proxy: its connection to Fleet Engine", .paced)
+struct UpstreamConnectionTests {
+    /// A fake Fleet Engine trusting a fresh key (these tests' tokens are not JWTs: it answers 401).
+    static func fake(tls pki: TestPKI? = nil) async throws -> FakeFleetEngine {
+        let key = try _RSA.Signing.PrivateKey(keySize: .bits2048)
+        let fake = try FakeFleetEngine(publicKeyPEM: key.publicKey.pemRepresentation)
+        try await fake.start(tls: pki?.server)
+        return fake
+    }
+
+    @Test("the server's first frames, sent before the connection is set up, wait for HTTP/2: the call is answered",
+          arguments: [false, true])
+    func serverSpeaksFirst(tls: Bool) async throws {
+        let pki = tls ? try TestPKI() : nil
+        defer { pki?.removeFiles() }
+        let fake = try await Self.fake(tls: pki)
+        defer { fake.close() }
+        // A loaded event loop sets up HTTP/2 late; the fake's SETTINGS have come by then (seen
+        // in full runs: the agent lost them, its HTTP/2 layer sent GOAWAY, and every call on the
+        // connection waited for its timeout).
+        let upstream = try FleetEngineUpstream(endpoint: try FleetEngineEndpoint(parsing: fake.url), caFile: pki?.caPath,
+                                               logger: Logger(label: "test"), setUpDelay: .milliseconds(300))
+        defer { upstream.close() }
+        for round in 0..<2 {
+            let answer = try await upstream.send(Self.request(.rest, "providers/p/vehicles/v-\(round)"), token: "not-a-jwt", timeout: .seconds(10))
+            #expect(answer.status == 401)
+        }
+        #expect(fake.traffic.connections == 1)
+    }
+
+    @Test("a connection whose HTTP/2 layer fails ends its call at once and is made again for the next")
+    func connectionErrorEndsTheCall() async throws {
+        // A server that skips its SETTINGS preface: a protocol error for the client.
+        let server = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            .childChannelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture { try channel.pipeline.syncOperations.addHandler(SettingsAckFirst()) }
+            }
+            .bind(host: "127.0.0.1", port: 0).get()
+        defer { server.close(promise: nil) }
+        let upstream = try FleetEngineUpstream(endpoint: try FleetEngineEndpoint(parsing: "http://127.0.0.1:\(server.localAddress?.port ?? 0)"),
+                                               caFile: nil, logger: Logger(label: "test"))
+        defer { upstream.close() }
+        for _ in 0..<2 {
+            do {
+                _ = try await upstream.send(Self.request(.rest, "providers/p/vehicles/v"), token: "t", timeout: .seconds(20))
+                Issue.record("a server breaking HTTP/2 answered")
+            } catch {
+                #expect(error != .timeout, "the call waited for its timeout on a connection HTTP/2 had given up on")
+            }
+        }
+        #expect(SettingsAckFirst.accepted.withLock { $0 } >= 2, "the second call did not connect again")
+    }
+
+    @Test("2,000 calls, 100 at a time, on one connection: every one answered", arguments: [ProxyWire.rest, .grpc])
+    func manyConcurrentCalls(wire: ProxyWire) async throws {
+        let fake = try await Self.fake()
+        defer { fake.close() }
+        let upstream = try FleetEngineUpstream(endpoint: try FleetEngineEndpoint(parsing: fake.url), caFile: nil, logger: Logger(label: "test"))
+        defer { upstream.close() }
+        // About the size of a real token: the headers of 100 streams at once are not small.
+        let token = String(repeating: "t", count: 900)
+        let failures = await withTaskGroup(of: String?.self) { group in
+            for worker in 0..<100 {
+                group.addTask {
+                    for round in 0..<20 {
+                        do {
+                            let answer = try await upstream.send(Self.request(wire, "providers/p/vehicles/v-\(worker)-\(round)"),
+                                                                 token: token, timeout: .seconds(30))
+                            if answer.status != (wire == .rest ? 401 : 200) { return "worker \(worker) round \(round): status \(answer.status)" }
+                        } catch {
+                            return "worker \(worker) round \(round): \(error)"
+                        }
+                    }
+                    return nil
+                }
+            }
+            var failures: [String] = []
+            for await failure in group { if let failure { failures.append(failure) } }
+            return failures
+        }
+        #expect(failures.isEmpty, "\(failures.count) workers failed: \(failures.prefix(5)); the fake saw \(fake.traffic)")
+        #expect(fake.traffic.connections == 1)
+    }
+
+    static func request(_ wire: ProxyWire, _ name: String) -> ProxyRequest {
+        switch wire {
+        case .rest:
+            return ProxyRequest(wire: .rest, method: "GET", target: "/v1/\(name)", authority: nil,
+                                headers: [("x-goog-api-client", "test")], body: ByteBuffer())
+        case .grpc:
+            // GetVehicleRequest: field 3 (name), length-delimited; in gRPC's five-byte framing.
+            let bytes = Array(name.utf8)
+            let message: [UInt8] = [0x1A, UInt8(bytes.count)] + bytes
+            var body = ByteBuffer()
+            body.writeInteger(UInt8(0))
+            body.writeInteger(UInt32(message.count))
+            body.writeBytes(message)
+            return ProxyRequest(wire: .grpc, method: "POST", target: "/maps.fleetengine.v1.VehicleService/GetVehicle", authority: nil,
+                                headers: [("content-type", "application/grpc"), ("te", "trailers"),
+                                          ("grpc-timeout", "\(Int.random(in: 50_000...59_999))m"),
+                                          ("x-goog-request-params", "provider_id=providers/p")], body: body)
+        }
+    }
+}
+
+/// Answers whatever a client sends with a SETTINGS acknowledgement and nothing else: no
+/// server preface, which HTTP/2 requires first.
+private final class SettingsAckFirst: ChannelInboundHandler {
+    typealias InboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+
+    static let accepted = Mutex(0)
+    private var answered = false
+
+    func channelActive(context: ChannelHandlerContext) {
+        Self.accepted.withLock { $0 += 1 }
+        context.fireChannelActive()
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        guard !answered else { return }
+        answered = true
+        let ack: [UInt8] = [0, 0, 0, 4, 1, 0, 0, 0, 0]
+        context.writeAndFlush(wrapOutboundOut(context.channel.allocator.buffer(bytes: ack)), promise: nil)
+    }
+}
