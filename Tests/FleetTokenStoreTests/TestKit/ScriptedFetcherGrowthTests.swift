@@ -28,11 +28,19 @@ struct ScriptedFetcherGrowthTests {
             _ = try await Task { try await fetcher.fetchToken(for: key) }.value
             return inside.withLock { $0 } - before
         }
+        // The least of five samples: other tests allocating between a sample's two readings
+        // (seen in a fresh-clone run: 551 KiB) raise one sample, never all five; the wrappers
+        // this looks for raise every late one by megabytes.
+        func least() async throws -> Int {
+            var samples: [Int] = []
+            for _ in 0..<5 { samples.append(try await heldByOneFetch()) }
+            return samples.min() ?? 0
+        }
         for _ in 1..<100 { _ = try await fetcher.fetchToken(for: key) }
-        let early = try await heldByOneFetch()
-        for _ in 101..<4_000 { _ = try await fetcher.fetchToken(for: key) }
-        let late = try await heldByOneFetch()
-        #expect(fetcher.count(key) == 4_000)
+        let early = max(0, try await least())
+        for _ in 105..<4_000 { _ = try await fetcher.fetchToken(for: key) }
+        let late = try await least()
+        #expect(fetcher.count(key) == 4_004)
         // Flat: within 256 KiB (the frames of 4,000 nested wrappers take megabytes).
         #expect(late - early < 256 << 10, "fetch 4,000's task held \(late) bytes when its script ran, fetch 100's \(early)")
     }
