@@ -104,13 +104,8 @@ struct UpstreamConnectionTests {
             return ProxyRequest(wire: .rest, method: "GET", target: "/v1/\(name)", authority: nil,
                                 headers: [("x-goog-api-client", "test")], body: ByteBuffer())
         case .grpc:
-            // GetVehicleRequest: field 3 (name), length-delimited; in gRPC's five-byte framing.
-            let bytes = Array(name.utf8)
-            let message: [UInt8] = [0x1A, UInt8(bytes.count)] + bytes
-            var body = ByteBuffer()
-            body.writeInteger(UInt8(0))
-            body.writeInteger(UInt32(message.count))
-            body.writeBytes(message)
+            // GetVehicleRequest: field 3 is the name.
+            let body = GRPCTestMessage.framed(GRPCTestMessage.string(field: 3, name))
             return ProxyRequest(wire: .grpc, method: "POST", target: "/maps.fleetengine.v1.VehicleService/GetVehicle", authority: nil,
                                 headers: [("content-type", "application/grpc"), ("te", "trailers"),
                                           ("grpc-timeout", "\(Int.random(in: 50_000...59_999))m"),

@@ -180,18 +180,7 @@ package final class FakeFleetEngine: Sendable {
                 return (200, [("content-type", "application/grpc"), ("grpc-status", "\(problem.code)"), ("grpc-message", problem.message)], ByteBuffer(), nil)
             }
             // A message whose field 1 (every Fleet Engine resource's name) is the resource.
-            let name = Array((resource ?? "").utf8)
-            var message: [UInt8] = [0x0A]
-            var length = name.count
-            repeat {
-                message.append(UInt8(length & 0x7F) | (length > 0x7F ? 0x80 : 0))
-                length >>= 7
-            } while length > 0
-            message += name
-            var frame = ByteBuffer()
-            frame.writeInteger(UInt8(0))
-            frame.writeInteger(UInt32(message.count))
-            frame.writeBytes(message)
+            let frame = GRPCTestMessage.framed(GRPCTestMessage.string(field: 1, resource ?? ""))
             return (200, [("content-type", "application/grpc")], frame, [("grpc-status", "0")])
         }
         if let problem {
@@ -255,6 +244,31 @@ package final class FakeFleetEngine: Sendable {
         var base64 = text.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
         while base64.count % 4 != 0 { base64 += "=" }
         return Data(base64Encoded: base64).map(Array.init)
+    }
+}
+
+/// gRPC messages as the tests write them: one length-delimited string field, in gRPC's
+/// five-byte framing.
+package enum GRPCTestMessage {
+    /// Protobuf wire format: field `field` (length-delimited) holding `value`.
+    package static func string(field: Int, _ value: String) -> [UInt8] {
+        let bytes = Array(value.utf8)
+        var message: [UInt8] = [UInt8(field << 3 | 2)]
+        var length = bytes.count
+        repeat {
+            message.append(UInt8(length & 0x7F) | (length > 0x7F ? 0x80 : 0))
+            length >>= 7
+        } while length > 0
+        return message + bytes
+    }
+
+    /// `message` as a gRPC unary body: uncompressed, its length, the message.
+    package static func framed(_ message: [UInt8]) -> ByteBuffer {
+        var frame = ByteBuffer()
+        frame.writeInteger(UInt8(0))
+        frame.writeInteger(UInt32(message.count))
+        frame.writeBytes(message)
+        return frame
     }
 }
 
@@ -336,4 +350,3 @@ private final class FakeStreamHandler: ChannelInboundHandler {
         }
     }
 }
-
