@@ -143,19 +143,19 @@ struct ManualPageTests {
         COMP_WORDS=(token-agent --provider-url ''); COMP_CWORD=2; _token_agent; echo "${#COMPREPLY[@]}"
         """.write(toFile: script, atomically: true, encoding: .utf8)
         let out = try Self.generated.get()
-        let run = try runCapturing(["/bin/bash", script, "\(out)/completions/bash/token-agent"])
+        let run = try await runCapturing(["/bin/bash", script, "\(out)/completions/bash/token-agent"])
         #expect(run.status == 0, "\(run.stderr)")
         #expect(run.stdout == "--log-level\ndebug\n0\n", "\(run.stdout)")
-        #expect(try runCapturing(["/bin/bash", "-n", "\(out)/completions/bash/tokenctl"]).status == 0)
+        #expect(try await runCapturing(["/bin/bash", "-n", "\(out)/completions/bash/tokenctl"]).status == 0)
         // zsh and fish, where installed (not required: CI has neither), parse the scripts, and
         // fish completes a choice's values from its own.
         if let zshShell = executable(["/usr/bin/zsh", "/bin/zsh"]) {
-            #expect(try runCapturing([zshShell, "-n", "\(out)/completions/zsh/_token-agent"]).status == 0)
+            #expect(try await runCapturing([zshShell, "-n", "\(out)/completions/zsh/_token-agent"]).status == 0)
         }
         if let fishShell = executable(["/usr/bin/fish", "/bin/fish"]) {
             let fishFile = "\(out)/completions/fish/token-agent.fish"
-            #expect(try runCapturing([fishShell, "-n", fishFile]).status == 0)
-            let values = try runCapturing([fishShell, "-c", "source \(fishFile); complete -C 'token-agent --log-format '"])
+            #expect(try await runCapturing([fishShell, "-n", fishFile]).status == 0)
+            let values = try await runCapturing([fishShell, "-c", "source \(fishFile); complete -C 'token-agent --log-format '"])
             #expect(values.stdout.split(separator: "\n").map { $0.prefix { $0 != "\t" } } == ["json", "text"], "\(values.stdout)")
         }
         let (zshTokenctl, fishTokenctl) = (try Self.file("completions/zsh/_tokenctl"), try Self.file("completions/fish/tokenctl.fish"))

@@ -30,7 +30,7 @@ struct PostgresBackgroundLogTests {
     @Test("a store opened and used at once logs no request-before-run() warning", .enabled(if: PostgresServer.testsEnabled))
     func noWarningAtOpen() async throws {
         let server = try await PostgresServer.make()
-        defer { try? server.stop() }
+        defer { server.stopInBackground() }
         try await server.createDatabase("quiet")
         var configuration = try PostgresStoreConfiguration(url: server.url(database: "quiet"))
         configuration.environment = ["PGPASSWORD": server.password]

@@ -41,9 +41,9 @@ struct PostgresFrozenHostTests {
     @Test("two hosts, the one in use loses power: calls holding its silent connections move to the other host within seconds, not at their statement timeout")
     func callsLeaveAFrozenHost() async throws {
         let first = try await PostgresServer.make()
-        defer { try? first.stop() }
+        defer { first.stopInBackground() }
         let second = try await PostgresServer.make()
-        defer { try? second.stop() }
+        defer { second.stopInBackground() }
         for server in [first, second] { try await server.createDatabase("frozen") }
         let relay = try FreezingRelay(target: first.port)
         defer { relay.stop() }
@@ -78,7 +78,7 @@ struct PostgresFrozenHostTests {
     @Test("one host, and it loses power: a call holding a silent connection fails as unavailable within seconds, not at its statement timeout")
     func callFailsFastOnAFrozenOnlyHost() async throws {
         let server = try await PostgresServer.make()
-        defer { try? server.stop() }
+        defer { server.stopInBackground() }
         try await server.createDatabase("frozen")
         let relay = try FreezingRelay(target: server.port)
         defer { relay.stop() }

@@ -15,10 +15,10 @@ struct PostgresHostFailoverTests {
     @Test("read-write skips a standby listed first: the store opens on the primary and writes there")
     func standbyListedFirstIsSkipped() async throws {
         let primary = try await PostgresServer.make()
-        defer { try? primary.stop() }
+        defer { primary.stopInBackground() }
         try await primary.createDatabase("hosts")
         let standby = try await primary.makeStandby()
-        defer { try? standby.stop() }
+        defer { standby.stopInBackground() }
         var configuration = try PostgresStoreConfiguration(
             url: "postgres://fleet@127.0.0.1:\(standby.port),127.0.0.1:\(primary.port)/hosts?sslmode=verify-full&sslrootcert=\(primary.caFile)")
         configuration.environment = ["PGPASSWORD": primary.password]
@@ -37,9 +37,9 @@ struct PostgresHostFailoverTests {
     @Test("the host in use turns read-only (a write refused with 25006): the next calls find the writable host and write there, one warning naming both")
     func readOnlyHostIsLeft() async throws {
         let first = try await PostgresServer.make()
-        defer { try? first.stop() }
+        defer { first.stopInBackground() }
         let second = try await PostgresServer.make()
-        defer { try? second.stop() }
+        defer { second.stopInBackground() }
         for server in [first, second] { try await server.createDatabase("moves") }
         // Two clusters, two passwords: a libpq password file with a line per host.
         let scratch = Scratch()

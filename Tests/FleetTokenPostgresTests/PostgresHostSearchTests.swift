@@ -18,7 +18,7 @@ struct PostgresAvailabilityHostSearchTests {
     @Test("the host in use stops and the other host accepts TCP but never answers: calls fail within their connection wait, not after the search")
     func callDoesNotWaitForASlowSearch() async throws {
         let server = try await PostgresServer.make()
-        defer { try? server.stop() }
+        defer { server.stopInBackground() }
         try await server.createDatabase("search")
         let silent = try SilentSocket(listening: true)
         defer { silent.close() }

@@ -223,7 +223,7 @@ struct PostgresFaultTests {
     @Test("the server stopped: tokens are served from memory, a new key is fetched and served, store-degraded is reported; back: store-recovered and the write lands")
     func serverStopsAndReturns() async throws {
         let server = try await PostgresServer.make()
-        defer { try? server.stop() }
+        defer { server.stopInBackground() }
         try await server.createDatabase("faults")
         var configuration = try configuration(server, "faults")
         configuration.connectionWait = .seconds(1)  // the default: an outage is found within it
@@ -364,7 +364,7 @@ struct PostgresTLSTests {
         // Verified against a CA that did not sign the server's certificate.
         let scratch = Scratch()
         let otherCA = scratch.file("other-ca.pem")
-        let made = try runCapturing(["/usr/bin/openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+        let made = try await runCapturing(["/usr/bin/openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
                                      "-nodes", "-keyout", scratch.file("other-ca.key"), "-out", otherCA, "-days", "1",
                                      "-subj", "/CN=another CA"])
         try #require(made.status == 0, "\(made.stderr)")

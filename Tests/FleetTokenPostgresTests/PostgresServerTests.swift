@@ -70,7 +70,7 @@ struct SharedPostgresServerTests {
     func verifyFullChecksTheCA() async throws {
         let (server, database) = try await PostgresServer.makeDatabase()
         let other = try await PostgresServer.make()
-        defer { try? other.stop() }
+        defer { other.stopInBackground() }
         let conninfo = server.conninfo(database: database, sslmode: "verify-full").replacingOccurrences(of: server.caFile, with: other.caFile)
         let failure = #expect(throws: ProcessFailure.self) { try server.psql("SELECT 1", conninfo: conninfo, password: server.password) }
         #expect(failure?.message.contains("certificate verify failed") == true, "\(failure?.message ?? "")")
@@ -82,7 +82,7 @@ struct PrivatePostgresServerTests {
     @Test("restart() comes back on the same port with the data")
     func restartKeepsPortAndData() async throws {
         let server = try await PostgresServer.make()
-        defer { try? server.stop() }
+        defer { server.stopInBackground() }
         _ = try await server.psql("CREATE TABLE kept (x text); INSERT INTO kept VALUES ('still here')")
         let port = server.port
         try await server.restart()
@@ -94,7 +94,7 @@ struct PrivatePostgresServerTests {
     @Test("shutDown(mode: .immediate) then start(): same port, the data recovered")
     func shutDownAndStart() async throws {
         let server = try await PostgresServer.make()
-        defer { try? server.stop() }
+        defer { server.stopInBackground() }
         _ = try await server.psql("CREATE TABLE kept (x int); INSERT INTO kept VALUES (42)")
         try await server.shutDown(mode: .immediate)
         #expect(!server.isRunning)
@@ -112,19 +112,19 @@ struct PrivatePostgresServerTests {
         #expect(fileMode(server.directory) == 0o711)
         #expect(fileMode("\(server.directory)/server.key") == 0o600)
         #expect(acceptsConnections(port: server.port))
-        try server.stop()
+        try await offCooperativePool { try server.stop() }
         #expect(!FileManager.default.fileExists(atPath: server.directory))
         #expect(!acceptsConnections(port: server.port))
-        try server.stop()
+        try await offCooperativePool { try server.stop() }
         #expect(throws: ProcessFailure.self) { try server.start() }
     }
 
     @Test("a cluster whose test process died is stopped and removed by the sweep; live ones are left")
     func abandonedClustersAreSwept() async throws {
         let live = try await PostgresServer.make()
-        defer { try? live.stop() }
+        defer { live.stopInBackground() }
         let abandoned = try await PostgresServer.make()
-        defer { try? abandoned.stop() }
+        defer { abandoned.stopInBackground() }
         // A pid that has exited (a finished child of ours), standing for a crashed test run.
         let child = try ChildProcess("/bin/true", [])
         child.waitUntilExit()

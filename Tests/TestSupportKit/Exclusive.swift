@@ -54,7 +54,10 @@ extension Trait where Self == PacedTrait {
 /// A FIFO async counting gate.
 actor TestGate {
     static let exclusive = TestGate(slots: 1)
-    static let paced = TestGate(slots: pacedWidth)
+    static let paced: TestGate = {
+        CooperativePoolWatchdog.start()
+        return TestGate(slots: pacedWidth)
+    }()
     @TaskLocal static var exclusiveHeld = false
     @TaskLocal static var pacedHeld = false
 

@@ -127,6 +127,25 @@ public final class PostgresServer: Sendable {
         }
     }
 
+    /// ``stop()`` on a thread of its own, not waited for: an async test's `defer` (which cannot
+    /// await) ends its server this way, because `pg_ctl stop` waits for the shutdown checkpoint,
+    /// seconds on a loaded machine, and a cooperative thread blocked that long stalls every test
+    /// of the process. The process's exit waits for these stops (60 s at most); a cluster one
+    /// leaves behind is swept by the next run (``removeAbandonedClusters()``).
+    public func stopInBackground() {
+        Self.backgroundStops.enter()
+        Self.waitForBackgroundStopsAtExit
+        Thread { [self] in
+            try? stop()
+            Self.backgroundStops.leave()
+        }.start()
+    }
+
+    private static let backgroundStops = DispatchGroup()
+    private static let waitForBackgroundStopsAtExit: Void = {
+        atexit { _ = PostgresServer.backgroundStops.wait(timeout: .now() + 60) }
+    }()
+
     // MARK: - Connecting
 
     /// `postgres://fleet@127.0.0.1:PORT/DATABASE?sslmode=…`, with `sslrootcert=` ``caFile`` for

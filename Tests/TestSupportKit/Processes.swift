@@ -190,6 +190,13 @@ public func runCapturing(_ command: [String], timeout: TimeInterval = 30) throws
     return (process.terminationStatus, output.stdout, output.stderr)
 }
 
+/// ``runCapturing(_:timeout:)`` for async code: the command is waited for on a thread of its
+/// own. Two tests blocking a cooperative thread each (a 15 s probe waited for by two child tasks)
+/// stalled every other test of a 2-core machine's process for 14 s.
+public func runCapturing(_ command: [String], timeout: TimeInterval = 30) async throws -> (status: Int32, stdout: String, stderr: String) {
+    try await offCooperativePool { try runCapturing(command, timeout: timeout) }
+}
+
 /// The first of `candidates` that is an executable file.
 public func executable(_ candidates: [String]) -> String? {
     candidates.first { FileManager.default.isExecutableFile(atPath: $0) }
@@ -206,6 +213,12 @@ public func sqlite3(_ path: String, _ sql: String, readOnly: Bool = false) throw
     let result = try runCapturing([sqlite3Path] + (readOnly ? ["-readonly", "-cmd", ".timeout 5000"] : []) + [path, sql], timeout: 60)
     guard result.status == 0 else { throw ProcessFailure(message: "sqlite3 exited with \(result.status): \(result.stderr)") }
     return result.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+}
+
+/// ``sqlite3(_:_:readOnly:)`` for async code, waited for off the cooperative pool (a read-only
+/// shell may wait up to 5 s for a lock).
+public func sqlite3(_ path: String, _ sql: String, readOnly: Bool = false) async throws -> String {
+    try await offCooperativePool { try sqlite3(path, sql, readOnly: readOnly) }
 }
 
 /// Parses `token-agent --once --json` output.

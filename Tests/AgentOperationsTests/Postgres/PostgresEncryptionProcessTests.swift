@@ -22,7 +22,7 @@ struct PostgresEncryptionProcessTests {
     @Test("token-agent --encryption-key-file refreshing 6 s tokens, killed with SIGKILL mid-write 3 times and restarted: after CHECKPOINT no file of the cluster holds an issued token or signature, and every subject has a sealed row that opens to a token the issuer issued")
     func killedAgentLeavesNoPlaintextOnDisk() async throws {
         let server = try await PostgresServer.make()
-        defer { try? server.stop() }
+        defer { server.stopInBackground() }
         let database = "sealed"
         try await server.createDatabase(database)
         let scratch = Scratch()

@@ -19,10 +19,10 @@ struct PostgresFailoverTests {
     @Test("primary crashes, standby promoted: three token-agents on the two-host URL keep serving, find the new primary, resume writes and single flight; tokenctl follows")
     func agentsFollowThePromotion() async throws {
         let primary = try await PostgresServer.make()
-        defer { try? primary.stop() }
+        defer { primary.stopInBackground() }
         try await primary.createDatabase("failover")
         let standby = try await primary.makeStandby()
-        defer { try? standby.stop() }
+        defer { standby.stopInBackground() }
         #expect(try standby.isInRecovery(), "the standby is not in recovery")
 
         let scratch = Scratch()

@@ -402,7 +402,7 @@ struct PostgresReplicaTests {
                     throw error
                 }
             } catch {
-                try? server.stop()
+                server.stopInBackground()
                 throw error
             }
         }
@@ -411,7 +411,7 @@ struct PostgresReplicaTests {
         func stop() {
             for replica in replicas { replica.process.signal(SIGTERM) }
             issuer.process.signal(SIGTERM)
-            try? server.stop()
+            server.stopInBackground()
         }
     }
 

@@ -150,7 +150,7 @@ struct ConcurrencyTests {
         for word in Self.lockWords + ["store-degraded"] {
             #expect(!agentOutput.contains(word), "the agent printed \(word)")
         }
-        #expect(try sqlite3(db, "PRAGMA integrity_check", readOnly: true) == "ok")
+        #expect(try await sqlite3(db, "PRAGMA integrity_check", readOnly: true) == "ok")
         expectStoreModes(db)
 
         agent.signal(SIGTERM)

@@ -55,9 +55,9 @@ struct CrashConsistencyTests {
             // next agent recovers from exactly the WAL the crash left.
             #expect(quarantineFiles(in: scratch.path).isEmpty, "\(context): \(quarantineFiles(in: scratch.path))")
             guard FileManager.default.fileExists(atPath: db) else { continue } // killed before creating it
-            #expect(try sqlite3(db, "PRAGMA integrity_check", readOnly: true) == "ok", "\(context)")
+            #expect(try await sqlite3(db, "PRAGMA integrity_check", readOnly: true) == "ok", "\(context)")
             expectStoreModes(db, requireSideFiles: false)
-            leasesLeftByKills += Int((try? sqlite3(db, "SELECT count(*) FROM refresh_leases", readOnly: true)) ?? "") ?? 0
+            leasesLeftByKills += Int((try? await sqlite3(db, "SELECT count(*) FROM refresh_leases", readOnly: true)) ?? "") ?? 0
 
             // Every token the agent logged as committed is in the store (or a newer one is).
             let lines = committedLines(agent.stdout)
@@ -119,7 +119,7 @@ struct CrashConsistencyTests {
         final.signal(SIGTERM)
         #expect(await final.wait(upTo: 5) == 0, "\(final.stderr.suffix(2000))")
         outputs += final.outputs(labelled: "final agent")
-        #expect(try sqlite3(db, "PRAGMA integrity_check") == "ok")
+        #expect(try await sqlite3(db, "PRAGMA integrity_check") == "ok")
         secrets.remember(tokensOf: try storeSnapshot(db))
         secrets.expectNoLeaks(in: outputs, minimumTokens: 30)
         print("crash consistency: \(rounds) rounds, \(linesLogged) committed lines checked, \(killsBetweenCommitAndLine) kills between a commit and its line, \(leasesLeftByKills) leases left by kills, \(fetchesOnRestart) fetches on restart in \(roundsWithFetches) rounds, \(expiredAtRestart) expired tokens in the store at restart")
@@ -170,7 +170,7 @@ struct CrashConsistencyTests {
         #expect(leased, "\(hanging.stderr.suffix(2000))")
         hanging.signal(SIGKILL)
         #expect(await hanging.wait(upTo: 5) != nil)
-        let holders = try sqlite3(db, "SELECT DISTINCT holder FROM refresh_leases", readOnly: true)
+        let holders = try await sqlite3(db, "SELECT DISTINCT holder FROM refresh_leases", readOnly: true)
         // `<host>/pid-<pid>-<random>@<machine>`: the dead agent's own process named.
         #expect(holders.contains("/pid-\(hanging.pid)-") || holders.hasPrefix("pid-\(hanging.pid)-"), "\(holders)")
 
@@ -180,7 +180,7 @@ struct CrashConsistencyTests {
         let takeOvers = once.stderr.components(separatedBy: "took over the refresh lease of a process that died").count - 1
         #expect(takeOvers == 3, "took over \(takeOvers) of the dead agent's 3 leases: \(once.stderr.suffix(3000))")
         #expect(try onceResults(once.stdout).allSatisfy { $0["source"] == "provider" })
-        #expect(try sqlite3(db, "SELECT count(*) FROM refresh_leases", readOnly: true) == "0")
+        #expect(try await sqlite3(db, "SELECT count(*) FROM refresh_leases", readOnly: true) == "0")
 
         let secrets = SecretScanner()
         var outputs: LabelledOutputs = []

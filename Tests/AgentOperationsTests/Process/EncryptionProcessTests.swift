@@ -130,7 +130,7 @@ struct EncryptionProcessTests {
         issued = try await issuer.issuedTokens()
         expectNoPlaintext(of: issued, inStoreAt: db, extraFiles: moved.map(scratch.file), context: "fresh store, agent killed")
         try expectAllSealed(db, with: key, subjects: subjects.keys, issued: issued, context: "fresh store, agent killed")
-        #expect(try sqlite3(db, "PRAGMA integrity_check", readOnly: true) == "ok")
+        #expect(try await sqlite3(db, "PRAGMA integrity_check", readOnly: true) == "ok")
     }
 
     // MARK: - 3. Refusals
@@ -197,8 +197,8 @@ struct EncryptionProcessTests {
                                                       "--once"] + subjects.arguments, in: scratch)
         try #require(made.status == 0, "\(made.stderr)")
         let before = try StoreFiles(db)
-        let rowsBefore = try sqlite3(db, "SELECT kind, subject_id, token FROM tokens ORDER BY 1, 2", readOnly: true)
-        let dumpBefore = try sqlite3(db, ".dump", readOnly: true)
+        let rowsBefore = try await sqlite3(db, "SELECT kind, subject_id, token FROM tokens ORDER BY 1, 2", readOnly: true)
+        let dumpBefore = try await sqlite3(db, ".dump", readOnly: true)
         let requests = try await issuer.stats().requests
 
         for (keys, message) in [([], "holds 4 token value(s) sealed with encryption key id \(keyA.id), and no encryption key was given"),
@@ -208,7 +208,7 @@ struct EncryptionProcessTests {
                                             + keys.flatMap { ["--encryption-key-file", $0.path] } + subjects.arguments, in: scratch)
             #expect(result.status == 1, "\(context): \(result.stdout) \(result.stderr.suffix(2000))")
             #expect(result.stderr.contains("token store \(db) \(message)"), "\(context): \(result.stderr.suffix(2000))")
-            #expect(try sqlite3(db, "SELECT kind, subject_id, token FROM tokens ORDER BY 1, 2", readOnly: true) == rowsBefore, "\(context): a value changed")
+            #expect(try await sqlite3(db, "SELECT kind, subject_id, token FROM tokens ORDER BY 1, 2", readOnly: true) == rowsBefore, "\(context): a value changed")
             try StoreFiles(db).expectSameContent(as: before, dumpBefore, db: db, context: context)
             #expect(try await issuer.stats().requests == requests, "\(context): the refused agent fetched")
         }
@@ -323,7 +323,7 @@ struct EncryptionProcessTests {
         #expect(await agent.wait(upTo: 10) != nil)
         expectNoPlaintext(of: try await issuer.issuedTokens(), inStoreAt: db, context: "sealed, agent killed")
         try expectAllSealed(db, with: key, subjects: subjects.keys, issued: try await issuer.issuedTokens(), context: "sealed, agent killed")
-        #expect(try sqlite3(db, "PRAGMA integrity_check", readOnly: true) == "ok")
+        #expect(try await sqlite3(db, "PRAGMA integrity_check", readOnly: true) == "ok")
     }
 
     // MARK: - 6. Tampering
@@ -344,14 +344,14 @@ struct EncryptionProcessTests {
 
         // v01's ciphertext altered (one base64 digit of its payload changed); v02's whole value
         // copied onto t01.
-        let altered = try sqlite3(db, "SELECT token FROM tokens WHERE kind = 'vehicle' AND subject_id = 'v01'")
+        let altered = try await sqlite3(db, "SELECT token FROM tokens WHERE kind = 'vehicle' AND subject_id = 'v01'")
         let payloadStart = try #require(altered.range(of: ":", options: .backwards)).upperBound
         let position = altered.index(payloadStart, offsetBy: 20)
         let flipped = altered[position] == "A" ? "B" : "A"
         let tampered = String(altered[..<position]) + flipped + String(altered[altered.index(after: position)...])
-        _ = try sqlite3(db, "UPDATE tokens SET token = '\(tampered)' WHERE kind = 'vehicle' AND subject_id = 'v01'")
-        _ = try sqlite3(db, "UPDATE tokens SET token = (SELECT token FROM tokens WHERE kind = 'vehicle' AND subject_id = 'v02') WHERE kind = 'trip' AND subject_id = 't01'")
-        let moved = try sqlite3(db, "SELECT token FROM tokens WHERE kind = 'trip' AND subject_id = 't01'")
+        _ = try await sqlite3(db, "UPDATE tokens SET token = '\(tampered)' WHERE kind = 'vehicle' AND subject_id = 'v01'")
+        _ = try await sqlite3(db, "UPDATE tokens SET token = (SELECT token FROM tokens WHERE kind = 'vehicle' AND subject_id = 'v02') WHERE kind = 'trip' AND subject_id = 't01'")
+        let moved = try await sqlite3(db, "SELECT token FROM tokens WHERE kind = 'trip' AND subject_id = 't01'")
         #expect(moved.hasPrefix(SealedTokenValue.prefix + key.id))
         // The issuer signs deterministically with whole-second iat: a refetch within the second
         // of the first fetch would return the very same token.
@@ -448,7 +448,7 @@ struct EncryptionProcessTests {
         #expect(stats.stdout.contains("token values    \(subjects.keys.count) sealed with key id \(key.id)\n"), "\(stats.stdout)")
 
         // One value stored as plaintext (a writer without the key): counted apart.
-        _ = try sqlite3(db, "UPDATE tokens SET token = '\(v01)' WHERE kind = 'vehicle' AND subject_id = 'v01'")
+        _ = try await sqlite3(db, "UPDATE tokens SET token = '\(v01)' WHERE kind = 'vehicle' AND subject_id = 'v01'")
         let mixed = try await tokenctl(["--db", db, "stats"], scratch)
         #expect(mixed.stdout.contains("token values    \(subjects.keys.count - 1) sealed with key id \(key.id), 1 not sealed"), "\(mixed.stdout)")
         let mixedJSON = try await tokenctl(["--db", db, "stats", "--json"], scratch)
@@ -545,7 +545,7 @@ struct EncryptionProcessTests {
             sealing agent's lines: \(committedLines(sealing.stdout).filter { $0.key == "vehicle/v01" }.map { "fp=\($0.fingerprint) source=\($0.source)" })
             """)
         if let curl = executable(["/usr/bin/curl", "/usr/local/bin/curl", "/bin/curl"]) {
-            let answer = try runCapturing([curl, "-s", "--unix-socket", socket, "-H", "Fleet-Token-Request: true",
+            let answer = try await runCapturing([curl, "-s", "--unix-socket", socket, "-H", "Fleet-Token-Request: true",
                                            "http://localhost/v1/token/vehicle/v01"])
             let object = (try? jsonObject(answer.stdout)) ?? [:]
             if let token = object["token"] as? String {
@@ -607,7 +607,7 @@ struct EncryptionProcessTests {
             #expect(foreign.isEmpty, "the \(label) agent took up values never issued: \(foreign.map { "\($0.key) fp=\($0.fingerprint) source=\($0.source)" })")
         }
         for (label, socket) in [("old", oldSocket), ("new", newSocket)] {
-            let answer = try runCapturing([curl, "-s", "--unix-socket", socket, "-H", "Fleet-Token-Request: true", "http://localhost/v1/token/vehicle/v01"])
+            let answer = try await runCapturing([curl, "-s", "--unix-socket", socket, "-H", "Fleet-Token-Request: true", "http://localhost/v1/token/vehicle/v01"])
             let token = (try? jsonObject(answer.stdout))?["token"] as? String
             let servedIssued = token.map { issued["vehicle/v01"]?.contains($0) == true } ?? false
             #expect(servedIssued, "the \(label) agent's API did not serve an issued token for vehicle/v01: \(answer.stdout.prefix(200))")

@@ -25,7 +25,7 @@ struct RetentionProcessTests {
             let key = try! TokenKey.trip("finished-\(index)")
             return "('trip', 'finished-\(index)', '\(TestJWT.make(for: key, issuedAt: expiry - 60))', \(expires), \(issued), \(issued))"
         }
-        _ = try sqlite3(db, "INSERT INTO tokens (kind, subject_id, token, expires_at, issued_at, fetched_at) VALUES \(rows.joined(separator: ", "))")
+        _ = try await sqlite3(db, "INSERT INTO tokens (kind, subject_id, token, expires_at, issued_at, fetched_at) VALUES \(rows.joined(separator: ", "))")
         let agent = try AgentFixture.launch(["--db", db, "--provider-url", issuer.template, "--vehicle", "truck-1",
                                                        "--retention", "10s"], in: scratch)
         defer { agent.signal(SIGTERM) }
@@ -44,7 +44,7 @@ struct RetentionProcessTests {
         #expect(gone, "rows eligible since 13 s after start still stored 40 s after it: \(agent.stderr)")
         // Kept until eligible (a bound, with a second for the clocks' grain).
         #expect((goneBy ?? .distantFuture) >= expiry.addingTimeInterval(10 - 1), "deleted before the retention period passed")
-        #expect(try sqlite3(db, "SELECT count(*) FROM tokens WHERE subject_id = 'truck-1' AND token IS NOT NULL") == "1")
+        #expect(try await sqlite3(db, "SELECT count(*) FROM tokens WHERE subject_id = 'truck-1' AND token IS NOT NULL") == "1")
         agent.signal(SIGTERM)
         #expect(await agent.wait(upTo: 10) == 0)
     }

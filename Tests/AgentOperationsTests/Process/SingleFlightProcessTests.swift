@@ -55,8 +55,8 @@ struct SingleFlightProcessTests {
                                                        "--retention", "1h"], in: scratch)
         defer { agent.signal(SIGTERM) }
         #expect(await eventually(within: 30) { (try? sqlite3(db, "SELECT count(*) FROM tokens WHERE subject_id = 'finished-trip'")) == "0" })
-        #expect(try sqlite3(db, "SELECT count(*) FROM tokens WHERE subject_id = 'recent-trip'") == "1")
-        #expect(try sqlite3(db, "SELECT count(*) FROM tokens WHERE subject_id = 'truck-1' AND token IS NOT NULL") == "1")
+        #expect(try await sqlite3(db, "SELECT count(*) FROM tokens WHERE subject_id = 'recent-trip'") == "1")
+        #expect(try await sqlite3(db, "SELECT count(*) FROM tokens WHERE subject_id = 'truck-1' AND token IS NOT NULL") == "1")
         agent.signal(SIGTERM)
         #expect(await agent.wait(upTo: 10) == 0)
     }

@@ -63,7 +63,7 @@ struct StoreFaultTests {
             // The -wal of another token store (other subjects), taken while it held commits.
             let other = scratch.file("other.sqlite")
             secrets.remember(tokensOf: try await soundStore(other, issuer: issuer, subjects: Subjects(vehicles: 4, trips: 1), in: scratch))
-            let copy = try runCapturing([sqlite3Path, other, "PRAGMA wal_autocheckpoint = 0;",
+            let copy = try await runCapturing([sqlite3Path, other, "PRAGMA wal_autocheckpoint = 0;",
                                          "UPDATE tokens SET last_used_at = 1; INSERT INTO refresh_leases VALUES ('vehicle', 'x', 'h', 1, 2);",
                                          ".shell cp '\(other)-wal' '\(db)-wal'"])
             #expect(copy.status == 0, "\(copy.stderr)")
@@ -73,7 +73,7 @@ struct StoreFaultTests {
             let probe = scratch.file("probe.sqlite")
             try FileManager.default.copyItem(atPath: db, toPath: probe)
             try FileManager.default.copyItem(atPath: db + "-wal", toPath: probe + "-wal")
-            #expect((try? sqlite3(probe, "PRAGMA integrity_check")) != "ok", "the foreign WAL happened to fit; the case tests nothing")
+            #expect((try? await sqlite3(probe, "PRAGMA integrity_check")) != "ok", "the foreign WAL happened to fit; the case tests nothing")
         }
         let damaged = try Data(contentsOf: URL(fileURLWithPath: db))
 
@@ -91,7 +91,7 @@ struct StoreFaultTests {
             let keptWAL = try? Data(contentsOf: URL(fileURLWithPath: scratch.file(main + "-wal")))
             #expect(keptWAL == expectedWAL, "\(damage): the foreign -wal was not kept with it")
         }
-        #expect(try sqlite3(db, "PRAGMA integrity_check", readOnly: true) == "ok")
+        #expect(try await sqlite3(db, "PRAGMA integrity_check", readOnly: true) == "ok")
         let rows = try storeSnapshot(db)
         secrets.remember(tokensOf: rows)
         expectCommittedTokensStored(lastCommitted(committedLines(agent.stdout)), rows, context: "\(damage)")
@@ -260,7 +260,7 @@ struct StoreFaultTests {
             #expect(degraded < recovered)
             #expect(!lines[degraded..<recovered].contains { $0.contains(" refreshed ") }, "a refresh was reported as committed while the disk was full")
         }
-        let check = try runCapturing(nsenter + [sqlite3Path, "-readonly", db, "PRAGMA integrity_check"])
+        let check = try await runCapturing(nsenter + [sqlite3Path, "-readonly", db, "PRAGMA integrity_check"])
         #expect(check.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "ok", "\(check.stdout) \(check.stderr)")
         let rows = try storeSnapshot(db, via: nsenter)
         secrets.remember(tokensOf: rows)

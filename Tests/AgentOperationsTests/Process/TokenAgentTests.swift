@@ -21,9 +21,9 @@ struct TokenAgentTests {
         agent.signal(SIGTERM)
         let status = await agent.wait(upTo: 5)
         #expect(status == 0, "stderr: \(agent.stderr)")
-        #expect(try sqlite3(db, "PRAGMA integrity_check") == "ok")
+        #expect(try await sqlite3(db, "PRAGMA integrity_check") == "ok")
         // No token value on any output.
-        let tokens = try sqlite3(db, "SELECT token FROM tokens").split(separator: "\n")
+        let tokens = try await sqlite3(db, "SELECT token FROM tokens").split(separator: "\n")
         for token in tokens { #expect(!agent.stdout.contains(token) && !agent.stderr.contains(token)) }
     }
 
@@ -88,7 +88,7 @@ struct TokenAgentTests {
         let result = try await AgentFixture.run(["--provider-url", issuer.template, "--vehicle", "v", "--once"],
                                         environment: ["TOKEN_STORE_DB": db], in: scratch)
         #expect(result.status == 0, "\(result.stderr)")
-        #expect(try sqlite3(db, "SELECT subject_id FROM tokens") == "v")
+        #expect(try await sqlite3(db, "SELECT subject_id FROM tokens") == "v")
     }
 
     @Test("kill -9 of a long-lived agent, then a restart reuses every stored token and the store is sound")
@@ -101,7 +101,7 @@ struct TokenAgentTests {
         #expect(await eventually(within: 30) { (try? sqlite3(db, "SELECT count(*) FROM tokens WHERE token IS NOT NULL")) == "6" })
         agent.signal(SIGKILL)
         _ = await agent.wait(upTo: 5)
-        #expect(try sqlite3(db, "PRAGMA integrity_check") == "ok")
+        #expect(try await sqlite3(db, "PRAGMA integrity_check") == "ok")
         let issued = try await issuer.stats().issued
 
         let again = try await AgentFixture.run(["--db", db, "--provider-url", issuer.template, "--once", "--json"] + subjects, in: scratch)
@@ -121,7 +121,7 @@ struct TokenAgentTests {
                 "--expiration-format", told, "--trip", "t", "--once", "--json",
             ], in: scratch)
             #expect(result.status == 0, "\(format) as \(told): \(result.stderr)")
-            let stored = try sqlite3(db, "SELECT expires_at - issued_at FROM tokens")
+            let stored = try await sqlite3(db, "SELECT expires_at - issued_at FROM tokens")
             #expect(Double(stored).map { abs($0 - 1800) < 2 } == true, "\(format) as \(told): lifetime \(stored)")
         }
     }
@@ -149,8 +149,8 @@ struct TokenAgentTests {
         #expect(result.status == 1)
         #expect(result.stderr.contains("vehicle/v1"), "\(result.stderr)")
         #expect(result.stderr.contains(message), "\(result.stderr)")
-        #expect(try sqlite3(db, "SELECT count(*) FROM tokens WHERE token IS NOT NULL") == "0")
-        #expect(try sqlite3(db, "SELECT failure_count FROM tokens") == "1")
+        #expect(try await sqlite3(db, "SELECT count(*) FROM tokens WHERE token IS NOT NULL") == "0")
+        #expect(try await sqlite3(db, "SELECT failure_count FROM tokens") == "1")
     }
 
     @Test("an unreachable provider is reported, and retried only after the persisted backoff")

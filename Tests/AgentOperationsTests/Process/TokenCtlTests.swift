@@ -66,11 +66,11 @@ struct TokenCtlTests {
     func invalidIDs(arguments: [String], message: String) async throws {
         let scratch = Scratch()
         let (path, _) = try await seededStore(scratch)
-        let before = try sqlite3(path, "SELECT count(*) FROM tokens")
+        let before = try await sqlite3(path, "SELECT count(*) FROM tokens")
         let result = try await tokenctl(["--db", path] + arguments, scratch)
         #expect(result.status == 64, "\(arguments): \(result.stdout) \(result.stderr)")
         #expect(result.stderr.contains(message), "\(result.stderr)")
-        #expect(try sqlite3(path, "SELECT count(*) FROM tokens") == before)
+        #expect(try await sqlite3(path, "SELECT count(*) FROM tokens") == before)
     }
 
     // Issue 12 item 12: `check` judged the link's own mode (777) and failed for that, while the
@@ -197,10 +197,10 @@ struct TokenCtlTests {
         #expect(try JSONSerialization.jsonObject(with: Data(dry.stdout.utf8)) as? [String: Int] == ["matched": 3, "purged": 0])
 
         // v-old's provider is failing: a purge removes its token but keeps its backoff.
-        _ = try sqlite3(path, "UPDATE tokens SET failure_count = 2, next_attempt_at = unixepoch() + 300, last_error_kind = 'timeout', last_failure_at = unixepoch() WHERE subject_id = 'v-old'")
+        _ = try await sqlite3(path, "UPDATE tokens SET failure_count = 2, next_attempt_at = unixepoch() + 300, last_error_kind = 'timeout', last_failure_at = unixepoch() WHERE subject_id = 'v-old'")
         let expired = try await tokenctl(["--db", path, "purge", "--expired"], scratch)
         #expect(expired.stdout.contains("purged 1 entry"))
-        #expect(try sqlite3(path, "SELECT token IS NULL, failure_count FROM tokens WHERE subject_id = 'v-old'") == "1|2")
+        #expect(try await sqlite3(path, "SELECT token IS NULL, failure_count FROM tokens WHERE subject_id = 'v-old'") == "1|2")
         let vehicle = try await tokenctl(["--db", path, "purge", "--vehicle", "v-1", "--json"], scratch)
         #expect(try JSONSerialization.jsonObject(with: Data(vehicle.stdout.utf8)) as? [String: Int] == ["matched": 1, "purged": 1])
         let trip = try await tokenctl(["--db", path, "purge", "--trip", "t-1"], scratch)
@@ -209,15 +209,15 @@ struct TokenCtlTests {
         let refused = try await tokenctl(["--db", path, "purge", "--all"], scratch)
         #expect(refused.status == 1)
         #expect(refused.stderr.contains("--yes"))
-        #expect(try sqlite3(path, "SELECT count(*) FROM tokens") == "3")
+        #expect(try await sqlite3(path, "SELECT count(*) FROM tokens") == "3")
         let all = try await tokenctl(["--db", path, "purge", "--all", "--yes"], scratch)
         #expect(all.stdout.contains("purged 1 entry"))
-        #expect(try sqlite3(path, "SELECT subject_id FROM tokens ORDER BY subject_id") == "t-failing\nv-old")
+        #expect(try await sqlite3(path, "SELECT subject_id FROM tokens ORDER BY subject_id") == "t-failing\nv-old")
         let dryFailures = try await tokenctl(["--db", path, "purge", "--all", "--include-failures", "--dry-run", "--json"], scratch)
         #expect(try JSONSerialization.jsonObject(with: Data(dryFailures.stdout.utf8)) as? [String: Int] == ["matched": 2, "purged": 0])
         let failures = try await tokenctl(["--db", path, "purge", "--all", "--yes", "--include-failures"], scratch)
         #expect(failures.stdout.contains("purged 2 entries"))
-        #expect(try sqlite3(path, "SELECT count(*) FROM tokens") == "0")
+        #expect(try await sqlite3(path, "SELECT count(*) FROM tokens") == "0")
     }
 
     @Test("Deliveries kinds: list --kind and purge --delivery-vehicle/--task touch only their own kind")
@@ -242,7 +242,7 @@ struct TokenCtlTests {
         #expect(try JSONSerialization.jsonObject(with: Data(delivery.stdout.utf8)) as? [String: Int] == ["matched": 1, "purged": 1])
         let task = try await tokenctl(["--db", path, "purge", "--task", "d-1"], scratch)
         #expect(task.stdout.contains("purged 1 entry"), "\(task.stderr)")
-        #expect(try sqlite3(path, "SELECT kind || '/' || subject_id FROM tokens WHERE token IS NOT NULL ORDER BY kind, subject_id")
+        #expect(try await sqlite3(path, "SELECT kind || '/' || subject_id FROM tokens WHERE token IS NOT NULL ORDER BY kind, subject_id")
                 == "task/t-2\ntrip/d-1\nvehicle/d-1")
 
         let both = try await tokenctl(["--db", path, "purge", "--task", "t-2", "--delivery-vehicle", "x"], scratch)
@@ -273,7 +273,7 @@ struct TokenCtlTests {
         #expect(loose.stdout.contains("chmod 600"))
         chmod(path, 0o600)
 
-        _ = try sqlite3(path, "INSERT INTO grdb_migrations VALUES ('V0042__future')")
+        _ = try await sqlite3(path, "INSERT INTO grdb_migrations VALUES ('V0042__future')")
         let newer = try await tokenctl(["--db", path, "check"], scratch)
         #expect(newer.status == 1)
         let text = newer.stdout + newer.stderr

@@ -25,14 +25,14 @@ struct AgentFixedConfigurationTests {
             #expect(refused.status == 1)
             #expect(refused.stderr.contains("TLS certificate problem"), "\(refused.stderr)")
             // The refused run's backoff is stored and still runs (30 s for a certificate error).
-            #expect(try sqlite3(db, "SELECT failure_count FROM tokens WHERE subject_id = 'v-tls'") == "1")
-            #expect(try sqlite3(db, "SELECT next_attempt_at > (julianday('now') - 2440587.5) * 86400 + 5 FROM tokens WHERE subject_id = 'v-tls'") == "1")
+            #expect(try await sqlite3(db, "SELECT failure_count FROM tokens WHERE subject_id = 'v-tls'") == "1")
+            #expect(try await sqlite3(db, "SELECT next_attempt_at > (julianday('now') - 2440587.5) * 86400 + 5 FROM tokens WHERE subject_id = 'v-tls'") == "1")
 
             let trusted = try await AgentFixture.runDirect(base + ["--ca-file", pki.caPath, "--json"], scratch)
             #expect(trusted.status == 0, "the fixed configuration was not tried: \(trusted.stderr)")
             #expect(try onceResults(trusted.stdout).map { $0["source"] } == ["provider"])
             #expect(server.requests.count == 1)
-            #expect(try sqlite3(db, "SELECT failure_count FROM tokens WHERE subject_id = 'v-tls'") == "0")
+            #expect(try await sqlite3(db, "SELECT failure_count FROM tokens WHERE subject_id = 'v-tls'") == "0")
         }
     }
 
@@ -50,7 +50,7 @@ struct AgentFixedConfigurationTests {
             let refused = try await AgentFixture.runDirect(base, scratch)
             #expect(refused.status == 1)
             #expect(refused.stderr.contains("--client-cert"), "\(refused.stderr)")
-            #expect(try sqlite3(db, "SELECT failure_count FROM tokens WHERE subject_id = 'v-tls'") == "1")
+            #expect(try await sqlite3(db, "SELECT failure_count FROM tokens WHERE subject_id = 'v-tls'") == "1")
 
             let accepted = try await AgentFixture.runDirect(base + ["--client-cert", client.chainPath, "--client-key", client.keyPath], scratch)
             #expect(accepted.status == 0, "the fixed configuration was not tried: \(accepted.stderr)")
@@ -94,7 +94,7 @@ struct AgentFixedConfigurationTests {
             #expect(failed["attempt"] == "earlier")
             #expect(failed["error_kind"] == "tlsCertificate")
             #expect(failed["retry_now"] == retry)
-            let stored = try sqlite3(db, "SELECT last_failure_at || ' ' || next_attempt_at FROM tokens WHERE subject_id = 'v-tls'")
+            let stored = try await sqlite3(db, "SELECT last_failure_at || ' ' || next_attempt_at FROM tokens WHERE subject_id = 'v-tls'")
                 .split(separator: " ").compactMap { Double($0) }
             let failedAt = try #require(failed["failed_at"].flatMap { try? Date($0, strategy: .iso8601) })
             let nextAttempt = try #require(failed["next_attempt_at"].flatMap { try? Date($0, strategy: .iso8601) })

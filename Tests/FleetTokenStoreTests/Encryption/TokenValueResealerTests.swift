@@ -28,7 +28,7 @@ struct TokenValueResealerTests {
         defer { store.close() }
         let key = TokenEncryptionKey.random()
         try await EncryptedTokenRepository(base: store, keyring: TokenKeyring(primary: key), logger: log.logger).upsert(keys(3).map(stored))
-        let before = try sqlite3(path, "SELECT group_concat(token, '|') FROM tokens")
+        let before = try await sqlite3(path, "SELECT group_concat(token, '|') FROM tokens")
 
         for keyring in [nil, TokenKeyring(primary: .random())] {
             let error = await #expect(throws: TokenStoreError.self) {
@@ -37,7 +37,7 @@ struct TokenValueResealerTests {
             #expect(error?.code == .encryptionKeyMissing && error?.keyIDs == [key.id] && error?.valueCount == 3)
             #expect(error?.description.contains(key.id) == true && error?.description.contains("no token in the store was changed") == true)
         }
-        #expect(try sqlite3(path, "SELECT group_concat(token, '|') FROM tokens") == before)
+        #expect(try await sqlite3(path, "SELECT group_concat(token, '|') FROM tokens") == before)
         // The key itself, or the key among others, opens it.
         try await TokenValueResealer(store: store, logger: log.logger).prepare(keyring: TokenKeyring(primary: .random(), others: [key]))
     }

@@ -80,8 +80,8 @@ struct CrossProcessTests {
         let work = Task { await store.runBackgroundWork() }
         defer { work.cancel() }
 
-        _ = try sqlite3(path, "DELETE FROM tokens WHERE kind = 'trip' AND subject_id = 'a'")
-        _ = try sqlite3(path, "UPDATE tokens SET token = 'replaced.by.shell', expires_at = expires_at + 1 WHERE subject_id = 'b'")
+        _ = try await sqlite3(path, "DELETE FROM tokens WHERE kind = 'trip' AND subject_id = 'a'")
+        _ = try await sqlite3(path, "UPDATE tokens SET token = 'replaced.by.shell', expires_at = expires_at + 1 WHERE subject_id = 'b'")
         #expect(await store.deliversWithinOneSecond(feedClock) {
             recorder.elements.contains(.removed(try! .trip("a"))) && recorder.elements.contains(.upserted(try! .trip("b")))
         })
@@ -104,7 +104,7 @@ struct CrossProcessTests {
         #expect(await store.closeReturns(within: 30), "close() waited for the reader's lock")
         #expect(log.messages(at: .warning).isEmpty, "\(log.messages(at: .warning))")
         _ = try shell.execute("COMMIT;")
-        #expect(try sqlite3(path, "SELECT count(*) FROM tokens") == "2")
+        #expect(try await sqlite3(path, "SELECT count(*) FROM tokens") == "2")
     }
 
     @Test("a write waits for another process's lock, and fails as busy only past the timeout")

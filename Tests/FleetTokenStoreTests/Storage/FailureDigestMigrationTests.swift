@@ -33,13 +33,13 @@ struct FailureDigestMigrationTests {
         let stored = token(held, expiresIn: 600)
         let (now, expires, issued) = (referenceNow.timeIntervalSince1970, stored.expiresAt.timeIntervalSince1970,
                                       stored.fetchedAt.timeIntervalSince1970)
-        _ = try sqlite3(path, """
+        _ = try await sqlite3(path, """
             INSERT INTO tokens (kind, subject_id, failure_count, next_attempt_at, last_error_kind, last_error_message, last_failure_at)
             VALUES ('vehicle', 'v-tls', 2, \(now + 30), 'tlsCertificate', 'TLS certificate problem', \(now));
             INSERT INTO tokens (kind, subject_id, token, expires_at, issued_at, fetched_at)
             VALUES ('vehicle', 'held', '\(stored.value)', \(expires), \(issued), \(issued));
             """)
-        #expect(try sqlite3(path, "SELECT count(*) FROM pragma_table_info('tokens') WHERE name = 'failure_config_digest'") == "0")
+        #expect(try await sqlite3(path, "SELECT count(*) FROM pragma_table_info('tokens') WHERE name = 'failure_config_digest'") == "0")
 
         let store = try openStore(path)
         defer { store.close() }
@@ -61,10 +61,10 @@ struct FailureDigestMigrationTests {
         let store = try openStore(path)
         try await store.upsert(token(try .trip("t1"), expiresIn: 600))
         store.close()
-        _ = try sqlite3(path, "PRAGMA wal_checkpoint(TRUNCATE)")
-        let before = try sqlite3(path, "SELECT group_concat(identifier) FROM grdb_migrations; SELECT count(*) FROM tokens;")
+        _ = try await sqlite3(path, "PRAGMA wal_checkpoint(TRUNCATE)")
+        let before = try await sqlite3(path, "SELECT group_concat(identifier) FROM grdb_migrations; SELECT count(*) FROM tokens;")
         let error = #expect(throws: TokenStoreError.self) { try openBeforeDigest(path) }
         #expect(error == .storeNewerThanBuild(path: path, storeVersion: 4, buildVersion: 3))
-        #expect(try sqlite3(path, "SELECT group_concat(identifier) FROM grdb_migrations; SELECT count(*) FROM tokens;") == before)
+        #expect(try await sqlite3(path, "SELECT group_concat(identifier) FROM grdb_migrations; SELECT count(*) FROM tokens;") == before)
     }
 }

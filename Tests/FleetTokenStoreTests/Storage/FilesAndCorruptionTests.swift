@@ -144,7 +144,7 @@ struct FilesAndCorruptionTests {
         try await store.upsert(token(try .trip("after"), expiresIn: 600))
         #expect(try await store.entry(for: try .trip("after")) != nil)
         store.close()
-        #expect(try sqlite3(path, "PRAGMA integrity_check") == "ok")
+        #expect(try await sqlite3(path, "PRAGMA integrity_check") == "ok")
     }
 
     @Test("read-only and admin opens report corruption and change nothing", arguments: Damage.allCases)
@@ -196,7 +196,7 @@ struct FilesAndCorruptionTests {
         #expect(await kept.deferredCheckFinding() == nil)
         #expect(kept.backgroundCheckHasRun)
         kept.close()
-        #expect(try sqlite3(path, "PRAGMA integrity_check") == "ok")
+        #expect(try await sqlite3(path, "PRAGMA integrity_check") == "ok")
     }
 
     // Cancelling the store's work is not closing the store: a check cut short by a cancelled

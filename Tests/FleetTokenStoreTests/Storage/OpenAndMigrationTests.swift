@@ -49,14 +49,14 @@ struct OpenAndMigrationTests {
         try await first.upsert(token(try .vehicle("v1"), expiresIn: 600))
         first.close()
         // (Bytes are not compared: GRDB writes an empty transaction into a fresh WAL on open.)
-        let dump = try sqlite3(path, "SELECT group_concat(identifier) FROM grdb_migrations; SELECT sql FROM sqlite_master ORDER BY name; SELECT * FROM tokens;")
+        let dump = try await sqlite3(path, "SELECT group_concat(identifier) FROM grdb_migrations; SELECT sql FROM sqlite_master ORDER BY name; SELECT * FROM tokens;")
 
         let second = try openStore(path)
         #expect(second.openReport.schemaVersionBefore == EmbeddedMigrations.latestVersion)
         #expect(!second.openReport.created)
         #expect(try await second.entry(for: try .vehicle("v1"))?.token != nil)
         second.close()
-        #expect(try sqlite3(path, "SELECT group_concat(identifier) FROM grdb_migrations; SELECT sql FROM sqlite_master ORDER BY name; SELECT * FROM tokens;") == dump)
+        #expect(try await sqlite3(path, "SELECT group_concat(identifier) FROM grdb_migrations; SELECT sql FROM sqlite_master ORDER BY name; SELECT * FROM tokens;") == dump)
     }
 
     @Test("a store made by the first schema is upgraded and keeps its entries")
@@ -91,7 +91,7 @@ struct OpenAndMigrationTests {
         let store = try openStore(path)
         try await store.upsert(token(try .trip("t1"), expiresIn: 600))
         store.close()
-        _ = try sqlite3(path, "INSERT INTO grdb_migrations VALUES ('V0099__from_the_future'); PRAGMA wal_checkpoint(TRUNCATE);")
+        _ = try await sqlite3(path, "INSERT INTO grdb_migrations VALUES ('V0099__from_the_future'); PRAGMA wal_checkpoint(TRUNCATE);")
         let before = sha256(ofFile: path)
         let filesBefore = dir.contents
 
@@ -104,10 +104,10 @@ struct OpenAndMigrationTests {
         }
         #expect(sha256(ofFile: path) == before)
         // Nothing was written to the WAL for a later checkpoint to fold in either.
-        #expect(try sqlite3(path, "PRAGMA integrity_check") == "ok")
+        #expect(try await sqlite3(path, "PRAGMA integrity_check") == "ok")
         #expect(sha256(ofFile: path) == before)
         #expect(dir.contents.filter { !$0.hasSuffix("-shm") && !$0.hasSuffix("-wal") } == filesBefore.filter { !$0.hasSuffix("-shm") && !$0.hasSuffix("-wal") })
-        #expect(try sqlite3(path, "SELECT count(*) FROM tokens") == "1")
+        #expect(try await sqlite3(path, "SELECT count(*) FROM tokens") == "1")
     }
 
     @Test("a failing migration rolls back whole and leaves the previous schema usable")
@@ -134,9 +134,9 @@ struct OpenAndMigrationTests {
         }
         #expect(identifier == "V0005__broken")
         #expect(reason.contains("table_that_does_not_exist"))
-        #expect(try sqlite3(path, "SELECT count(*) FROM sqlite_master WHERE name = 'half_done'") == "0")
-        #expect(try sqlite3(path, "SELECT count(*) FROM pragma_table_info('tokens') WHERE name = 'extra'") == "0")
-        #expect(try sqlite3(path, "SELECT group_concat(identifier, ',') FROM grdb_migrations ORDER BY identifier")
+        #expect(try await sqlite3(path, "SELECT count(*) FROM sqlite_master WHERE name = 'half_done'") == "0")
+        #expect(try await sqlite3(path, "SELECT count(*) FROM pragma_table_info('tokens') WHERE name = 'extra'") == "0")
+        #expect(try await sqlite3(path, "SELECT group_concat(identifier, ',') FROM grdb_migrations ORDER BY identifier")
                 == EmbeddedMigrations.all.map(\.identifier).joined(separator: ","))
 
         let reopened = try openStore(path)
@@ -161,8 +161,8 @@ struct OpenAndMigrationTests {
             return try await group.reduce(into: [Int]()) { $0.append($1) }
         }
         #expect(versions == Array(repeating: EmbeddedMigrations.latestVersion, count: 6))
-        #expect(try sqlite3(path, "SELECT count(*) FROM grdb_migrations") == "\(EmbeddedMigrations.latestVersion)")
-        #expect(try sqlite3(path, "SELECT count(*) FROM tokens") == "2")
+        #expect(try await sqlite3(path, "SELECT count(*) FROM grdb_migrations") == "\(EmbeddedMigrations.latestVersion)")
+        #expect(try await sqlite3(path, "SELECT count(*) FROM tokens") == "2")
     }
 
     @Test("several openers making one new store at once: one makes it, all open it, one token written by each is there; no private file is left")
@@ -181,8 +181,8 @@ struct OpenAndMigrationTests {
             return try await group.reduce(into: [Bool]()) { $0.append($1) }
         }
         #expect(created.filter { $0 }.count == 1, "\(created)")
-        #expect(try sqlite3(path, "SELECT count(*) FROM tokens") == "6")
-        #expect(try sqlite3(path, "SELECT count(*) FROM grdb_migrations") == "\(EmbeddedMigrations.latestVersion)")
+        #expect(try await sqlite3(path, "SELECT count(*) FROM tokens") == "6")
+        #expect(try await sqlite3(path, "SELECT count(*) FROM grdb_migrations") == "\(EmbeddedMigrations.latestVersion)")
         let names = try FileManager.default.contentsOfDirectory(atPath: dir.path)
         #expect(!names.contains { $0.contains(".new-") }, "\(names)")
     }

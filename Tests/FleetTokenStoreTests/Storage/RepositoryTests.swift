@@ -70,10 +70,10 @@ struct RepositoryTests {
     @Test("stock sqlite3 reads the store and finds it sound")
     func stockSQLiteReads() async throws {
         let store = try await seeded()
-        #expect(try sqlite3(path, "PRAGMA integrity_check") == "ok")
-        #expect(try sqlite3(path, "SELECT count(*) FROM tokens WHERE token IS NOT NULL") == "8")
+        #expect(try await sqlite3(path, "PRAGMA integrity_check") == "ok")
+        #expect(try await sqlite3(path, "SELECT count(*) FROM tokens WHERE token IS NOT NULL") == "8")
         store.close()
-        #expect(try sqlite3(path, "PRAGMA integrity_check") == "ok")
+        #expect(try await sqlite3(path, "PRAGMA integrity_check") == "ok")
     }
 
     @Test("a full disk fails the write whole with diskFull")

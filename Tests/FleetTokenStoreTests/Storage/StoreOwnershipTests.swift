@@ -107,7 +107,7 @@ struct StoreOwnershipTests {
         #expect(!FileManager.default.fileExists(atPath: link + "-wal"))
         store.close()
         #expect(StoreFiles.isSymbolicLink(link))
-        #expect(try sqlite3(target, "SELECT count(*) FROM tokens") == "2")
+        #expect(try await sqlite3(target, "SELECT count(*) FROM tokens") == "2")
 
         if Self.canChown {
             #expect(chown(target, Self.otherUser, gid_t(Self.otherUser)) == 0)

@@ -42,7 +42,7 @@ struct WriterStatementsTests {
         // Another process (a stock sqlite3 shell), and a write of this connection that
         // bypasses the inline path, must not be mistaken for no change either.
         try await store.upsert(token(try .vehicle("own-3"), expiresIn: 600))
-        _ = try sqlite3(path, "UPDATE tokens SET token = 'by.shell', expires_at = expires_at + 1 WHERE subject_id = 'own-1'")
+        _ = try await sqlite3(path, "UPDATE tokens SET token = 'by.shell', expires_at = expires_at + 1 WHERE subject_id = 'own-1'")
         let afterShell = try sequenceAtStart(store)
         #expect(afterShell.remembered == afterShell.actual)
         try await store.upsert(token(try .vehicle("own-4"), expiresIn: 600))
@@ -62,6 +62,6 @@ struct WriterStatementsTests {
         store.close()
         #expect(log.messages(at: .warning).isEmpty, "\(log.messages(at: .warning))")
         await #expect(throws: TokenStoreError.self) { try await store.upsert(token(try .vehicle("x"), expiresIn: 600)) }
-        #expect(try sqlite3(path, "SELECT count(*) FROM tokens") == "2")
+        #expect(try await sqlite3(path, "SELECT count(*) FROM tokens") == "2")
     }
 }

@@ -15,13 +15,13 @@ struct CrossProcessEngineTests {
         let probe = productsDirectory.appendingPathComponent("token-engine-probe").path
         #expect(FileManager.default.isExecutableFile(atPath: probe))
 
-        async let first = Task.detached { try runCapturing([probe, store, "vehicle", "shared-1", fetchLog, "15000"], timeout: 60) }.value
+        async let first = runCapturing([probe, store, "vehicle", "shared-1", fetchLog, "15000"], timeout: 60)
         // The second starts once the first's fetch has begun; the first holds it for 15 s, so the
         // second meets its lease even when starting a process takes seconds on a loaded machine.
         #expect(await eventually(within: 60) {
             ((try? String(contentsOfFile: fetchLog, encoding: .utf8)) ?? "").contains("shared-1")
         })
-        async let second = Task.detached { try runCapturing([probe, store, "vehicle", "shared-1", fetchLog, "15000"], timeout: 60) }.value
+        async let second = runCapturing([probe, store, "vehicle", "shared-1", fetchLog, "15000"], timeout: 60)
         let (a, b) = try await (first, second)
         #expect(a.status == 0, "\(a.stderr)")
         #expect(b.status == 0, "\(b.stderr)")
@@ -43,14 +43,14 @@ struct CrossProcessEngineTests {
             FileManager.default.createFile(atPath: fetchLog, contents: nil)
             let results = try await withThrowingTaskGroup(of: (status: Int32, stdout: String, stderr: String).self) { group in
                 for index in 0..<6 {
-                    group.addTask { try await Task.detached { try runCapturing([probe, store, "vehicle", "v\(index)", fetchLog, "10"], timeout: 60) }.value }
+                    group.addTask { try await runCapturing([probe, store, "vehicle", "v\(index)", fetchLog, "10"], timeout: 60) }
                 }
                 return try await group.reduce(into: []) { $0.append($1) }
             }
             for result in results {
                 #expect(result.status == 0, "round \(round): \(result.stderr)")
             }
-            #expect(try sqlite3(store, "SELECT count(*) FROM tokens") == "6", "round \(round)")
+            #expect(try await sqlite3(store, "SELECT count(*) FROM tokens") == "6", "round \(round)")
         }
     }
 }

@@ -293,7 +293,7 @@ final class UptimeRun: Sendable {
     }
 
     private func sample(day: Int, trackedKeys: [TokenKey]) async throws -> UptimeReport.DailySample {
-        let counts = try sqlite3(dir.file("tokens.sqlite"),
+        let counts = try await sqlite3(dir.file("tokens.sqlite"),
                                  "SELECT (SELECT count(*) FROM tokens), (SELECT count(*) FROM refresh_leases)", readOnly: true)
             .split(separator: "|").map { Int($0) ?? -1 }
         // Trips whose rows the retention keeps: their last token died less than a retention

@@ -152,9 +152,7 @@ struct StoreLockTests {
         let probe = productsDirectory.appendingPathComponent("token-engine-probe").path
         let ready = dir.file("ready"), go = dir.file("go")
         let window = 3000
-        async let measured = Task.detached {
-            try runCapturing([probe, "idle-while-blocked", path, ready, go, "\(window)"], timeout: 60)
-        }.value
+        async let measured = runCapturing([probe, "idle-while-blocked", path, ready, go, "\(window)"], timeout: 60)
         #expect(await eventually(within: 30) { FileManager.default.fileExists(atPath: ready) })
         let shell = try SQLiteShell(path: path)
         defer { shell.quit() }
