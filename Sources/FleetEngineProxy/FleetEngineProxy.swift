@@ -9,7 +9,7 @@ import FleetTokenStore
 import Foundation
 public import Logging
 public import CoreMetrics
-import NIOCore
+package import NIOCore
 
 /// Puts the right token on each Fleet Engine call and sends it on.
 ///
@@ -73,19 +73,98 @@ public struct FleetEngineProxy: Sendable {
         var retried = false
     }
 
+    /// A call whose rules passed: what it is, whose token it needs, how long it may wait.
+    struct PreparedCall: Sendable {
+        let call: FleetEngineCall
+        let key: TokenKey
+        let timeout: TimeAmount
+    }
+
     /// The answer to `request`, which arrived on `transport` from `peer` (a Unix socket's caller;
     /// nil on TCP).
     package func handle(_ request: ProxyRequest, transport: ProxyTransport, peer: PeerIdentity?) async -> ProxyResponse {
         let started = ContinuousClock.now
         var outcome = Outcome()
-        // The invalidation limiter forgets old entries a few at a time, on every call.
-        api.limiter.sweep(now: .now)
         let response: ProxyResponse
         do {
-            response = try await answer(request, transport: transport, peer: peer, outcome: &outcome)
+            let prepared = try prepare(request, transport: transport, peer: peer, outcome: &outcome)
+            let token = try await self.token(for: prepared.key)
+            outcome.fingerprint = token.fingerprint.description
+            let first = try await send(request, token: token, timeout: prepared.timeout, on: upstream.defaultLoop)
+            response = try await retryIfRejected(request, prepared, first: first, token: token, on: upstream.defaultLoop, outcome: &outcome)
         } catch {
             response = error.response(for: request.wire)
         }
+        return finish(request, response, outcome, peer: peer, since: started)
+    }
+
+    /// Answers `request` by calling `reply` (on any thread). A call whose token is in memory is
+    /// answered from `loop` (the caller's connection's) to the end, on `loop`'s own connection to
+    /// Fleet Engine: no task and no other thread. A miss (waiting for the shared fetch) or a
+    /// rejected token (one retry) continues in a task that `inTask` runs; when it runs no more
+    /// tasks (it returns false: the service is stopping) the call is answered `UNAVAILABLE`.
+    package func handle(_ request: ProxyRequest, transport: ProxyTransport, peer: PeerIdentity?, on loop: any EventLoop,
+                        inTask: @escaping @Sendable (_ work: @escaping @Sendable () async -> Void) -> Bool,
+                        reply: @escaping @Sendable (ProxyResponse) -> Void) {
+        let started = ContinuousClock.now
+        let stopping = { @Sendable (_ outcome: Outcome) in
+            let refusal = ProxyRefusal(grpcStatus: 14, httpStatus: 503, message: "token-agent's Fleet Engine proxy is stopping: retry shortly", retryAfter: 1)
+            reply(self.finish(request, refusal.response(for: request.wire), outcome, peer: peer, since: started))
+        }
+        var outcome = Outcome()
+        let prepared: PreparedCall
+        do {
+            prepared = try prepare(request, transport: transport, peer: peer, outcome: &outcome)
+        } catch {
+            return reply(finish(request, error.response(for: request.wire), outcome, peer: peer, since: started))
+        }
+        guard let token = api.engine.tokenIfHeld(for: prepared.key) else {
+            let waiting = outcome
+            let queued = inTask {
+                var outcome = waiting
+                let response: ProxyResponse
+                do throws(ProxyRefusal) {
+                    let token = try await self.token(for: prepared.key)
+                    outcome.fingerprint = token.fingerprint.description
+                    let first = try await self.send(request, token: token, timeout: prepared.timeout, on: loop)
+                    response = try await self.retryIfRejected(request, prepared, first: first, token: token, on: loop, outcome: &outcome)
+                } catch {
+                    response = error.response(for: request.wire)
+                }
+                reply(self.finish(request, response, outcome, peer: peer, since: started))
+            }
+            if !queued { stopping(waiting) }
+            return
+        }
+        outcome.fingerprint = token.fingerprint.description
+        let sent = outcome
+        startSending(request, token: token, timeout: prepared.timeout, on: loop).whenComplete { result in
+            switch result {
+            case .failure(let refusal as ProxyRefusal):
+                reply(self.finish(request, refusal.response(for: request.wire), sent, peer: peer, since: started))
+            case .failure(let error):
+                reply(self.finish(request, ProxyRefusal.badRequest("\(error)").response(for: request.wire), sent, peer: peer, since: started))
+            case .success(let first) where TokenRejection.rejectsToken(first, wire: request.wire):
+                let queued = inTask {
+                    var outcome = sent
+                    let response: ProxyResponse
+                    do throws(ProxyRefusal) {
+                        response = try await self.retryIfRejected(request, prepared, first: first, token: token, on: loop, outcome: &outcome)
+                    } catch {
+                        response = error.response(for: request.wire)
+                    }
+                    reply(self.finish(request, response, outcome, peer: peer, since: started))
+                }
+                if !queued { stopping(sent) }
+            case .success(let response):
+                reply(self.finish(request, response, sent, peer: peer, since: started))
+            }
+        }
+    }
+
+    /// The metrics and the access log of a call answered with `response`; returns `response`.
+    private func finish(_ request: ProxyRequest, _ response: ProxyResponse, _ outcome: Outcome, peer: PeerIdentity?,
+                        since started: ContinuousClock.Instant) -> ProxyResponse {
         let code = request.wire == .grpc ? ProxyRefusal.statusName(response.grpcStatus ?? 2) : "\(response.status)"
         Counter(label: FleetTokenMetric.proxyRequests.name,
                 dimensions: [("protocol", request.wire.rawValue), ("method", outcome.method), ("code", code)], factory: metrics).increment()
@@ -93,8 +172,12 @@ public struct FleetEngineProxy: Sendable {
         return response
     }
 
-    private func answer(_ request: ProxyRequest, transport: ProxyTransport, peer: PeerIdentity?,
-                        outcome: inout Outcome) async throws(ProxyRefusal) -> ProxyResponse {
+    /// The call's rules, decided without waiting: the listener's request rules, the method and
+    /// its resource, the subject, the caller's right to it and the dynamic-subject cap.
+    private func prepare(_ request: ProxyRequest, transport: ProxyTransport, peer: PeerIdentity?,
+                         outcome: inout Outcome) throws(ProxyRefusal) -> PreparedCall {
+        // The invalidation limiter forgets old entries a few at a time, on every call.
+        api.limiter.sweep(now: .now)
         if let refusal = ProxyRequestRules.refusal(request, transport: transport) { throw refusal }
         let call: FleetEngineCall
         do {
@@ -121,29 +204,30 @@ public struct FleetEngineProxy: Sendable {
         if let reason = api.dynamicCapRefusal(key) {
             throw ProxyRefusal(grpcStatus: 14, httpStatus: 503, message: "token-agent's Fleet Engine proxy: \(reason)", retryAfter: 60)
         }
-        let timeout = timeLimit(request)
-        var token = try await self.token(for: key)
-        outcome.fingerprint = token.fingerprint.description
-        var response = try await send(request, token: token, timeout: timeout)
-        guard TokenRejection.rejectsToken(response, wire: request.wire) else { return response }
+        return PreparedCall(call: call, key: key, timeout: timeLimit(request))
+    }
 
+    /// `first`, Fleet Engine's answer to the call sent with `token`, unless it rejected the token:
+    /// then the answer to the call sent once more with a token fetched after the rejection.
+    private func retryIfRejected(_ request: ProxyRequest, _ prepared: PreparedCall, first: ProxyResponse, token: StoredToken,
+                                 on loop: any EventLoop, outcome: inout Outcome) async throws(ProxyRefusal) -> ProxyResponse {
+        guard TokenRejection.rejectsToken(first, wire: request.wire) else { return first }
+        let key = prepared.key
         // Rejected: a token fetched after the rejection, once. The per-key limit of
         // POST /v1/invalidate holds; when another call invalidated the key meanwhile, the token
         // it fetched is the new one.
         if case .allowed = api.limiter.admit(key, now: .now) { await api.engine.invalidate(key) }
         let fresh = try await self.token(for: key)
-        guard fresh.fingerprint != token.fingerprint else { return response }
+        guard fresh.fingerprint != token.fingerprint else { return first }
         logger.notice("Fleet Engine rejected the token; sending the call once more with a new one", metadata: [
-            "method": "\(call.method.name)", "subject": "\(key)", "fingerprint_old": "\(token.fingerprint)",
-            "fingerprint_new": "\(fresh.fingerprint)", "status": "\(request.wire == .grpc ? "\(response.grpcStatus ?? 0)" : "\(response.status)")",
+            "method": "\(prepared.call.method.name)", "subject": "\(key)", "fingerprint_old": "\(token.fingerprint)",
+            "fingerprint_new": "\(fresh.fingerprint)", "status": "\(request.wire == .grpc ? "\(first.grpcStatus ?? 0)" : "\(first.status)")",
         ])
         Counter(label: FleetTokenMetric.proxyRetries.name,
-                dimensions: [("protocol", request.wire.rawValue), ("method", call.method.name)], factory: metrics).increment()
+                dimensions: [("protocol", request.wire.rawValue), ("method", prepared.call.method.name)], factory: metrics).increment()
         outcome.retried = true
-        token = fresh
-        outcome.fingerprint = token.fingerprint.description
-        response = try await send(request, token: token, timeout: timeout)
-        return response
+        outcome.fingerprint = fresh.fingerprint.description
+        return try await send(request, token: fresh, timeout: prepared.timeout, on: loop)
     }
 
     private func token(for key: TokenKey) async throws(ProxyRefusal) -> StoredToken {
@@ -156,20 +240,35 @@ public struct FleetEngineProxy: Sendable {
         }
     }
 
-    private func send(_ request: ProxyRequest, token: StoredToken, timeout: TimeAmount) async throws(ProxyRefusal) -> ProxyResponse {
-        let started = ContinuousClock.now
-        defer {
-            Timer(label: FleetTokenMetric.proxyUpstreamDuration.name, dimensions: [("protocol", request.wire.rawValue)], factory: metrics)
-                .recordNanoseconds(Int64((ContinuousClock.now - started) / .nanoseconds(1)))
-        }
+    private func send(_ request: ProxyRequest, token: StoredToken, timeout: TimeAmount, on loop: any EventLoop) async throws(ProxyRefusal) -> ProxyResponse {
         do {
-            var response = try await upstream.send(request, token: token.value, timeout: timeout)
+            return try await startSending(request, token: token, timeout: timeout, on: loop).get()
+        } catch let refusal as ProxyRefusal {
+            throw refusal
+        } catch {
+            throw .badRequest("\(error)")
+        }
+    }
+
+    /// Fleet Engine's answer to `request` sent with `token` on `loop`'s connection, its headers
+    /// as the caller may see them; an upstream failure as the refusal the caller gets.
+    private func startSending(_ request: ProxyRequest, token: StoredToken, timeout: TimeAmount, on loop: any EventLoop) -> EventLoopFuture<ProxyResponse> {
+        let started = ContinuousClock.now
+        let (metrics, wire) = (metrics, request.wire)
+        return upstream.start(request, token: token.value, timeout: timeout, on: loop).always { _ in
+            Timer(label: FleetTokenMetric.proxyUpstreamDuration.name, dimensions: [("protocol", wire.rawValue)], factory: metrics)
+                .recordNanoseconds(Int64((ContinuousClock.now - started) / .nanoseconds(1)))
+        }.flatMapThrowing { response in
+            var response = response
             response.headers = ProxyRequestRules.callerHeaders(response.headers)
             return response
-        } catch .timeout {
-            throw ProxyRefusal(grpcStatus: 4, httpStatus: 504, message: "token-agent's Fleet Engine proxy: \(UpstreamFailure.timeout)")
-        } catch {
-            throw ProxyRefusal(grpcStatus: 14, httpStatus: 502, message: "token-agent's Fleet Engine proxy: \(error)")
+        }.flatMapErrorThrowing { error in
+            switch error {
+            case UpstreamFailure.timeout:
+                throw ProxyRefusal(grpcStatus: 4, httpStatus: 504, message: "token-agent's Fleet Engine proxy: \(UpstreamFailure.timeout)")
+            default:
+                throw ProxyRefusal(grpcStatus: 14, httpStatus: 502, message: "token-agent's Fleet Engine proxy: \(error)")
+            }
         }
     }
 

@@ -169,8 +169,10 @@ final class ProxyCallQueue: Sendable {
         (stream, continuation) = AsyncStream.makeStream(of: Call.self)
     }
 
-    func submit(_ call: @escaping Call) {
-        continuation.yield(call)
+    /// Queues `call`; false when the queue has finished (the service is stopping).
+    func submit(_ call: @escaping Call) -> Bool {
+        if case .terminated = continuation.yield(call) { return false }
+        return true
     }
 
     /// Runs every call submitted, each in a child task, until ``finish()``; then waits for them.

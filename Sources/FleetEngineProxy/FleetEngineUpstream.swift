@@ -1,6 +1,6 @@
-// The Fleet Engine proxy's connection to Fleet Engine: one HTTP/2 connection (TLS with ALPN, or
-// prior knowledge to a loopback host), made when first needed and again after it closes; each
-// call one stream, its whole answer (headers, body, trailers) collected.
+// The Fleet Engine proxy's connections to Fleet Engine: one HTTP/2 connection per event loop
+// (TLS with ALPN, or prior knowledge to a loopback host), made when first needed and again after
+// it closes; each call one stream, its whole answer (headers, body, trailers) collected.
 
 package import FleetTokenHTTP
 import FleetTokenService
@@ -38,8 +38,8 @@ package enum UpstreamFailure: Error, Sendable, Equatable, CustomStringConvertibl
     }
 }
 
-/// One HTTP/2 connection to Fleet Engine, shared by every call (HTTP/2 multiplexes them), made
-/// again when it closes.
+/// HTTP/2 connections to Fleet Engine, one per event loop, each shared by the calls of its loop
+/// (HTTP/2 multiplexes them) and made again when it closes.
 package final class FleetEngineUpstream: Sendable {
     private struct Connection: Sendable {
         let channel: any Channel
@@ -56,13 +56,19 @@ package final class FleetEngineUpstream: Sendable {
     /// The forward proxy the connection tunnels through (CONNECT), or nil: direct.
     let proxy: ProxySettings.Proxy?
     private let tls: NIOSSLContext?
-    private let group: any EventLoopGroup
+    /// The loop of calls made with ``send(_:token:timeout:)`` (not from an event loop).
+    let defaultLoop: any EventLoop
     private let logger: Logger
     /// How long a new connection waits between connecting and setting up HTTP/2: zero, but for
     /// tests standing in for a loaded event loop (whatever the server sends meanwhile must wait).
     private let setUpDelay: TimeAmount
-    /// The connection made or being made; cleared when it fails or closes.
-    private let current = Mutex<EventLoopFuture<Connection>?>(nil)
+    /// A connection made or being made, by event loop.
+    private struct Slot: Sendable {
+        let future: EventLoopFuture<Connection>
+    }
+
+    /// Each event loop's connection made or being made; an entry goes when it fails or closes.
+    private let connections = Mutex<[ObjectIdentifier: Slot]>([:])
 
     /// A connection to `endpoint`, trusting the system's roots or, when given, only the
     /// certificates in the PEM file `caFile`, through the forward proxy `proxySettings` name for
@@ -75,7 +81,7 @@ package final class FleetEngineUpstream: Sendable {
         // Plain HTTP/2 goes only to loopback, which a forward proxy does not reach as this
         // host's: direct. (Its server also speaks first, right after a tunnel opens.)
         self.proxy = endpoint.secure ? proxySettings.proxy(scheme: "https", host: endpoint.host, port: endpoint.port) : nil
-        self.group = MultiThreadedEventLoopGroup.singleton
+        self.defaultLoop = MultiThreadedEventLoopGroup.singleton.next()
         self.logger = logger
         self.tls = try Self.tlsContext(for: endpoint, caFile: caFile)
     }
@@ -110,72 +116,96 @@ package final class FleetEngineUpstream: Sendable {
     }
 
     /// Sends `request` to Fleet Engine with `token` as its bearer token; the whole answer, or a
-    /// ``UpstreamFailure`` after at most `timeout`.
+    /// ``UpstreamFailure`` after at most `timeout`. The call goes on the connection of one fixed
+    /// event loop; ``start(_:token:timeout:on:)`` is the form for a caller on an event loop.
     package func send(_ request: ProxyRequest, token: String, timeout: TimeAmount) async throws(UpstreamFailure) -> ProxyResponse {
-        var attempt = 0
-        while true {
-            attempt += 1
-            let connection: Connection
-            do {
-                connection = try await self.connection().get()
-            } catch let failure as UpstreamFailure {
-                throw failure
-            } catch {
-                throw .unreachable(Self.describe(error))
-            }
-            do {
-                return try await exchange(request, token: token, on: connection, timeout: timeout)
-            } catch let error as UpstreamFailure {
-                throw error
-            } catch let error as StreamNotOpened {
-                // The connection closed or went away meanwhile: a new one, once.
-                guard attempt == 1 else { throw .unreachable(Self.describe(error.underlying)) }
-                logger.debug("Fleet Engine connection unusable; connecting again", metadata: ["error": "\(Self.describe(error.underlying))"])
-                drop(connection)
-            } catch {
-                throw .cutShort(Self.describe(error))
+        do {
+            return try await start(request, token: token, timeout: timeout, on: defaultLoop).get()
+        } catch let failure as UpstreamFailure {
+            throw failure
+        } catch {
+            throw .cutShort(Self.describe(error))
+        }
+    }
+
+    /// Sends `request` on `loop`'s own connection (made when first needed): the whole answer, or
+    /// a ``UpstreamFailure`` after at most `timeout`, on `loop`. Called on `loop` (the caller's
+    /// connection's), the call goes from the caller's bytes to Fleet Engine's answer without
+    /// another thread: one connection per event loop keeps a call on its loop.
+    package func start(_ request: ProxyRequest, token: String, timeout: TimeAmount, on loop: any EventLoop) -> EventLoopFuture<ProxyResponse> {
+        attempt(request, token: token, timeout: timeout, on: loop, first: true)
+    }
+
+    private func attempt(_ request: ProxyRequest, token: String, timeout: TimeAmount, on loop: any EventLoop, first: Bool) -> EventLoopFuture<ProxyResponse> {
+        connection(on: loop).flatMapErrorThrowing { error in
+            throw (error as? UpstreamFailure) ?? .unreachable(Self.describe(error))
+        }.flatMap { connection in
+            self.exchange(request, token: token, on: connection, timeout: timeout).flatMapError { error in
+                switch error {
+                case let failure as UpstreamFailure:
+                    return loop.makeFailedFuture(failure)
+                case let notOpened as StreamNotOpened:
+                    // The connection closed or went away meanwhile: nothing reached Fleet
+                    // Engine, so the call goes on a new connection, once.
+                    guard first else { return loop.makeFailedFuture(UpstreamFailure.unreachable(Self.describe(notOpened.underlying))) }
+                    self.logger.debug("Fleet Engine connection unusable; connecting again", metadata: ["error": "\(Self.describe(notOpened.underlying))"])
+                    self.drop(connection, on: loop)
+                    return self.attempt(request, token: token, timeout: timeout, on: loop, first: false)
+                default:
+                    return loop.makeFailedFuture(UpstreamFailure.cutShort(Self.describe(error)))
+                }
             }
         }
     }
 
-    /// Closes the connection (the service's shutdown).
+    /// Closes every connection (the service's shutdown).
     package func close() {
-        current.withLock { current in
-            current?.whenSuccess { $0.channel.close(promise: nil) }
-            current = nil
+        let open = connections.withLock { connections in
+            defer { connections = [:] }
+            return Array(connections.values)
         }
+        for slot in open { slot.future.whenSuccess { $0.channel.close(promise: nil) } }
     }
 
-    private func connection() -> EventLoopFuture<Connection> {
-        current.withLock { current in
-            if let current { return current }
-            let made = connect()
-            current = made
+    /// `loop`'s connection, made or being made.
+    private func connection(on loop: any EventLoop) -> EventLoopFuture<Connection> {
+        let id = ObjectIdentifier(loop)
+        return connections.withLock { connections in
+            if let slot = connections[id] { return slot.future }
+            let made = connect(on: loop)
+            connections[id] = Slot(future: made)
             made.whenComplete { [weak self] result in
                 switch result {
-                case .failure: self?.clear(made)
+                case .failure: self?.clear(made, of: id)
                 case .success(let connection):
-                    connection.channel.closeFuture.whenComplete { [weak self] _ in self?.clear(made) }
+                    connection.channel.closeFuture.whenComplete { [weak self] _ in self?.clear(made, of: id) }
                 }
             }
             return made
         }
     }
 
-    private func clear(_ future: EventLoopFuture<Connection>) {
-        current.withLock { if $0 === future { $0 = nil } }
+    private func clear(_ future: EventLoopFuture<Connection>, of id: ObjectIdentifier) {
+        connections.withLock { if $0[id]?.future === future { $0[id] = nil } }
     }
 
-    private func drop(_ connection: Connection) {
+    /// Closes `connection` and forgets it at once, so the next call of `loop` connects again.
+    private func drop(_ connection: Connection, on loop: any EventLoop) {
         connection.channel.close(promise: nil)
+        let id = ObjectIdentifier(loop)
+        guard let slot = connections.withLock({ $0[id] }) else { return }
+        // Only when the entry is still this connection's (another call may have replaced it).
+        slot.future.whenSuccess { [weak self] current in
+            if current.channel === connection.channel { self?.clear(slot.future, of: id) }
+        }
     }
 
-    private func connect() -> EventLoopFuture<Connection> {
+    private func connect(on loop: any EventLoop) -> EventLoopFuture<Connection> {
         let tls = tls
         let serverName = endpoint.host
         let sniName: String? = LoopbackHost.isAddressLiteral(serverName) ? nil : serverName
         let (proxy, endpoint, setUpDelay) = (proxy, endpoint, setUpDelay)
-        return ClientBootstrap(group: group)
+        return ClientBootstrap(group: loop)
             .connectTimeout(.seconds(10))
             .channelOption(.socketOption(.tcp_nodelay), value: 1)
             .channelInitializer { channel in
@@ -262,7 +292,7 @@ package final class FleetEngineUpstream: Sendable {
         }
     }
 
-    private func exchange(_ request: ProxyRequest, token: String, on connection: Connection, timeout: TimeAmount) async throws -> ProxyResponse {
+    private func exchange(_ request: ProxyRequest, token: String, on connection: Connection, timeout: TimeAmount) -> EventLoopFuture<ProxyResponse> {
         var fields = HPACKHeaders()
         fields.add(name: ":method", value: request.method)
         fields.add(name: ":scheme", value: endpoint.secure ? "https" : "http")
@@ -289,7 +319,7 @@ package final class FleetEngineUpstream: Sendable {
                 stream.flush()
             }
         }
-        return try await answer.future.get()
+        return answer.future
     }
 
     static func describe(_ error: any Error) -> String {

@@ -15,12 +15,11 @@ struct ProxyCallContext: Sendable {
     let transport: ProxyTransport
     let peer: PeerIdentity?
 
-    /// Runs `request` as a child task of the service and gives the answer to `reply` (any thread).
-    func run(_ request: ProxyRequest, reply: @escaping @Sendable (ProxyResponse) -> Void) {
-        let (proxy, transport, peer) = (proxy, transport, peer)
-        calls.submit {
-            reply(await proxy.handle(request, transport: transport, peer: peer))
-        }
+    /// Answers `request`, read on `loop`, and gives the answer to `reply` (any thread): on `loop`
+    /// when its token is in memory, else in a child task of the service.
+    func run(_ request: ProxyRequest, on loop: any EventLoop, reply: @escaping @Sendable (ProxyResponse) -> Void) {
+        let calls = calls
+        proxy.handle(request, transport: transport, peer: peer, on: loop, inTask: { calls.submit($0) }, reply: reply)
     }
 }
 
@@ -142,7 +141,7 @@ final class HTTP2CallHandler: ChannelInboundHandler {
         dispatched = true
         self.request = nil
         let channel = context.channel
-        calls.run(request) { response in Self.write(response, to: channel) }
+        calls.run(request, on: context.eventLoop) { response in Self.write(response, to: channel) }
     }
 
     private func refuse(_ context: ChannelHandlerContext, _ refusal: ProxyRefusal) {
@@ -206,7 +205,7 @@ final class HTTP1CallHandler: ChannelInboundHandler, RemovableChannelHandler {
             let keepAlive = head.isKeepAlive
             let version = head.version
             let channel = context.channel
-            calls.run(request) { response in Self.write(response, version: version, keepAlive: keepAlive, to: channel) }
+            calls.run(request, on: context.eventLoop) { response in Self.write(response, version: version, keepAlive: keepAlive, to: channel) }
         }
     }
 

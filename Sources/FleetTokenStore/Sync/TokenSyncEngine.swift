@@ -146,6 +146,13 @@ public final class TokenSyncEngine: Service, Sendable {
         }
     }
 
+    /// ``token(for:)``'s answer when memory has it (a hit, counted; past the soft point its
+    /// refresh starts), without suspending; nil on a miss, for which the caller then awaits
+    /// ``token(for:)``. For callers answering on an event loop, which need no task for a hit.
+    package func tokenIfHeld(for key: TokenKey) -> StoredToken? {
+        tokenFromMemory(key)
+    }
+
     /// The slow path of ``token(for:)``: waits for the shared fetch.
     @usableFromInline
     func tokenAfterMiss(_ key: TokenKey) async throws(TokenUnavailable) -> StoredToken {

@@ -444,3 +444,91 @@ func httpGet(host: String, port: Int, path: String) throws -> Data {
     return Data(response[split.upperBound...])
 }
 
+
+// MARK: - The nginx relay
+
+/// Debian's nginx in the foreground, one process, relaying to the upstream stand-in: gRPC
+/// (HTTP/2 with prior knowledge) on ``grpcPort`` by `grpc_pass`, REST (HTTP/1.1) on ``restPort``
+/// by `proxy_pass`, both with kept-alive upstream connections and no access log.
+final class NginxRelay {
+    let grpcPort: Int
+    let restPort: Int
+    let version: String
+    private let child: Child
+
+    /// Starts nginx and waits until both ports accept; nil when nginx is not installed.
+    static func start(upstreamPort: Int, scratch: String) throws -> NginxRelay? {
+        guard let nginx = ["/usr/sbin/nginx", "/usr/bin/nginx"].first(where: { FileManager.default.isExecutableFile(atPath: $0) }) else { return nil }
+        let directory = scratch + "/nginx"
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        let (grpcPort, restPort) = (try freePort(), try freePort())
+        let temporary = ["client_body", "proxy", "fastcgi", "uwsgi", "scgi"].map { "\($0)_temp_path \(directory)/\($0);" }.joined(separator: " ")
+        let configuration = """
+            daemon off; master_process off; worker_processes 1;
+            error_log \(directory)/error.log warn; pid \(directory)/nginx.pid;
+            events { worker_connections 1024; }
+            http {
+              access_log off; \(temporary)
+              # Every connection stays for the whole run (nginx closes one after 1,000 calls by default).
+              keepalive_requests 100000000; keepalive_timeout 600s;
+              upstream fleet_grpc { server 127.0.0.1:\(upstreamPort); keepalive 16; keepalive_requests 100000000; }
+              upstream fleet_rest { server 127.0.0.1:\(upstreamPort); keepalive 16; keepalive_requests 100000000; }
+              server { listen 127.0.0.1:\(grpcPort) http2; location / { grpc_pass grpc://fleet_grpc; } }
+              server { listen 127.0.0.1:\(restPort); location / { proxy_pass http://fleet_rest; proxy_http_version 1.1; proxy_set_header Connection ""; } }
+            }
+            """
+        try configuration.write(toFile: directory + "/nginx.conf", atomically: true, encoding: .utf8)
+        let child = try Child(nginx, ["-p", directory, "-c", directory + "/nginx.conf", "-e", directory + "/error.log"], log: directory + "/stdout.log")
+        let deadline = monotonicNanoseconds() + 20_000_000_000
+        while !(accepts(port: grpcPort) && accepts(port: restPort)) {
+            guard child.isRunning, monotonicNanoseconds() < deadline else {
+                child.stop()
+                throw MeasurementError("nginx did not listen: \((try? String(contentsOfFile: directory + "/error.log", encoding: .utf8)) ?? "")")
+            }
+            usleep(20_000)
+        }
+        return NginxRelay(grpcPort: grpcPort, restPort: restPort, version: nginxVersion(nginx), child: child)
+    }
+
+    private init(grpcPort: Int, restPort: Int, version: String, child: Child) {
+        (self.grpcPort, self.restPort, self.version, self.child) = (grpcPort, restPort, version, child)
+    }
+
+    func stop() { child.stop() }
+
+    /// A loopback port nobody listens on now (bound and released).
+    private static func freePort() throws -> Int {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(fd) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafeMutablePointer(to: &address) { pointer in
+            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) == 0 && getsockname(fd, $0, &length) == 0 }
+        }
+        guard bound else { throw MeasurementError("no free loopback port") }
+        return Int(UInt16(bigEndian: address.sin_port))
+    }
+
+    private static func accepts(port: Int) -> Bool {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(fd) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = UInt16(port).bigEndian
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        return withUnsafePointer(to: &address) { pointer in
+            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }
+        }
+    }
+
+    private static func nginxVersion(_ nginx: String) -> String {
+        let log = NSTemporaryDirectory() + "nginx-version-\(getpid()).txt"
+        defer { try? FileManager.default.removeItem(atPath: log) }
+        guard let child = try? Child(nginx, ["-v"], log: log) else { return "nginx" }
+        _ = child.wait()
+        return ((try? String(contentsOfFile: log, encoding: .utf8)) ?? "nginx").replacingOccurrences(of: "nginx version: ", with: "")
+            .trimmingCharacters(in: .whitespacesAndNewlines)
+    }
+}

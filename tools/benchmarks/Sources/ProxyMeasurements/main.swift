@@ -19,6 +19,9 @@
 //   a refusal would be fast and wrong.
 // - The clients run on one event loop of this process, with no hop to another thread per call,
 //   so that the client's cost, the same on both sides, stays small beside what is measured.
+// - The limit for a proxy in a process of its own (when Debian's nginx is installed): nginx
+//   relaying the same calls with the caller's token (grpc_pass, proxy_pass, kept-alive upstream
+//   connections), against direct and against the agent, alternating the same way.
 // - Throughput: `--callers` gRPC callers, each on its own connection to the proxy, each looping
 //   calls for a few seconds after a warm-up second; calls per second, and any failure.
 //
@@ -126,11 +129,39 @@ do {
     let directREST = try await http1Call(port: upstreamPort, group: loop, head: restHead(port: upstreamPort, token: token))
     let rest = try await paired(proxy: proxyREST, direct: directREST, rounds: rounds, callsPerRound: callsPerRound, loop: loop)
 
+    // The limit for any proxy in a process of its own: nginx (Debian's) relaying the same calls,
+    // the caller's token passed through, gRPC by grpc_pass and REST by proxy_pass, each with
+    // kept-alive upstream connections. Its ratio to direct is what the two extra loopback hops
+    // and wake-ups cost with a proxy doing the least work; the agent's ratio to it is the agent's
+    // own cost beyond that.
+    var reference: [String: Any] = [:]
+    if let relay = try NginxRelay.start(upstreamPort: upstreamPort, scratch: scratch) {
+        defer { relay.stop() }
+        let nginxGRPC = grpcCall(try await http2Connection(port: relay.grpcPort, group: loop), loop: loop,
+                                 headers: grpcHeaders(port: relay.grpcPort, token: token))
+        let nginxREST = try await http1Call(port: relay.restPort, group: loop, head: restHead(port: relay.restPort, token: token))
+        let nginxGRPCvsDirect = try await paired(proxy: nginxGRPC, direct: directGRPC, rounds: rounds, callsPerRound: callsPerRound, loop: loop)
+        let proxyGRPCvsNginx = try await paired(proxy: proxyGRPC, direct: nginxGRPC, rounds: rounds, callsPerRound: callsPerRound, loop: loop)
+        let nginxRESTvsDirect = try await paired(proxy: nginxREST, direct: directREST, rounds: rounds, callsPerRound: callsPerRound, loop: loop)
+        let proxyRESTvsNginx = try await paired(proxy: proxyREST, direct: nginxREST, rounds: rounds, callsPerRound: callsPerRound, loop: loop)
+        reference = [
+            "nginx_relay_grpc_vs_direct": nginxGRPCvsDirect.ratio,
+            "nginx_relay_rest_vs_direct": nginxRESTvsDirect.ratio,
+            "proxy_grpc_vs_nginx_relay": proxyGRPCvsNginx.ratio,
+            "proxy_rest_vs_nginx_relay": proxyRESTvsNginx.ratio,
+            "nginx_relay_grpc_p50_microseconds": nginxGRPCvsDirect.proxyP50,
+            "nginx_relay_rest_p50_microseconds": nginxRESTvsDirect.proxyP50,
+            "nginx_relay": relay.version,
+        ]
+    } else {
+        note("nginx not found: the relay reference is not measured (apt-get install nginx-light or nginx)")
+    }
+
     let rate = try await throughput(port: port, headers: grpcHeaders(port: port, token: nil), callers: callerCount,
                                     seconds: throughputSeconds, group: clientGroup)
     if rate.failures > 0 { note("\(rate.failures) calls failed during the throughput run, first: \(rate.firstFailure ?? "")") }
 
-    let result: [String: Any] = [
+    var result: [String: Any] = [
         "proxy_grpc_vs_direct": grpc.ratio,
         "proxy_grpc_ratio_p25_p75": grpc.quartiles,
         "proxy_grpc_ratios_each_round": grpc.eachRound,
@@ -149,6 +180,7 @@ do {
         "proxy_rounds": rounds,
         "proxy_calls_per_round_per_side": callsPerRound,
     ]
+    result.merge(reference) { $1 }
     agent.stop()
     await issuer.stop()
     try? await upstream.close()

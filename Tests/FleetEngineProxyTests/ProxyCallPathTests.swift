@@ -1,0 +1,95 @@
+// Where a proxied call runs: a call whose token is in memory is answered on the event loop that
+// read it, on that loop's own connection to Fleet Engine, with no task (each hop to another
+// thread cost tens of microseconds of a call's latency); a miss and a retry run in a task.
+
+import _CryptoExtras
+@testable import FleetEngineProxy
+import FleetTokenService
+import FleetTokenStore
+import FleetTokenStoreTesting
+import Foundation
+import Logging
+import NIOCore
+import NIOPosix
+import Synchronization
+import TestSupportKit
+import Testing
+
+@Suite("Fleet Engine proxy: where a call runs", .paced)
+struct ProxyCallPathTests {
+    /// What one call came to: its answer, whether `reply` ran on the call's loop, and how many
+    /// tasks the call asked for.
+    struct Answered: Sendable {
+        let status: Int
+        let onLoop: Bool
+        let tasks: Int
+    }
+
+    @Test("a held token: answered on the caller's event loop without a task; a miss and a rejected token run in one task each",
+          arguments: [ProxyWire.rest, .grpc])
+    func hitStaysOnItsLoop(wire: ProxyWire) async throws {
+        let scratch = Scratch()
+        var logger = Logger(label: "proxy-call-path-test")
+        logger.logLevel = .warning
+        let signing = try _RSA.Signing.PrivateKey(keySize: .bits2048)
+        let fetcher = ScriptedFetcher { key, _ in FetchedToken(value: try! Self.signed(TestJWT.make(for: key, issuedAt: Date()), with: signing)) }
+        let store = try SQLiteTokenRepository(path: scratch.file("tokens.sqlite"), logger: logger)
+        defer { store.close() }
+        let engine = TokenSyncEngine(repository: store, fetcher: fetcher, logger: logger)
+        let api = TokenAPI(engine: engine, configuration: .init(allowList: .init(patterns: [try SubjectAllowList.Pattern(parsing: "vehicle:*")]),
+                                                                readinessSubjects: []), logger: logger)
+        let fake = try FakeFleetEngine(publicKeyPEM: signing.publicKey.pemRepresentation)
+        try await fake.start()
+        defer { fake.close() }
+        let proxy = try FleetEngineProxy(api: api, configuration: .init(endpoint: try FleetEngineEndpoint(parsing: fake.url)), logger: logger)
+        defer { proxy.upstream.close() }
+        let loop = MultiThreadedEventLoopGroup.singleton.next()
+
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { try await engine.run() }
+            let request = UpstreamConnectionTests.request(wire, "providers/p/vehicles/v-1")
+            let cold = try await Self.call(proxy, request, on: loop)
+            #expect(cold.status == 200 && cold.tasks == 1, "a miss waits for the fetch in a task: \(cold)")
+            for _ in 0..<3 {
+                let hit = try await Self.call(proxy, request, on: loop)
+                #expect(hit.status == 200, "\(hit)")
+                #expect(hit.tasks == 0, "a held token needs no task")
+                #expect(hit.onLoop, "a held token's call is answered on the loop that read it")
+            }
+            #expect(fetcher.count(try .vehicle("v-1")) == 1)
+            // Rejected by Fleet Engine (a key rotation): the one retry with a new token runs in a task.
+            fake.rejectTokens(issuedBefore: Date().addingTimeInterval(5))
+            let rejected = try await Self.call(proxy, request, on: loop)
+            #expect(rejected.tasks == 1, "\(rejected)")
+            #expect(fetcher.count(try .vehicle("v-1")) == 2)
+            group.cancelAll()
+        }
+        #expect(fake.traffic.connections == 1, "one connection for the loop's calls: \(fake.traffic)")
+    }
+
+    /// Runs `request` through `proxy` from `loop`, each task `inTask` asks for as a task of its own.
+    static func call(_ proxy: FleetEngineProxy, _ request: ProxyRequest, on loop: any EventLoop) async throws -> Answered {
+        let tasks = Atomic<Int>(0)
+        let answer: (ProxyResponse, Bool) = try await withCheckedThrowingContinuation { continuation in
+            loop.execute {
+                proxy.handle(request, transport: .unix, peer: nil, on: loop, inTask: { work in
+                    tasks.add(1, ordering: .relaxed)
+                    Task { await work() }
+                    return true
+                }, reply: { response in
+                    continuation.resume(returning: (response, loop.inEventLoop))
+                })
+            }
+        }
+        let status = request.wire == .grpc ? (answer.0.grpcStatus == 0 ? 200 : 500 + (answer.0.grpcStatus ?? 0)) : answer.0.status
+        return Answered(status: status, onLoop: answer.1, tasks: tasks.load(ordering: .relaxed))
+    }
+
+    /// `jwt` with its signature part replaced by an RS256 signature of `key`.
+    static func signed(_ jwt: String, with key: _RSA.Signing.PrivateKey) throws -> String {
+        let parts = jwt.split(separator: ".")
+        let input = "\(parts[0]).\(parts[1])"
+        let signature = try key.signature(for: Data(input.utf8), padding: .insecurePKCS1v1_5)
+        return input + "." + TestJWT.base64URL(signature.rawRepresentation)
+    }
+}
