@@ -457,11 +457,11 @@ final class NginxRelay {
     private let child: Child
 
     /// Starts nginx and waits until both ports accept; nil when nginx is not installed.
-    static func start(upstreamPort: Int, scratch: String) throws -> NginxRelay? {
+    static func start(upstreamPort: Int, scratch: String) async throws -> NginxRelay? {
         guard let nginx = ["/usr/sbin/nginx", "/usr/bin/nginx"].first(where: { FileManager.default.isExecutableFile(atPath: $0) }) else { return nil }
         let directory = scratch + "/nginx"
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-        let (grpcPort, restPort) = (try freePort(), try freePort())
+        let (grpcPort, restPort) = (try await freePort(), try await freePort())
         let temporary = ["client_body", "proxy", "fastcgi", "uwsgi", "scgi"].map { "\($0)_temp_path \(directory)/\($0);" }.joined(separator: " ")
         let configuration = """
             daemon off; master_process off; worker_processes 1;
@@ -497,18 +497,12 @@ final class NginxRelay {
     func stop() { child.stop() }
 
     /// A loopback port nobody listens on now (bound and released).
-    private static func freePort() throws -> Int {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        defer { close(fd) }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let bound = withUnsafeMutablePointer(to: &address) { pointer in
-            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) == 0 && getsockname(fd, $0, &length) == 0 }
-        }
-        guard bound else { throw MeasurementError("no free loopback port") }
-        return Int(UInt16(bigEndian: address.sin_port))
+    private static func freePort() async throws -> Int {
+        let channel = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton).bind(host: "127.0.0.1", port: 0).get()
+        let port = channel.localAddress?.port
+        try await channel.close()
+        guard let port else { throw MeasurementError("no free loopback port") }
+        return port
     }
 
     private static func accepts(port: Int) -> Bool {

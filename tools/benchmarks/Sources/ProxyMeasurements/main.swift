@@ -135,7 +135,7 @@ do {
     // and wake-ups cost with a proxy doing the least work; the agent's ratio to it is the agent's
     // own cost beyond that.
     var reference: [String: Any] = [:]
-    if let relay = try NginxRelay.start(upstreamPort: upstreamPort, scratch: scratch) {
+    if let relay = try await NginxRelay.start(upstreamPort: upstreamPort, scratch: scratch) {
         defer { relay.stop() }
         let nginxGRPC = grpcCall(try await http2Connection(port: relay.grpcPort, group: loop), loop: loop,
                                  headers: grpcHeaders(port: relay.grpcPort, token: token))
