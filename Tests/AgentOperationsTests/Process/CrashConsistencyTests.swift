@@ -165,7 +165,8 @@ struct CrashConsistencyTests {
                                                          "--request-timeout", "60", "--lease-duration", "600",
                                                          "--log-level", "trace"] + subjects.arguments, in: scratch)
         let leased = await eventually(within: 60) {
-            FileManager.default.fileExists(atPath: db) && (try? sqlite3(db, "SELECT count(*) FROM refresh_leases", readOnly: true)) == "3"
+            guard FileManager.default.fileExists(atPath: db) else { return false }
+            return (try? await sqlite3(db, "SELECT count(*) FROM refresh_leases", readOnly: true)) == "3"
         }
         #expect(leased, "\(hanging.stderr.suffix(2000))")
         hanging.signal(SIGKILL)

@@ -37,7 +37,7 @@ struct RetentionProcessTests {
         // about the deletion when probes are far apart (a loaded machine starting sqlite3).
         var goneBy: Date?
         let gone = await eventually(within: 40) {
-            let count = try? sqlite3(db, trips, readOnly: true)
+            let count = try? await sqlite3(db, trips, readOnly: true)
             if count == "0" { goneBy = Date() }
             return count == "0"
         }

@@ -25,7 +25,7 @@ struct SingleFlightProcessTests {
             first.signal(SIGTERM)
             second.signal(SIGTERM)
         }
-        #expect(await eventually(within: 60) { (try? sqlite3(db, "SELECT count(*) FROM tokens WHERE token IS NOT NULL")) == "100" })
+        #expect(await eventually(within: 60) { (try? await sqlite3(db, "SELECT count(*) FROM tokens WHERE token IS NOT NULL")) == "100" })
         try await Task.sleep(for: .seconds(3)) // room for a wrongful second fetch to show
         let stats = try await issuer.stats()
         #expect(stats.requests == 100, "the provider saw \(stats.requests) requests for 100 keys")
@@ -54,7 +54,7 @@ struct SingleFlightProcessTests {
         let agent = try AgentFixture.launch(["--db", db, "--provider-url", issuer.template, "--vehicle", "truck-1",
                                                        "--retention", "1h"], in: scratch)
         defer { agent.signal(SIGTERM) }
-        #expect(await eventually(within: 30) { (try? sqlite3(db, "SELECT count(*) FROM tokens WHERE subject_id = 'finished-trip'")) == "0" })
+        #expect(await eventually(within: 30) { (try? await sqlite3(db, "SELECT count(*) FROM tokens WHERE subject_id = 'finished-trip'")) == "0" })
         #expect(try await sqlite3(db, "SELECT count(*) FROM tokens WHERE subject_id = 'recent-trip'") == "1")
         #expect(try await sqlite3(db, "SELECT count(*) FROM tokens WHERE subject_id = 'truck-1' AND token IS NOT NULL") == "1")
         agent.signal(SIGTERM)

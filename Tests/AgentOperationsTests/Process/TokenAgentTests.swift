@@ -14,7 +14,7 @@ struct TokenAgentTests {
         let agent = try AgentFixture.launch(["--db", db], in: scratch)
         #expect(await agent.waitForOutput("DEMO MODE", within: 30))
         #expect(await agent.waitForOutput("NOT FOR PRODUCTION", within: 1))
-        let stored = await eventually(within: 30) { (try? sqlite3(db, "SELECT count(*) FROM tokens WHERE token IS NOT NULL")) == "5" }
+        let stored = await eventually(within: 30) { (try? await sqlite3(db, "SELECT count(*) FROM tokens WHERE token IS NOT NULL")) == "5" }
         #expect(stored, "stderr: \(agent.stderr)")
         #expect(await agent.waitForOutput("refreshed", within: 5))
         #expect(agent.stdout.contains("vehicle/demo-vehicle-1"))
@@ -98,7 +98,7 @@ struct TokenAgentTests {
         let db = scratch.file("tokens.sqlite")
         let subjects = (1...6).flatMap { ["--vehicle", "v\($0)"] }
         let agent = try AgentFixture.launch(["--db", db, "--provider-url", issuer.template] + subjects, in: scratch)
-        #expect(await eventually(within: 30) { (try? sqlite3(db, "SELECT count(*) FROM tokens WHERE token IS NOT NULL")) == "6" })
+        #expect(await eventually(within: 30) { (try? await sqlite3(db, "SELECT count(*) FROM tokens WHERE token IS NOT NULL")) == "6" })
         agent.signal(SIGKILL)
         _ = await agent.wait(upTo: 5)
         #expect(try await sqlite3(db, "PRAGMA integrity_check") == "ok")

@@ -298,7 +298,7 @@ struct TokenCtlTests {
         // Debug logs: when the refetch is late, the failure shows what the agent's flight did.
         let agent = try AgentFixture.launch(["--db", db, "--provider-url", issuer.template, "--log-level", "debug"] + subjects,
                                        in: scratch)
-        #expect(await eventually(within: 30) { (try? sqlite3(db, "SELECT count(*) FROM tokens WHERE token IS NOT NULL")) == "6" })
+        #expect(await eventually(within: 30) { (try? await sqlite3(db, "SELECT count(*) FROM tokens WHERE token IS NOT NULL")) == "6" })
         // Counted from the agent's own report, not by comparing token values: the issuer signs
         // RS256 (deterministic) with whole-second iat/exp, so a token refetched in the second of
         // the first is byte-identical to it (CI once purged within that second).
