@@ -143,7 +143,7 @@ public struct FleetEngineProxy: Sendable {
             case .failure(let refusal as ProxyRefusal):
                 reply(self.finish(request, refusal.response(for: request.wire), sent, peer: peer, since: started))
             case .failure(let error):
-                reply(self.finish(request, ProxyRefusal.badRequest("\(error)").response(for: request.wire), sent, peer: peer, since: started))
+                reply(self.finish(request, ProxyRefusal.upstream(error).response(for: request.wire), sent, peer: peer, since: started))
             case .success(let first) where TokenRejection.rejectsToken(first, wire: request.wire):
                 let queued = inTask {
                     var outcome = sent
@@ -246,7 +246,7 @@ public struct FleetEngineProxy: Sendable {
         } catch let refusal as ProxyRefusal {
             throw refusal
         } catch {
-            throw .badRequest("\(error)")
+            throw .upstream(error)
         }
     }
 
@@ -263,12 +263,7 @@ public struct FleetEngineProxy: Sendable {
             response.headers = ProxyRequestRules.callerHeaders(response.headers)
             return response
         }.flatMapErrorThrowing { error in
-            switch error {
-            case UpstreamFailure.timeout:
-                throw ProxyRefusal(grpcStatus: 4, httpStatus: 504, message: "token-agent's Fleet Engine proxy: \(UpstreamFailure.timeout)")
-            default:
-                throw ProxyRefusal(grpcStatus: 14, httpStatus: 502, message: "token-agent's Fleet Engine proxy: \(error)")
-            }
+            throw ProxyRefusal.upstream(error)
         }
     }
 
@@ -316,5 +311,16 @@ package enum GRPCTimeout {
         guard scale > 0 else { return nil }
         let (product, overflow) = amount.multipliedReportingOverflow(by: scale)
         return overflow ? Int64.max : product
+    }
+}
+
+extension ProxyRefusal {
+    /// What the caller gets when Fleet Engine gave no answer: `DEADLINE_EXCEEDED` / 504 after the
+    /// call's time, else `UNAVAILABLE` / 502 (which Google's clients retry).
+    static func upstream(_ error: any Error) -> ProxyRefusal {
+        if case UpstreamFailure.timeout? = error as? UpstreamFailure {
+            return ProxyRefusal(grpcStatus: 4, httpStatus: 504, message: "token-agent's Fleet Engine proxy: \(UpstreamFailure.timeout)")
+        }
+        return ProxyRefusal(grpcStatus: 14, httpStatus: 502, message: "token-agent's Fleet Engine proxy: \(error)")
     }
 }

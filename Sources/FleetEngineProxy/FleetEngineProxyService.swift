@@ -57,7 +57,8 @@ public struct FleetEngineProxyService: Service, CustomStringConvertible {
         for case .unix(let path) in addresses { try SocketPath.check(path) }
     }
 
-    /// Serves until graceful shutdown or cancellation.
+    /// Serves until graceful shutdown or cancellation, then closes the proxy's connections to
+    /// Fleet Engine for good: a proxy serves one run (make a new ``FleetEngineProxy`` to serve again).
     public func run() async throws {
         try prepare()
         let calls = ProxyCallQueue()

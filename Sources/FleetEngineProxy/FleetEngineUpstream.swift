@@ -67,8 +67,14 @@ package final class FleetEngineUpstream: Sendable {
         let future: EventLoopFuture<Connection>
     }
 
-    /// Each event loop's connection made or being made; an entry goes when it fails or closes.
-    private let connections = Mutex<[ObjectIdentifier: Slot]>([:])
+    /// Each event loop's connection made or being made (an entry goes when it fails or closes),
+    /// and whether ``close()`` was called.
+    private struct Connections: Sendable {
+        var slots: [ObjectIdentifier: Slot] = [:]
+        var closed = false
+    }
+
+    private let connections = Mutex(Connections())
 
     /// A connection to `endpoint`, trusting the system's roots or, when given, only the
     /// certificates in the PEM file `caFile`, through the forward proxy `proxySettings` name for
@@ -158,11 +164,12 @@ package final class FleetEngineUpstream: Sendable {
         }
     }
 
-    /// Closes every connection (the service's shutdown).
+    /// Closes every connection (the service's shutdown); a call made afterwards fails at once
+    /// instead of opening a connection nobody would close.
     package func close() {
-        let open = connections.withLock { connections in
-            defer { connections = [:] }
-            return Array(connections.values)
+        let open = connections.withLock { state in
+            defer { state = Connections(closed: true) }
+            return Array(state.slots.values)
         }
         for slot in open { slot.future.whenSuccess { $0.channel.close(promise: nil) } }
     }
@@ -170,30 +177,35 @@ package final class FleetEngineUpstream: Sendable {
     /// `loop`'s connection, made or being made.
     private func connection(on loop: any EventLoop) -> EventLoopFuture<Connection> {
         let id = ObjectIdentifier(loop)
-        return connections.withLock { connections in
-            if let slot = connections[id] { return slot.future }
+        let (future, made) = connections.withLock { state -> (EventLoopFuture<Connection>, Bool) in
+            if state.closed { return (loop.makeFailedFuture(UpstreamFailure.unreachable("the proxy is stopping")), false) }
+            if let slot = state.slots[id] { return (slot.future, false) }
             let made = connect(on: loop)
-            connections[id] = Slot(future: made)
-            made.whenComplete { [weak self] result in
+            state.slots[id] = Slot(future: made)
+            return (made, true)
+        }
+        // Outside the lock: a callback of a future already complete runs at once, and takes it.
+        if made {
+            future.whenComplete { [weak self] result in
                 switch result {
-                case .failure: self?.clear(made, of: id)
+                case .failure: self?.clear(future, of: id)
                 case .success(let connection):
-                    connection.channel.closeFuture.whenComplete { [weak self] _ in self?.clear(made, of: id) }
+                    connection.channel.closeFuture.whenComplete { [weak self] _ in self?.clear(future, of: id) }
                 }
             }
-            return made
         }
+        return future
     }
 
     private func clear(_ future: EventLoopFuture<Connection>, of id: ObjectIdentifier) {
-        connections.withLock { if $0[id]?.future === future { $0[id] = nil } }
+        connections.withLock { if $0.slots[id]?.future === future { $0.slots[id] = nil } }
     }
 
     /// Closes `connection` and forgets it at once, so the next call of `loop` connects again.
     private func drop(_ connection: Connection, on loop: any EventLoop) {
         connection.channel.close(promise: nil)
         let id = ObjectIdentifier(loop)
-        guard let slot = connections.withLock({ $0[id] }) else { return }
+        guard let slot = connections.withLock({ $0.slots[id] }) else { return }
         // Only when the entry is still this connection's (another call may have replaced it).
         slot.future.whenSuccess { [weak self] current in
             if current.channel === connection.channel { self?.clear(slot.future, of: id) }

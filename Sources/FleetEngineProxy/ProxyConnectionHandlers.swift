@@ -205,7 +205,13 @@ final class HTTP1CallHandler: ChannelInboundHandler, RemovableChannelHandler {
             let keepAlive = head.isKeepAlive
             let version = head.version
             let channel = context.channel
-            calls.run(request, on: context.eventLoop) { response in Self.write(response, version: version, keepAlive: keepAlive, to: channel) }
+            let loop = context.eventLoop
+            // Written in a later turn of the loop, never inside this read: an answer written at
+            // once (a refusal) makes NIO's pipelining helper hand over the next request from
+            // inside that write, so a burst of refused requests would nest one call per request.
+            calls.run(request, on: loop) { response in
+                loop.execute { Self.write(response, version: version, keepAlive: keepAlive, to: channel) }
+            }
         }
     }
 

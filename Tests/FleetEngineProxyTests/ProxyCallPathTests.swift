@@ -25,14 +25,17 @@ struct ProxyCallPathTests {
         let tasks: Int
     }
 
-    @Test("a held token: answered on the caller's event loop without a task; a miss and a rejected token run in one task each",
+    @Test("a held token: answered on the caller's event loop, on that loop's own connection, without a task; a miss and a rejected token run in one task each",
           arguments: [ProxyWire.rest, .grpc])
     func hitStaysOnItsLoop(wire: ProxyWire) async throws {
         let scratch = Scratch()
         var logger = Logger(label: "proxy-call-path-test")
         logger.logLevel = .warning
         let signing = try _RSA.Signing.PrivateKey(keySize: .bits2048)
-        let fetcher = ScriptedFetcher { key, _ in FetchedToken(value: try! Self.signed(TestJWT.make(for: key, issuedAt: Date()), with: signing)) }
+        // Each fetch's token is issued 2 s after the one before, so a rotation can fall between them.
+        let fetcher = ScriptedFetcher { key, number in
+            FetchedToken(value: try! Self.signed(TestJWT.make(for: key, issuedAt: Date().addingTimeInterval(Double(number - 1) * 2)), with: signing))
+        }
         let store = try SQLiteTokenRepository(path: scratch.file("tokens.sqlite"), logger: logger)
         defer { store.close() }
         let engine = TokenSyncEngine(repository: store, fetcher: fetcher, logger: logger)
@@ -43,36 +46,46 @@ struct ProxyCallPathTests {
         defer { fake.close() }
         let proxy = try FleetEngineProxy(api: api, configuration: .init(endpoint: try FleetEngineEndpoint(parsing: fake.url)), logger: logger)
         defer { proxy.upstream.close() }
-        let loop = MultiThreadedEventLoopGroup.singleton.next()
+        // Every loop of the group the listeners use: one upstream connection each.
+        let loops: [any EventLoop] = Array(MultiThreadedEventLoopGroup.singleton.makeIterator())
 
         try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask { try await engine.run() }
             let request = UpstreamConnectionTests.request(wire, "providers/p/vehicles/v-1")
-            let cold = try await Self.call(proxy, request, on: loop)
+            let cold = try await Self.call(proxy, request, on: loops[0])
             #expect(cold.status == 200 && cold.tasks == 1, "a miss waits for the fetch in a task: \(cold)")
-            for _ in 0..<3 {
-                let hit = try await Self.call(proxy, request, on: loop)
-                #expect(hit.status == 200, "\(hit)")
-                #expect(hit.tasks == 0, "a held token needs no task")
-                #expect(hit.onLoop, "a held token's call is answered on the loop that read it")
+            for loop in loops {
+                for _ in 0..<3 {
+                    let hit = try await Self.call(proxy, request, on: loop)
+                    #expect(hit.status == 200, "\(hit)")
+                    #expect(hit.tasks == 0, "a held token needs no task")
+                    #expect(hit.onLoop, "a held token's call is answered on the loop that read it")
+                }
             }
             #expect(fetcher.count(try .vehicle("v-1")) == 1)
-            // Rejected by Fleet Engine (a key rotation): the one retry with a new token runs in a task.
-            fake.rejectTokens(issuedBefore: Date().addingTimeInterval(5))
-            let rejected = try await Self.call(proxy, request, on: loop)
-            #expect(rejected.tasks == 1, "\(rejected)")
+            // Rejected by Fleet Engine (a key rotation between the first token and the next): the
+            // one retry, with a token fetched after the rejection, runs in a task and succeeds.
+            fake.rejectTokens(issuedBefore: Date().addingTimeInterval(1))
+            let rejected = try await Self.call(proxy, request, on: loops[0])
+            #expect(rejected.tasks == 1 && rejected.status == 200, "\(rejected)")
             #expect(fetcher.count(try .vehicle("v-1")) == 2)
+            // A call that needs a task while none can run any more (the service stopping).
+            let stopping = try await Self.call(proxy, UpstreamConnectionTests.request(wire, "providers/p/vehicles/v-2"), on: loops[0], tasksRun: false)
+            #expect(stopping.status == (wire == .rest ? 503 : 514), "UNAVAILABLE: \(stopping)")
             group.cancelAll()
         }
-        #expect(fake.traffic.connections == 1, "one connection for the loop's calls: \(fake.traffic)")
+        #expect(fake.traffic.connections == loops.count, "one connection per loop that had calls: \(fake.traffic)")
     }
 
-    /// Runs `request` through `proxy` from `loop`, each task `inTask` asks for as a task of its own.
-    static func call(_ proxy: FleetEngineProxy, _ request: ProxyRequest, on loop: any EventLoop) async throws -> Answered {
+    /// Runs `request` through `proxy` from `loop`, each task `inTask` asks for as a task of its own;
+    /// a gRPC answer's status is 200 for `OK`, else 500 plus its gRPC code.
+    /// `tasksRun` false: `inTask` refuses, as the service's queue does once it has finished.
+    static func call(_ proxy: FleetEngineProxy, _ request: ProxyRequest, on loop: any EventLoop, tasksRun: Bool = true) async throws -> Answered {
         let tasks = Atomic<Int>(0)
         let answer: (ProxyResponse, Bool) = try await withCheckedThrowingContinuation { continuation in
             loop.execute {
                 proxy.handle(request, transport: .unix, peer: nil, on: loop, inTask: { work in
+                    guard tasksRun else { return false }
                     tasks.add(1, ordering: .relaxed)
                     Task { await work() }
                     return true

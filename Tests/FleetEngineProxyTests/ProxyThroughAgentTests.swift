@@ -286,4 +286,23 @@ struct ProxyThroughAgentTests {
         let marked = try await rig.tcp("GET", path, host: "localhost", headers: [("Fleet-Token-Request", "true")])
         #expect(marked.status == 200 && marked.body.contains("providers/p/deliveryVehicles/dv-1"), "\(marked)")
     }
+
+    @Test("3,000 refused REST requests pipelined on one connection: each answered, in order, and the agent goes on serving")
+    func pipelinedRefusals() async throws {
+        let rig = try await ProxyRig()
+        defer { rig.stop() }
+        // A refusal is decided without waiting; answered inside the read that carried it, each
+        // answer made NIO hand over the next request from inside that write, one nesting per request.
+        let count = 3000
+        let refused = "GET /v1/providers/p/secrets/x HTTP/1.1\r\nHost: localhost\r\nFleet-Token-Request: true\r\n\r\n"
+        let last = "GET /v1/providers/p/secrets/last HTTP/1.1\r\nHost: localhost\r\nFleet-Token-Request: true\r\nConnection: close\r\n\r\n"
+        let port = rig.port
+        let answers = try await offCooperativePool { try RawHTTP.pipelined(.tcp(port: port), Array(repeating: refused, count: count - 1) + [last]) }
+        let statuses = answers.components(separatedBy: "HTTP/1.1 ").dropFirst().map { $0.prefix(3) }
+        #expect(statuses.count == count, "\(statuses.count) answers; the agent's log ends: \(rig.agent.stderr.suffix(2000))")
+        #expect(statuses.allSatisfy { $0 == "404" })
+        #expect(rig.agent.isRunning)
+        let marked = try await rig.tcp("GET", "/v1/providers/p/deliveryVehicles/dv-1", host: "localhost", headers: [("Fleet-Token-Request", "true")])
+        #expect(marked.status == 200, "\(marked)")
+    }
 }

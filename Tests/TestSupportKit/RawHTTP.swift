@@ -36,6 +36,32 @@ public enum RawHTTP {
         return try parse(raw)
     }
 
+    /// Sends every request of `requests` (whole HTTP/1.1 requests, the last one asking to close)
+    /// in one burst on one connection, from a thread of its own, while reading the answers here
+    /// until the server closes or `timeout` seconds pass without a byte; everything read.
+    public static func pipelined(_ endpoint: Endpoint, _ requests: [String], timeout: Int = 60) throws -> String {
+        let fd = try connect(endpoint, timeout: timeout)
+        defer { close(fd) }
+        let bytes = Array(requests.joined().utf8)
+        let writer = Thread {
+            var sent = 0
+            while sent < bytes.count {
+                let count = bytes[sent...].withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+                guard count > 0 else { return }
+                sent += count
+            }
+        }
+        writer.start()
+        var received: [UInt8] = []
+        var buffer = [UInt8](repeating: 0, count: 65536)
+        while true {
+            let count = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+            guard count > 0 else { break }
+            received += buffer[..<count]
+        }
+        return String(decoding: received, as: UTF8.self)
+    }
+
     /// Opens a connection and keeps it open without sending anything; the descriptor, or -1.
     public static func openIdle(_ endpoint: Endpoint) -> Int32 {
         (try? connect(endpoint, timeout: 5)) ?? -1
