@@ -88,14 +88,31 @@ public struct FleetEngineProxy: Sendable {
         let response: ProxyResponse
         do {
             let prepared = try prepare(request, transport: transport, peer: peer, outcome: &outcome)
-            let token = try await self.token(for: prepared.key)
-            outcome.fingerprint = token.fingerprint.description
-            let first = try await send(request, token: token, timeout: prepared.timeout, on: upstream.defaultLoop)
-            response = try await retryIfRejected(request, prepared, first: first, token: token, on: upstream.defaultLoop, outcome: &outcome)
+            response = await answer(request, prepared, sent: nil, on: upstream.defaultLoop, outcome: &outcome)
         } catch {
             response = error.response(for: request.wire)
         }
         return finish(request, response, outcome, peer: peer, since: started)
+    }
+
+    /// The rest of a prepared call, awaiting what it must: the token (on a miss, the shared
+    /// fetch) and Fleet Engine's answer, unless `sent` holds both already; then the one retry of
+    /// a rejected token. Refusals come back as their answers.
+    private func answer(_ request: ProxyRequest, _ prepared: PreparedCall, sent: (token: StoredToken, first: ProxyResponse)?,
+                        on loop: any EventLoop, outcome: inout Outcome) async -> ProxyResponse {
+        do throws(ProxyRefusal) {
+            let (token, first): (StoredToken, ProxyResponse)
+            if let sent {
+                (token, first) = sent
+            } else {
+                token = try await self.token(for: prepared.key)
+                outcome.fingerprint = token.fingerprint.description
+                first = try await send(request, token: token, timeout: prepared.timeout, on: loop)
+            }
+            return try await retryIfRejected(request, prepared, first: first, token: token, on: loop, outcome: &outcome)
+        } catch {
+            return error.response(for: request.wire)
+        }
     }
 
     /// Answers `request` by calling `reply` (on any thread). A call whose token is in memory is
@@ -107,10 +124,6 @@ public struct FleetEngineProxy: Sendable {
                         inTask: @escaping @Sendable (_ work: @escaping @Sendable () async -> Void) -> Bool,
                         reply: @escaping @Sendable (ProxyResponse) -> Void) {
         let started = ContinuousClock.now
-        let stopping = { @Sendable (_ outcome: Outcome) in
-            let refusal = ProxyRefusal(grpcStatus: 14, httpStatus: 503, message: "token-agent's Fleet Engine proxy is stopping: retry shortly", retryAfter: 1)
-            reply(self.finish(request, refusal.response(for: request.wire), outcome, peer: peer, since: started))
-        }
         var outcome = Outcome()
         let prepared: PreparedCall
         do {
@@ -118,44 +131,27 @@ public struct FleetEngineProxy: Sendable {
         } catch {
             return reply(finish(request, error.response(for: request.wire), outcome, peer: peer, since: started))
         }
-        guard let token = api.engine.tokenIfHeld(for: prepared.key) else {
-            let waiting = outcome
+        // The rest of the call in a task; `UNAVAILABLE` when no task runs any more.
+        let continueInTask = { @Sendable (_ outcome: Outcome, _ sent: (token: StoredToken, first: ProxyResponse)?) in
             let queued = inTask {
-                var outcome = waiting
-                let response: ProxyResponse
-                do throws(ProxyRefusal) {
-                    let token = try await self.token(for: prepared.key)
-                    outcome.fingerprint = token.fingerprint.description
-                    let first = try await self.send(request, token: token, timeout: prepared.timeout, on: loop)
-                    response = try await self.retryIfRejected(request, prepared, first: first, token: token, on: loop, outcome: &outcome)
-                } catch {
-                    response = error.response(for: request.wire)
-                }
+                var outcome = outcome
+                let response = await self.answer(request, prepared, sent: sent, on: loop, outcome: &outcome)
                 reply(self.finish(request, response, outcome, peer: peer, since: started))
             }
-            if !queued { stopping(waiting) }
-            return
+            guard !queued else { return }
+            let refusal = ProxyRefusal(grpcStatus: 14, httpStatus: 503, message: "token-agent's Fleet Engine proxy is stopping: retry shortly", retryAfter: 1)
+            reply(self.finish(request, refusal.response(for: request.wire), outcome, peer: peer, since: started))
         }
+        guard let token = api.engine.tokenIfHeld(for: prepared.key) else { return continueInTask(outcome, nil) }
         outcome.fingerprint = token.fingerprint.description
         let sent = outcome
         startSending(request, token: token, timeout: prepared.timeout, on: loop).whenComplete { result in
             switch result {
-            case .failure(let refusal as ProxyRefusal):
-                reply(self.finish(request, refusal.response(for: request.wire), sent, peer: peer, since: started))
             case .failure(let error):
-                reply(self.finish(request, ProxyRefusal.upstream(error).response(for: request.wire), sent, peer: peer, since: started))
+                let refusal = error as? ProxyRefusal ?? .upstream(error)
+                reply(self.finish(request, refusal.response(for: request.wire), sent, peer: peer, since: started))
             case .success(let first) where TokenRejection.rejectsToken(first, wire: request.wire):
-                let queued = inTask {
-                    var outcome = sent
-                    let response: ProxyResponse
-                    do throws(ProxyRefusal) {
-                        response = try await self.retryIfRejected(request, prepared, first: first, token: token, on: loop, outcome: &outcome)
-                    } catch {
-                        response = error.response(for: request.wire)
-                    }
-                    reply(self.finish(request, response, outcome, peer: peer, since: started))
-                }
-                if !queued { stopping(sent) }
+                continueInTask(sent, (token, first))
             case .success(let response):
                 reply(self.finish(request, response, sent, peer: peer, since: started))
             }

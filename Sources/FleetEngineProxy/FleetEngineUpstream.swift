@@ -62,15 +62,10 @@ package final class FleetEngineUpstream: Sendable {
     /// How long a new connection waits between connecting and setting up HTTP/2: zero, but for
     /// tests standing in for a loaded event loop (whatever the server sends meanwhile must wait).
     private let setUpDelay: TimeAmount
-    /// A connection made or being made, by event loop.
-    private struct Slot: Sendable {
-        let future: EventLoopFuture<Connection>
-    }
-
     /// Each event loop's connection made or being made (an entry goes when it fails or closes),
     /// and whether ``close()`` was called.
     private struct Connections: Sendable {
-        var slots: [ObjectIdentifier: Slot] = [:]
+        var slots: [ObjectIdentifier: EventLoopFuture<Connection>] = [:]
         var closed = false
     }
 
@@ -171,7 +166,7 @@ package final class FleetEngineUpstream: Sendable {
             defer { state = Connections(closed: true) }
             return Array(state.slots.values)
         }
-        for slot in open { slot.future.whenSuccess { $0.channel.close(promise: nil) } }
+        for future in open { future.whenSuccess { $0.channel.close(promise: nil) } }
     }
 
     /// `loop`'s connection, made or being made.
@@ -179,9 +174,9 @@ package final class FleetEngineUpstream: Sendable {
         let id = ObjectIdentifier(loop)
         let (future, made) = connections.withLock { state -> (EventLoopFuture<Connection>, Bool) in
             if state.closed { return (loop.makeFailedFuture(UpstreamFailure.unreachable("the proxy is stopping")), false) }
-            if let slot = state.slots[id] { return (slot.future, false) }
+            if let current = state.slots[id] { return (current, false) }
             let made = connect(on: loop)
-            state.slots[id] = Slot(future: made)
+            state.slots[id] = made
             return (made, true)
         }
         // Outside the lock: a callback of a future already complete runs at once, and takes it.
@@ -198,17 +193,17 @@ package final class FleetEngineUpstream: Sendable {
     }
 
     private func clear(_ future: EventLoopFuture<Connection>, of id: ObjectIdentifier) {
-        connections.withLock { if $0.slots[id]?.future === future { $0.slots[id] = nil } }
+        connections.withLock { if $0.slots[id] === future { $0.slots[id] = nil } }
     }
 
     /// Closes `connection` and forgets it at once, so the next call of `loop` connects again.
     private func drop(_ connection: Connection, on loop: any EventLoop) {
         connection.channel.close(promise: nil)
         let id = ObjectIdentifier(loop)
-        guard let slot = connections.withLock({ $0.slots[id] }) else { return }
+        guard let future = connections.withLock({ $0.slots[id] }) else { return }
         // Only when the entry is still this connection's (another call may have replaced it).
-        slot.future.whenSuccess { [weak self] current in
-            if current.channel === connection.channel { self?.clear(slot.future, of: id) }
+        future.whenSuccess { [weak self] current in
+            if current.channel === connection.channel { self?.clear(future, of: id) }
         }
     }
 

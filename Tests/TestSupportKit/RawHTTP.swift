@@ -43,23 +43,8 @@ public enum RawHTTP {
         let fd = try connect(endpoint, timeout: timeout)
         defer { close(fd) }
         let bytes = Array(requests.joined().utf8)
-        let writer = Thread {
-            var sent = 0
-            while sent < bytes.count {
-                let count = bytes[sent...].withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
-                guard count > 0 else { return }
-                sent += count
-            }
-        }
-        writer.start()
-        var received: [UInt8] = []
-        var buffer = [UInt8](repeating: 0, count: 65536)
-        while true {
-            let count = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-            guard count > 0 else { break }
-            received += buffer[..<count]
-        }
-        return String(decoding: received, as: UTF8.self)
+        Thread { _ = writeAll(fd, bytes) }.start()
+        return String(decoding: try readToEnd(fd), as: UTF8.self)
     }
 
     /// Opens a connection and keeps it open without sending anything; the descriptor, or -1.
@@ -106,12 +91,23 @@ public enum RawHTTP {
     static func exchange(_ endpoint: Endpoint, _ request: [UInt8], timeout: Int) throws -> [UInt8] {
         let fd = try connect(endpoint, timeout: timeout)
         defer { close(fd) }
+        guard writeAll(fd, request) else { throw ProcessFailure(message: "write: \(String(cString: strerror(errno)))") }
+        return try readToEnd(fd)
+    }
+
+    /// Writes all of `bytes` to `fd`; false when a write fails (errno says why).
+    static func writeAll(_ fd: Int32, _ bytes: [UInt8]) -> Bool {
         var sent = 0
-        while sent < request.count {
-            let count = request[sent...].withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
-            guard count > 0 else { throw ProcessFailure(message: "write: \(String(cString: strerror(errno)))") }
+        while sent < bytes.count {
+            let count = bytes[sent...].withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+            guard count > 0 else { return false }
             sent += count
         }
+        return true
+    }
+
+    /// Reads `fd` until the peer closes; a read error (the receive timeout) throws.
+    static func readToEnd(_ fd: Int32) throws -> [UInt8] {
         var received: [UInt8] = []
         var buffer = [UInt8](repeating: 0, count: 65536)
         while true {
