@@ -30,12 +30,9 @@ extension SQLiteTokenRepository: TokenRepository {
             while start < keys.endIndex {
                 let chunk = keys[start..<min(start + 500, keys.endIndex)]
                 start = chunk.endIndex
-                let placeholders = Array(repeating: "(?, ?)", count: chunk.count).joined(separator: ", ")
                 var arguments: [DatabaseValue] = []
                 for key in chunk { arguments += [key.kind.rawValue.databaseValue, key.subjectID.databaseValue] }
-                let rows = try Row.fetchAll(db, sql: """
-                    SELECT * FROM tokens WHERE (kind, subject_id) IN (VALUES \(placeholders))
-                    """, arguments: StatementArguments(arguments))
+                let rows = try Row.fetchAll(db, sql: TokenRow.entriesSQL(keys: chunk.count), arguments: StatementArguments(arguments))
                 for row in rows {
                     if let entry = TokenRow.entry(from: row) { found[entry.key] = entry }
                 }
