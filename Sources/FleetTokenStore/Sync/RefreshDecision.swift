@@ -85,7 +85,9 @@ struct RefreshDecision: Sendable {
         case idle
         case queuedForSlot
         case askingForLease
-        case adopting(stored: TokenEntry?, then: AfterAdoption)
+        // Indirect: the entry is large inline and a flight is rare, yet every key's state has room
+        // for one (the enum's size is its largest case's).
+        indirect case adopting(stored: TokenEntry?, then: AfterAdoption)
         case waitingForHolder(until: Date)
         case readingStore(until: Date)
         case fetching
