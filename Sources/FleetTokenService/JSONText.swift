@@ -19,7 +19,7 @@ package enum JSONText {
     package static func appendQuoted(_ text: String, to output: inout String) {
         output += "\""
         // Tokens are base64url and dots, most log text is plain: nothing to escape, one copy.
-        if text.utf8.allSatisfy({ $0 >= 0x20 && $0 != UInt8(ascii: "\"") && $0 != UInt8(ascii: "\\") }) {
+        if needsNoEscape(text) {
             output += text
         } else {
             for scalar in text.unicodeScalars {
@@ -36,5 +36,16 @@ package enum JSONText {
             }
         }
         output += "\""
+    }
+
+    /// Whether `text` goes into a literal as it is. Over the string's own bytes where it has
+    /// them (a native string always does): through the UTF-8 view's iterator this check was
+    /// 2.5% of the token API's CPU time under load (perf, an 830-byte token per answer).
+    private static func needsNoEscape(_ text: String) -> Bool {
+        @inline(__always) func plain(_ byte: UInt8) -> Bool {
+            byte >= 0x20 && byte != UInt8(ascii: "\"") && byte != UInt8(ascii: "\\")
+        }
+        if let answer = text.utf8.withContiguousStorageIfAvailable({ bytes in bytes.allSatisfy(plain) }) { return answer }
+        return text.utf8.allSatisfy(plain)
     }
 }
