@@ -101,7 +101,7 @@ struct PromiseTests {
         let b = TokenSyncEngine(repository: storeB, fetcher: fresh, logger: Logger(label: "b"))
         let callerA = Task { try? await a.token(for: key) }
         // Setup, not the promise under test: on a loaded CI machine A's first open, read and lease
-        // took over 5 s once. The promise is the 3 s bound after the release, below.
+        // took over 5 s once. The promise is the bound after the release, below.
         #expect(await eventually(within: 60) { held.waitingAtGate == 1 })
         let done = Mutex<Date?>(nil)
         let callerB = Task { _ = try await b.token(for: key); done.withLock { $0 = Date() } }
@@ -111,8 +111,10 @@ struct PromiseTests {
         await a.shutdown() // cancels A's fetch and releases its lease, storing nothing
         _ = await callerA.value
         #expect(await eventually(within: 30) { done.withLock { $0 } != nil })
+        // The promise is "not the lease's 30 s": alone B fetches within about a second (its lease
+        // check); under a full suite on 2 cores it took 3.26 s and 3.45 s once each.
         if let at = done.withLock({ $0 }) {
-            #expect(at.timeIntervalSince(released) < 3, "B waited \(at.timeIntervalSince(released)) s after the lease was released")
+            #expect(at.timeIntervalSince(released) < 10, "B waited \(at.timeIntervalSince(released)) s after the lease was released (lease 30 s)")
         }
         #expect(fresh.total == 1)
         callerB.cancel()
