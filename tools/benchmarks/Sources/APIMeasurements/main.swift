@@ -8,6 +8,8 @@
 //                          [--only api|bounded-state] [--bounded-requests 30000] [--bounded-invalidates N]
 //                          [--bounded-lifetime 120] [--bounded-idle-window 10] [--bounded-agent-arg ARG]...
 //                          [--bounded-diagnose] [--bounded-heaptrack]
+//                          [--gateway-agent PATH] [--fleet-subjects 100000] [--idle-seconds 30]
+//                          [--gateway-refreshes 10] [--nginx-runs 5]
 //
 // - Hit (the rounds with both servers and the client pinned to one core, so that thread
 //   placement on this small VM does not decide the ratio): p50 of `GET /v1/token/vehicle/ID`
@@ -26,6 +28,11 @@
 // - Bounded state (BoundedState.swift): VmRSS after 30,000 invalidates of unknown ids and
 //   30,000 GETs of distinct pattern-allowed ids, once they have gone idle, against VmRSS before;
 //   the p99 of a configured vehicle's GET during that load.
+// - A dispatch host (FleetScale.swift): 100,000 stored subjects from a subjects file to /readyz,
+//   VmRSS tracking them, idle CPU.
+// - Throughput against nginx serving a file over TCP, both under wrk (NginxThroughput.swift).
+// - A gateway (Gateway.swift): the statically linked agent's VmRSS with five subjects after ten
+//   refreshes each, and its stripped size.
 //
 // The token provider is the in-process development issuer, on loopback.
 
@@ -379,19 +386,32 @@ func option(_ flag: String, in arguments: [String] = CommandLine.arguments) -> S
     arguments.firstIndex(of: flag).flatMap { $0 + 1 < arguments.count ? arguments[$0 + 1] : nil }
 }
 guard let agentPath = option("--agent"), let barePath = option("--bare-server") else {
-    note("usage: token-api-measurements --agent PATH --bare-server PATH [--only api|bounded-state] [--rounds N] [--requests-per-round N] [--startup-repetitions N] [--throughput-seconds S] [--bounded-requests N] [--bounded-invalidates N] [--bounded-lifetime S] [--bounded-idle-window S] [--bounded-agent-arg ARG]... [--bounded-diagnose] [--bounded-heaptrack] [--keep-scratch]")
+    note("usage: token-api-measurements --agent PATH --bare-server PATH [--gateway-agent PATH] [--only api|bounded-state|fleet-scale|gateway|nginx-throughput] [--fleet-subjects N] [--idle-seconds S] [--gateway-refreshes N] [--nginx-runs N] [--rounds N] [--requests-per-round N] [--startup-repetitions N] [--throughput-seconds S] [--bounded-requests N] [--bounded-invalidates N] [--bounded-lifetime S] [--bounded-idle-window S] [--bounded-agent-arg ARG]... [--bounded-diagnose] [--bounded-heaptrack] [--keep-scratch]")
     exit(64)
 }
 let rounds = option("--rounds").flatMap(Int.init) ?? 15
 let requestsPerRound = option("--requests-per-round").flatMap(Int.init) ?? 3000
 let startupRepetitions = option("--startup-repetitions").flatMap(Int.init) ?? 5
 let throughputSeconds = option("--throughput-seconds").flatMap(Double.init) ?? 5
-// --only api: the figures above; --only bounded-state: the bounded-state run alone (BoundedState.swift).
+// --only api: the figures above; --only bounded-state: the bounded-state run alone (BoundedState.swift);
+// fleet-scale (FleetScale.swift), gateway (Gateway.swift, needs --gateway-agent), nginx-throughput
+// (NginxThroughput.swift).
 let only = option("--only")
-guard only == nil || only == "api" || only == "bounded-state" else {
-    note("--only takes api or bounded-state")
+let sections = ["api", "bounded-state", "fleet-scale", "gateway", "nginx-throughput"]
+guard only.map(sections.contains) ?? true else {
+    note("--only takes one of " + sections.joined(separator: ", "))
     exit(64)
 }
+func runs(_ section: String) -> Bool { only == nil || only == section }
+// The statically linked agent for the gateway figures; without it they are left out.
+let gatewayAgentPath = option("--gateway-agent")
+var fleetScaleSettings = FleetScaleSettings()
+fleetScaleSettings.subjects = option("--fleet-subjects").flatMap(Int.init) ?? fleetScaleSettings.subjects
+fleetScaleSettings.idleSeconds = option("--idle-seconds").flatMap(Double.init) ?? fleetScaleSettings.idleSeconds
+var gatewaySettings = GatewaySettings()
+gatewaySettings.refreshes = option("--gateway-refreshes").flatMap(Int.init) ?? gatewaySettings.refreshes
+var nginxThroughputSettings = NginxThroughputSettings()
+nginxThroughputSettings.runs = option("--nginx-runs").flatMap(Int.init) ?? nginxThroughputSettings.runs
 var boundedSettings = BoundedStateSettings()
 if let count = option("--bounded-requests").flatMap(Int.init) { (boundedSettings.gets, boundedSettings.invalidates) = (count, count) }
 // A diagnosis: the invalidates alone changed (0: GETs only).
@@ -410,7 +430,7 @@ let scratch = scratchDirectory("api")
 let issuer = try await DevTokenIssuer.start(logger: quietLogger)
 
 do {
-    if only == nil || only == "api" {
+    if runs("api") {
         let help = try output(of: agentPath, ["--help"], scratch: scratch)
         let hasSubjectsFile = help.contains("--subjects-file")
         results["agent_subjects_given_by"] = hasSubjectsFile ? "--subjects-file" : "--vehicle flags (token-agent has no --subjects-file)"
@@ -582,9 +602,26 @@ do {
         }
         results["agent_fetches_total"] = issuer.issuedCount
     }
-    if only == nil || only == "bounded-state" {
+    if runs("bounded-state") {
         let figures = try await measureBoundedState(agentPath: agentPath, scratch: scratch, settings: boundedSettings)
         results.merge(figures) { $1 }
+    }
+    if runs("fleet-scale") {
+        let figures = try await measureFleetScale(agentPath: agentPath, issuer: issuer, scratch: scratch, settings: fleetScaleSettings)
+        results.merge(figures) { $1 }
+    }
+    if runs("nginx-throughput") {
+        let figures = try await measureThroughputAgainstNginx(agentPath: agentPath, issuer: issuer, scratch: scratch,
+                                                              settings: nginxThroughputSettings)
+        results.merge(figures) { $1 }
+    }
+    if runs("gateway") {
+        if let gatewayAgentPath {
+            let figures = try await measureGateway(agentPath: gatewayAgentPath, scratch: scratch, settings: gatewaySettings)
+            results.merge(figures) { $1 }
+        } else {
+            note("no --gateway-agent: the gateway figures (a statically linked agent) are left out")
+        }
     }
 } catch {
     for pid in Child.running { kill(pid, SIGKILL) }

@@ -458,10 +458,10 @@ final class NginxRelay {
 
     /// Starts nginx and waits until both ports accept; nil when nginx is not installed.
     static func start(upstreamPort: Int, scratch: String) async throws -> NginxRelay? {
-        guard let nginx = ["/usr/sbin/nginx", "/usr/bin/nginx"].first(where: { FileManager.default.isExecutableFile(atPath: $0) }) else { return nil }
+        guard let nginx = DebianNginx.executable else { return nil }
         let directory = scratch + "/nginx"
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-        let (grpcPort, restPort) = (try await freePort(), try await freePort())
+        let (grpcPort, restPort) = (try freeLoopbackPort(), try freeLoopbackPort())
         let temporary = ["client_body", "proxy", "fastcgi", "uwsgi", "scgi"].map { "\($0)_temp_path \(directory)/\($0);" }.joined(separator: " ")
         let configuration = """
             daemon off; master_process off; worker_processes 1;
@@ -480,14 +480,14 @@ final class NginxRelay {
         try configuration.write(toFile: directory + "/nginx.conf", atomically: true, encoding: .utf8)
         let child = try Child(nginx, ["-p", directory, "-c", directory + "/nginx.conf", "-e", directory + "/error.log"], log: directory + "/stdout.log")
         let deadline = monotonicNanoseconds() + 20_000_000_000
-        while !(accepts(port: grpcPort) && accepts(port: restPort)) {
+        while !(loopbackAccepts(port: grpcPort) && loopbackAccepts(port: restPort)) {
             guard child.isRunning, monotonicNanoseconds() < deadline else {
                 child.stop()
                 throw MeasurementError("nginx did not listen: \((try? String(contentsOfFile: directory + "/error.log", encoding: .utf8)) ?? "")")
             }
             usleep(20_000)
         }
-        return NginxRelay(grpcPort: grpcPort, restPort: restPort, version: nginxVersion(nginx), child: child)
+        return NginxRelay(grpcPort: grpcPort, restPort: restPort, version: DebianNginx.version(nginx), child: child)
     }
 
     private init(grpcPort: Int, restPort: Int, version: String, child: Child) {
@@ -495,34 +495,4 @@ final class NginxRelay {
     }
 
     func stop() { child.stop() }
-
-    /// A loopback port nobody listens on now (bound and released).
-    private static func freePort() async throws -> Int {
-        let channel = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton).bind(host: "127.0.0.1", port: 0).get()
-        let port = channel.localAddress?.port
-        try await channel.close()
-        guard let port else { throw MeasurementError("no free loopback port") }
-        return port
-    }
-
-    private static func accepts(port: Int) -> Bool {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        defer { close(fd) }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = UInt16(port).bigEndian
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        return withUnsafePointer(to: &address) { pointer in
-            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }
-        }
-    }
-
-    private static func nginxVersion(_ nginx: String) -> String {
-        let log = NSTemporaryDirectory() + "nginx-version-\(getpid()).txt"
-        defer { try? FileManager.default.removeItem(atPath: log) }
-        guard let child = try? Child(nginx, ["-v"], log: log) else { return "nginx" }
-        _ = child.wait()
-        return ((try? String(contentsOfFile: log, encoding: .utf8)) ?? "nginx").replacingOccurrences(of: "nginx version: ", with: "")
-            .trimmingCharacters(in: .whitespacesAndNewlines)
-    }
 }

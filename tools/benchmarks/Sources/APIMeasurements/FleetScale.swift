@@ -1,0 +1,80 @@
+// A dispatch host's agent (issue 32): 100,000 subjects stored and named in a subjects file.
+//
+// - Start-up: exec to `GET /readyz` answering 200 (every configured subject holding a usable
+//   token), on a store already holding fresh tokens for all of them; the median of a few starts.
+// - Memory: VmRSS once the agent has served each subject once and settled for two seconds.
+// - Idle CPU: the agent's CPU time over `idleSeconds` with nothing due (every token fresh for an
+//   hour), against the wall time, in percent of one core.
+//
+// The same agent flags as the 10,000-subject figures in main.swift; the token provider is the
+// development issuer, which must not be asked for anything (counted).
+
+import BenchmarkSupport
+import DevTokenIssuer
+import FleetTokenStore
+import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
+
+struct FleetScaleSettings {
+    var subjects = 100_000
+    var startups = 3
+    var idleSeconds: Double = 30
+}
+
+func readinessRequest() -> [UInt8] {
+    Array("GET /readyz HTTP/1.1\r\nHost: localhost\r\n\r\n".utf8)
+}
+
+func measureFleetScale(agentPath: String, issuer: DevTokenIssuer, scratch: String,
+                       settings: FleetScaleSettings) async throws -> [String: Any] {
+    var results: [String: Any] = [:]
+    let label = settings.subjects == 100_000 ? "100k" : "\(settings.subjects)"
+    let directory = scratch + "/fleet-\(settings.subjects)"
+    try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+    let keys = vehicleKeys(settings.subjects, prefix: "f")
+    let (db, subjects) = try await seededStore(keys, in: directory)
+    let socket = directory + "/agent.sock"
+    let arguments = ["--db", db, "--listen", "unix:" + socket, "--subjects-file", subjects,
+                     "--provider-url", issuer.urlTemplate, "--no-proxy", "--allow", "vehicle:*", "--log-level", "warning"]
+    let issuedBefore = issuer.issuedCount
+
+    var startups: [Double] = []
+    for _ in 0..<settings.startups {
+        unlink(socket)
+        let start = monotonicNanoseconds()
+        let agent = try Child(agentPath, arguments, log: directory + "/agent-startup.log")
+        defer { agent.stop() }
+        _ = try waitUntilServing(socket, readinessRequest(), child: agent)
+        startups.append(Double(monotonicNanoseconds() - start) / 1e9)
+    }
+    results["agent_startup_\(label)_seconds"] = rounded(median(startups))
+    results["agent_startup_\(label)_seconds_each"] = startups.map { rounded($0) }
+
+    unlink(socket)
+    let agent = try Child(agentPath, arguments, log: directory + "/agent.log")
+    defer { agent.stop() }
+    let connection = try waitUntilServing(socket, readinessRequest(), child: agent)
+    for key in keys {
+        let status = try connection.exchange(tokenRequest("vehicle", key.subjectID))
+        guard status == 200 else { throw MeasurementError("status \(status) for \(key) in the \(label) memory run") }
+    }
+    try await Task.sleep(for: .seconds(2))
+    let resident = agent.residentKiB()
+    results["agent_rss_mib_\(label)_tracked"] = rounded(Double(resident.current) / 1024, 1)
+    results["agent_peak_rss_mib_\(label)_tracked"] = rounded(Double(resident.peak) / 1024, 1)
+    results["agent_rss_anonymous_mib_\(label)_tracked"] = rounded(Double(resident.anonymous) / 1024, 1)
+    results["agent_rss_files_mib_\(label)_tracked"] = rounded(Double(resident.files) / 1024, 1)
+
+    let (cpuBefore, wallBefore) = (agent.cpuSeconds(), monotonicNanoseconds())
+    try await Task.sleep(for: .seconds(settings.idleSeconds))
+    let cpu = agent.cpuSeconds() - cpuBefore
+    let wall = Double(monotonicNanoseconds() - wallBefore) / 1e9
+    results["idle_cpu_percent_\(label)_tracked"] = rounded(cpu / wall * 100)
+    // Every token was fresh: a fetch would mean the figures measured something else.
+    let fetches = issuer.issuedCount - issuedBefore
+    results["agent_fetches_\(label)_tracked"] = fetches
+    guard fetches == 0 else { throw MeasurementError("the \(label) agent fetched \(fetches) tokens although every stored token was fresh") }
+    return results
+}
