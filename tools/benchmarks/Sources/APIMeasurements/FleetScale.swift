@@ -56,16 +56,9 @@ func measureFleetScale(agentPath: String, issuer: DevTokenIssuer, scratch: Strin
     let agent = try Child(agentPath, arguments, log: directory + "/agent.log")
     defer { agent.stop() }
     let connection = try waitUntilServing(socket, readinessRequest(), child: agent)
-    for key in keys {
-        let status = try connection.exchange(tokenRequest("vehicle", key.subjectID))
-        guard status == 200 else { throw MeasurementError("status \(status) for \(key) in the \(label) memory run") }
-    }
+    try serveEachOnce(keys, on: connection, run: "the \(label) memory run")
     try await Task.sleep(for: .seconds(2))
-    let resident = agent.residentKiB()
-    results["agent_rss_mib_\(label)_tracked"] = rounded(Double(resident.current) / 1024, 1)
-    results["agent_peak_rss_mib_\(label)_tracked"] = rounded(Double(resident.peak) / 1024, 1)
-    results["agent_rss_anonymous_mib_\(label)_tracked"] = rounded(Double(resident.anonymous) / 1024, 1)
-    results["agent_rss_files_mib_\(label)_tracked"] = rounded(Double(resident.files) / 1024, 1)
+    results.merge(residentFigures(of: agent, suffix: "\(label)_tracked")) { $1 }
 
     let (cpuBefore, wallBefore) = (agent.cpuSeconds(), monotonicNanoseconds())
     try await Task.sleep(for: .seconds(settings.idleSeconds))

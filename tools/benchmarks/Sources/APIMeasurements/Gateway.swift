@@ -57,11 +57,7 @@ func measureGateway(agentPath: String, scratch: String, settings: GatewaySetting
             throw MeasurementError("the gateway agent's sink has no file for \(id)")
         }
         try await Task.sleep(for: .seconds(2))
-        let resident = agent.residentKiB()
-        results["agent_rss_mib_5_subjects"] = rounded(Double(resident.current) / 1024, 1)
-        results["agent_rss_anonymous_mib_5_subjects"] = rounded(Double(resident.anonymous) / 1024, 1)
-        results["agent_rss_files_mib_5_subjects"] = rounded(Double(resident.files) / 1024, 1)
-        results["agent_peak_rss_mib_5_subjects"] = rounded(Double(resident.peak) / 1024, 1)
+        results.merge(residentFigures(of: agent, suffix: "5_subjects")) { $1 }
         results["agent_threads_5_subjects"] = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(agent.pid)/task").count) ?? 0
         results["gateway_tokens_fetched"] = issuer.issuedCount
     } catch {

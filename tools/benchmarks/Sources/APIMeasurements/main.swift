@@ -339,6 +339,27 @@ func sustainedRate(_ socket: String, _ requests: [[UInt8]], seconds: Double) thr
     return (Double(counted) / seconds, non200)
 }
 
+/// GETs every key's token once on `connection`; any answer but 200 fails the `run`.
+func serveEachOnce(_ keys: [TokenKey], on connection: Connection, run: String) throws {
+    for key in keys {
+        let status = try connection.exchange(tokenRequest(key.kind.rawValue, key.subjectID))
+        guard status == 200 else { throw MeasurementError("status \(status) for \(key) in \(run)") }
+    }
+}
+
+/// The agent's VmRSS now, its peak, and the split between anonymous memory and mapped files, in
+/// MiB, as `agent_rss_mib_SUFFIX`, `agent_peak_rss_mib_SUFFIX`, `agent_rss_anonymous_mib_SUFFIX`
+/// and `agent_rss_files_mib_SUFFIX`.
+func residentFigures(of agent: Child, suffix: String) -> [String: Any] {
+    let resident = agent.residentKiB()
+    return [
+        "agent_rss_mib_\(suffix)": rounded(Double(resident.current) / 1024, 1),
+        "agent_peak_rss_mib_\(suffix)": rounded(Double(resident.peak) / 1024, 1),
+        "agent_rss_anonymous_mib_\(suffix)": rounded(Double(resident.anonymous) / 1024, 1),
+        "agent_rss_files_mib_\(suffix)": rounded(Double(resident.files) / 1024, 1),
+    ]
+}
+
 /// Opens `count` connections, sends `request` on every one, then reads every answer.
 /// Returns how many answers were 200.
 func burst(_ socket: String, _ request: [UInt8], count: Int) throws -> Int {
@@ -589,16 +610,9 @@ do {
             let agent = try Child(agentPath, agentArguments(10_000, socket: socket), log: directory + "/agent-rss.log")
             defer { agent.stop() }
             let connection = try waitUntilServing(socket, tokenRequest("vehicle", keys[0].subjectID), child: agent)
-            for key in keys {
-                let status = try connection.exchange(tokenRequest("vehicle", key.subjectID))
-                guard status == 200 else { throw MeasurementError("status \(status) for \(key) in the memory run") }
-            }
+            try serveEachOnce(keys, on: connection, run: "the 10k memory run")
             try await Task.sleep(for: .seconds(2))
-            let resident = agent.residentKiB()
-            results["agent_rss_mib_10k_tracked"] = rounded(Double(resident.current) / 1024, 1)
-            results["agent_peak_rss_mib_10k_tracked"] = rounded(Double(resident.peak) / 1024, 1)
-            results["agent_rss_anonymous_mib_10k_tracked"] = rounded(Double(resident.anonymous) / 1024, 1)
-            results["agent_rss_files_mib_10k_tracked"] = rounded(Double(resident.files) / 1024, 1)
+            results.merge(residentFigures(of: agent, suffix: "10k_tracked")) { $1 }
         }
         results["agent_fetches_total"] = issuer.issuedCount
     }

@@ -35,7 +35,8 @@ public func loopbackAccepts(port: Int) -> Bool {
     }
 }
 
-private func loopbackAddress(port: Int) -> sockaddr_in {
+/// 127.0.0.1:`port` as a socket address.
+public func loopbackAddress(port: Int) -> sockaddr_in {
     var address = sockaddr_in()
     address.sin_family = sa_family_t(AF_INET)
     address.sin_port = UInt16(port).bigEndian
