@@ -415,35 +415,6 @@ func contextSwitches(of pid: pid_t) -> (voluntary: Int, involuntary: Int) {
 
 // MARK: - The token a direct caller attaches
 
-/// GET `url` (plain HTTP on loopback), the body.
-func httpGet(host: String, port: Int, path: String) throws -> Data {
-    let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-    guard descriptor >= 0 else { throw MeasurementError("socket(): \(String(cString: strerror(errno)))") }
-    defer { close(descriptor) }
-    var address = sockaddr_in()
-    address.sin_family = sa_family_t(AF_INET)
-    address.sin_port = in_port_t(UInt16(port).bigEndian)
-    inet_pton(AF_INET, host, &address.sin_addr)
-    let connected = withUnsafePointer(to: &address) {
-        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(descriptor, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-    }
-    guard connected == 0 else { throw MeasurementError("connect(\(host):\(port)): \(String(cString: strerror(errno)))") }
-    let request = Array("GET \(path) HTTP/1.1\r\nHost: \(host):\(port)\r\nConnection: close\r\n\r\n".utf8)
-    guard request.withUnsafeBytes({ send(descriptor, $0.baseAddress!, $0.count, Int32(MSG_NOSIGNAL)) }) == request.count else {
-        throw MeasurementError("send(): \(String(cString: strerror(errno)))")
-    }
-    var response: [UInt8] = []
-    var chunk = [UInt8](repeating: 0, count: 16_384)
-    while true {
-        let count = chunk.withUnsafeMutableBytes { recv(descriptor, $0.baseAddress!, $0.count, 0) }
-        if count < 0 && errno == EINTR { continue }
-        guard count > 0 else { break }
-        response += chunk[0..<count]
-    }
-    guard let split = response.firstRange(of: Array("\r\n\r\n".utf8)) else { throw MeasurementError("no HTTP answer from \(host):\(port)\(path)") }
-    return Data(response[split.upperBound...])
-}
-
 
 // MARK: - The nginx relay
 
@@ -459,34 +430,13 @@ final class NginxRelay {
     /// Starts nginx and waits until both ports accept; nil when nginx is not installed.
     static func start(upstreamPort: Int, scratch: String) async throws -> NginxRelay? {
         guard let nginx = DebianNginx.executable else { return nil }
-        let directory = scratch + "/nginx"
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         let (grpcPort, restPort) = (try freeLoopbackPort(), try freeLoopbackPort())
-        let temporary = ["client_body", "proxy", "fastcgi", "uwsgi", "scgi"].map { "\($0)_temp_path \(directory)/\($0);" }.joined(separator: " ")
-        let configuration = """
-            daemon off; master_process off; worker_processes 1;
-            error_log \(directory)/error.log warn; pid \(directory)/nginx.pid;
-            events { worker_connections 1024; }
-            http {
-              access_log off; \(temporary)
-              # Every connection stays for the whole run (nginx closes one after 1,000 calls by default).
-              keepalive_requests 100000000; keepalive_timeout 600s;
-              upstream fleet_grpc { server 127.0.0.1:\(upstreamPort); keepalive 16; keepalive_requests 100000000; }
+        let child = try DebianNginx.start(nginx, in: scratch + "/nginx", main: "master_process off; worker_processes 1;", http: """
+            upstream fleet_grpc { server 127.0.0.1:\(upstreamPort); keepalive 16; keepalive_requests 100000000; }
               upstream fleet_rest { server 127.0.0.1:\(upstreamPort); keepalive 16; keepalive_requests 100000000; }
               server { listen 127.0.0.1:\(grpcPort) http2; location / { grpc_pass grpc://fleet_grpc; } }
               server { listen 127.0.0.1:\(restPort); location / { proxy_pass http://fleet_rest; proxy_http_version 1.1; proxy_set_header Connection ""; } }
-            }
-            """
-        try configuration.write(toFile: directory + "/nginx.conf", atomically: true, encoding: .utf8)
-        let child = try Child(nginx, ["-p", directory, "-c", directory + "/nginx.conf", "-e", directory + "/error.log"], log: directory + "/stdout.log")
-        let deadline = monotonicNanoseconds() + 20_000_000_000
-        while !(loopbackAccepts(port: grpcPort) && loopbackAccepts(port: restPort)) {
-            guard child.isRunning, monotonicNanoseconds() < deadline else {
-                child.stop()
-                throw MeasurementError("nginx did not listen: \((try? String(contentsOfFile: directory + "/error.log", encoding: .utf8)) ?? "")")
-            }
-            usleep(20_000)
-        }
+            """, ports: [grpcPort, restPort])
         return NginxRelay(grpcPort: grpcPort, restPort: restPort, version: DebianNginx.version(nginx), child: child)
     }
 

@@ -93,7 +93,7 @@ do {
     let port = proxyPort!
 
     // A token of the same issuer, as the direct caller would hold (the upstream checks none).
-    let issued = try httpGet(host: "127.0.0.1", port: Int(URL(string: issuer.urlTemplate)!.port!), path: "/token/vehicle/bench-1")
+    let issued = Data(try loopbackGET(port: Int(URL(string: issuer.urlTemplate)!.port!), path: "/token/vehicle/bench-1").body)
     guard let object = try JSONSerialization.jsonObject(with: issued) as? [String: Any],
           let token = object["token"] as? String ?? object.values.compactMap({ $0 as? String }).max(by: { $0.count < $1.count }) else {
         throw MeasurementError("the issuer's answer holds no token")
