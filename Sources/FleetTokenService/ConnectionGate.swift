@@ -146,9 +146,10 @@ package final class ConnectionGate: Sendable {
     }
 
     /// An HTTP/1 server whose connections pass this gate first; `configuration`'s idle timeout
-    /// for connections accepted below the busy threshold, the shorter busy one above it.
+    /// for connections accepted below the busy threshold, the shorter busy one above it;
+    /// `heldTokens` answers held tokens on each connection's event loop.
     /// Resolves (and logs) the caps now, as the listener starts.
-    func http1(configuration: HTTP1Channel.Configuration, unixSocket: Bool) -> HTTPServerBuilder {
+    func http1(configuration: HTTP1Channel.Configuration, unixSocket: Bool, heldTokens: HeldTokenRoute?) -> HTTPServerBuilder {
         _ = caps
         var shortened = configuration
         let short = TimeAmount.nanoseconds(Int64(APIConnectionLimits.busyIdleTimeout.components.seconds) * 1_000_000_000)
@@ -156,7 +157,8 @@ package final class ConnectionGate: Sendable {
         let busy = shortened
         return HTTPServerBuilder { responder in
             GatedHTTP1Channel(normal: HTTP1Channel(responder: responder, configuration: configuration),
-                              busy: HTTP1Channel(responder: responder, configuration: busy), gate: self, unixSocket: unixSocket)
+                              busy: HTTP1Channel(responder: responder, configuration: busy), gate: self, unixSocket: unixSocket,
+                              heldTokens: heldTokens)
         }
     }
 }

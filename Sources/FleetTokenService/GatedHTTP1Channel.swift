@@ -1,5 +1,6 @@
-// Service layer: Hummingbird's HTTP/1 child channel behind the connection gate, and the
-// handler that answers a refused connection 503 and closes it.
+// Service layer: Hummingbird's HTTP/1 child channel behind the connection gate (with the held
+// token route on its event loop), and the handler that answers a refused connection 503 and
+// closes it.
 
 import HummingbirdCore
 import Logging
@@ -15,6 +16,8 @@ struct GatedHTTP1Channel: ServerChildChannel {
     let busy: HTTP1Channel
     let gate: ConnectionGate
     let unixSocket: Bool
+    /// Answers held tokens on the event loop (nil: every request is routed).
+    let heldTokens: HeldTokenRoute?
 
     func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<Value> {
         guard channel.eventLoop.inEventLoop else {
@@ -39,7 +42,15 @@ struct GatedHTTP1Channel: ServerChildChannel {
             gate.release(peer)
             if identity != nil { gate.forget(connection) }
         }
-        return (isBusy ? busy : normal).setup(channel: channel, logger: logger)
+        let setUp = (isBusy ? busy : normal).setup(channel: channel, logger: logger)
+        guard let heldTokens else { return setUp }
+        // After the connection state handler, so that it sees every request and answer.
+        return setUp.flatMapThrowing { value in
+            let pipeline = channel.pipeline.syncOperations
+            try pipeline.addHandler(HeldTokenHandler(heldTokens, peer: identity),
+                                    position: .after(try pipeline.handler(type: HTTPConnectionStateHandler.self)))
+            return value
+        }
     }
 
     func handle(value: Value, logger: Logger) async {

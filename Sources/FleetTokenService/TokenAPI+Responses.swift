@@ -14,12 +14,16 @@ import Glibc
 extension TokenAPI {
     /// The key named by the path, or the refusal: `404` unknown kind, `400` bad id, `403` not allowed.
     func subject(_ context: TokenAPIRequestContext) -> Result<TokenKey, Refusal> {
-        let kindText = context.parameters.get("kind") ?? ""
-        guard let kind = TokenKind(rawValue: kindText) else {
+        subject(kind: context.parameters.get("kind") ?? "", id: context.parameters.get("id") ?? "", peer: context.peer)
+    }
+
+    /// The key named by a path's `kind` and `id` segments (as sent, the id percent-decoded
+    /// here) for `peer`, or the refusal.
+    func subject(kind kindText: some StringProtocol, id raw: String, peer: PeerIdentity?) -> Result<TokenKey, Refusal> {
+        guard let kind = TokenKind(rawValue: String(kindText)) else {
             return .failure(Refusal(Self.json(.notFound, ["error": "unknown kind: use vehicle, trip, deliveryVehicle or task"])))
         }
-        let raw = context.parameters.get("id") ?? ""
-        guard let id = raw.contains("%") ? raw.removingPercentEncoding : raw else {
+        guard let id = raw.utf8.contains(UInt8(ascii: "%")) ? raw.removingPercentEncoding : raw else {
             return .failure(Refusal(Self.json(.badRequest, ["error": "the id is not valid percent-encoding"])))
         }
         let key: TokenKey
@@ -28,7 +32,7 @@ extension TokenAPI {
         } catch {
             return .failure(Refusal(Self.json(.badRequest, ["error": error.description])))
         }
-        if let refusal = accessRefusal(key, peer: context.peer) {
+        if let refusal = accessRefusal(key, peer: peer) {
             return .failure(Refusal(Self.json(.forbidden, ["error": refusal])))
         }
         return .success(key)

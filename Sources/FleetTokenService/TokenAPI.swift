@@ -128,7 +128,7 @@ public struct TokenAPI: Sendable {
     /// ones listed in ``publicPaths``, which carry no token.
     func router(for transport: APITransport, peers: @escaping PeerLookup = { _ in nil }) -> Router<TokenAPIRequestContext> {
         let router = Router(context: TokenAPIRequestContext.self)
-        router.add(middleware: TokenAPIAccessRules(logger: logger, transport: transport, peers: peers))
+        router.add(middleware: accessRules(transport, peers: peers))
         router.get("/healthz") { _, _ in Self.json(.ok, ["status": "ok"]) }
         router.get("/readyz") { _, _ in await self.readiness() }
         router.get("/metrics") { _, _ in self.metrics() }
@@ -137,6 +137,16 @@ public struct TokenAPI: Sendable {
         guarded.post("/v1/invalidate/:kind/:id") { _, context in try await self.invalidate(context) }
         guarded.get("/v1/subjects") { request, context in await self.subjects(request, context) }
         return router
+    }
+
+    /// The rules every request on `transport` meets before routing, with the access log.
+    func accessRules(_ transport: APITransport, peers: @escaping PeerLookup = { _ in nil }) -> TokenAPIAccessRules {
+        TokenAPIAccessRules(logger: logger, transport: transport, peers: peers)
+    }
+
+    /// The token route for held tokens on `transport`, answered on the event loop: see ``HeldTokenRoute``.
+    func heldTokenRoute(_ transport: APITransport) -> HeldTokenRoute {
+        HeldTokenRoute(api: self, rules: accessRules(transport))
     }
 
     /// The routes served without the request header: they carry no token.
@@ -154,23 +164,32 @@ public struct TokenAPI: Sendable {
         limiter.sweep(now: .now)
         do throws(TokenUnavailable) {
             let (token, source) = try await engine.tokenWithSource(for: key)
-            let fingerprint = token.fingerprint.description
-            if let peer = context.peer { audit.record(peer, key: key, fingerprint: fingerprint) }
-            var headers: HTTPFields = [Self.fingerprintHeader: fingerprint, .cacheControl: "no-store"]
-            if request.headers[.accept].map(Self.prefersPlainText) == true {
-                headers[.contentType] = "text/plain; charset=utf-8"
-                return Response(status: .ok, headers: headers, body: .init(byteBuffer: ByteBuffer(string: token.value)))
-            }
-            // The hot route writes its six fields itself: JSONSerialization (with sorted keys,
-            // each a locale-aware comparison) was nine tenths of the route's cost.
-            headers[.contentType] = "application/json"
-            var body = "{\"expires_at\":\"" + Self.timestamp(token.expiresAt) + "\",\"fingerprint\":\"" + fingerprint
-            body += "\",\"id\":" + JSONText.quoted(key.subjectID) + ",\"kind\":\"" + key.kind.rawValue
-            body += "\",\"source\":\"" + source.rawValue + "\",\"token\":" + JSONText.quoted(token.value) + "}"
-            return Response(status: .ok, headers: headers, body: .init(byteBuffer: ByteBuffer(string: body)))
+            let (headers, body) = handout(token, source: source, key: key, to: context.peer, accept: request.headers[.accept])
+            return Response(status: .ok, headers: headers, body: .init(byteBuffer: body))
         } catch {
             return unavailable(error)
         }
+    }
+
+    /// The `200` answer handing `token` out (its handout audited when `peer` is known): the
+    /// bare token when `accept` prefers `text/plain`, else the JSON object. The router's token
+    /// route and ``HeldTokenRoute`` both answer with it.
+    func handout(_ token: StoredToken, source: TokenSource, key: TokenKey, to peer: PeerIdentity?,
+                 accept: String?) -> (HTTPFields, ByteBuffer) {
+        let fingerprint = token.fingerprint.description
+        if let peer { audit.record(peer, key: key, fingerprint: fingerprint) }
+        var headers: HTTPFields = [Self.fingerprintHeader: fingerprint, .cacheControl: "no-store"]
+        if accept.map(Self.prefersPlainText) == true {
+            headers[.contentType] = "text/plain; charset=utf-8"
+            return (headers, ByteBuffer(string: token.value))
+        }
+        // The hot route writes its six fields itself: JSONSerialization (with sorted keys,
+        // each a locale-aware comparison) was nine tenths of the route's cost.
+        headers[.contentType] = "application/json"
+        var body = "{\"expires_at\":\"" + Self.timestamp(token.expiresAt) + "\",\"fingerprint\":\"" + fingerprint
+        body += "\",\"id\":" + JSONText.quoted(key.subjectID) + ",\"kind\":\"" + key.kind.rawValue
+        body += "\",\"source\":\"" + source.rawValue + "\",\"token\":" + JSONText.quoted(token.value) + "}"
+        return (headers, ByteBuffer(string: body))
     }
 
     func invalidate(_ context: TokenAPIRequestContext) async throws -> Response {

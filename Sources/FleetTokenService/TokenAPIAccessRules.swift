@@ -36,7 +36,7 @@ struct TokenAPIAccessRules: RouterMiddleware {
         var context = context
         if case .unix = transport { context.peer = peers(context.connection) }
         let response: Response
-        if let refusal = refusal(request) {
+        if let refusal = refusal(request.head) {
             response = refusal
         } else {
             do {
@@ -46,16 +46,21 @@ struct TokenAPIAccessRules: RouterMiddleware {
             }
         }
         // Built only when the log level lets it through (the metadata is an autoclosure).
-        logger.info("token API request", metadata: Self.metadata(request, response, peer: context.peer, since: started))
+        logger.info("token API request", metadata: Self.metadata(
+            method: request.method, path: request.uri.path, status: response.status, fingerprint: response.headers[TokenAPI.fingerprintHeader],
+            peer: context.peer, since: started))
         return response
     }
 
-    /// The answer refusing `request` before routing, or nil when it may be routed.
-    func refusal(_ request: Request) -> Response? {
-        if request.headers[.init("X-Forwarded-For")!] != nil || request.headers[.init("Forwarded")!] != nil {
+    static let forwardedFor = HTTPField.Name("X-Forwarded-For")!
+    static let forwarded = HTTPField.Name("Forwarded")!
+
+    /// The answer refusing the request with `head` before routing, or nil when it may be routed.
+    func refusal(_ head: HTTPRequest) -> Response? {
+        if head.headerFields[Self.forwardedFor] != nil || head.headerFields[Self.forwarded] != nil {
             return TokenAPI.json(.forbidden, ["error": "requests through a proxy are refused (X-Forwarded-For or Forwarded present)"])
         }
-        if let problem = RequestTarget.problem(request.head.path ?? "") {
+        if let problem = RequestTarget.problem(head.path ?? "") {
             return TokenAPI.json(.badRequest, ["error": "the request target \(problem): send the path in normal form, e.g. /v1/token/vehicle/truck-7"])
         }
         guard case .tcp(let listenHost) = transport else { return nil }
@@ -63,25 +68,27 @@ struct TokenAPIAccessRules: RouterMiddleware {
         // is same-origin with the API, so it may set the request header: the Host it sends
         // still names the attacker's host, and a page never omits Origin on a cross-origin
         // request. Local programs send neither problem.
-        guard let host = request.head.authority, LoopbackHost.isAllowedHostHeader(host, listenHost: listenHost) else {
+        guard let host = head.authority, LoopbackHost.isAllowedHostHeader(host, listenHost: listenHost) else {
             return TokenAPI.json(.misdirectedRequest, ["error": "the Host header must name this listener (localhost, a loopback address): requests for other host names are refused as DNS rebinding"])
         }
-        if request.headers[.origin] != nil {
+        if head.headerFields[.origin] != nil {
             return TokenAPI.json(.forbidden, ["error": "requests from web pages (with an Origin header) are refused"])
         }
         return nil
     }
 
-    static func metadata(_ request: Request, _ response: Response, peer: PeerIdentity?, since started: ContinuousClock.Instant) -> Logger.Metadata {
+    /// The access log line's fields: no token, whichever path answered.
+    static func metadata(method: HTTPRequest.Method, path: some StringProtocol, status: HTTPResponse.Status, fingerprint: String?,
+                         peer: PeerIdentity?, since started: ContinuousClock.Instant) -> Logger.Metadata {
         var metadata: Logger.Metadata = [
-            "method": "\(request.method)", "path": "\(request.uri.path)", "status": "\(response.status.code)",
+            "method": "\(method)", "path": "\(path)", "status": "\(status.code)",
             "latency_ms": "\((ContinuousClock.now - started).accessLogMilliseconds)",
         ]
         if let peer {
             metadata["uid"] = "\(peer.uid)"
             metadata["pid"] = "\(peer.pid)"
         }
-        if let fingerprint = response.headers[TokenAPI.fingerprintHeader] { metadata["fingerprint"] = "\(fingerprint)" }
+        if let fingerprint { metadata["fingerprint"] = "\(fingerprint)" }
         return metadata
     }
 }
@@ -93,10 +100,15 @@ struct TokenRequestHeaderRule: RouterMiddleware {
     typealias Context = TokenAPIRequestContext
 
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
-        guard request.headers[TokenAPI.requestHeader]?.lowercased() == "true" else {
+        guard Self.isMarked(request.head) else {
             return TokenAPI.json(.forbidden, ["error": "add the header Fleet-Token-Request: true"])
         }
         return try await next(request, context)
+    }
+
+    /// True when the request with `head` carries the header with the value `true`.
+    static func isMarked(_ head: HTTPRequest) -> Bool {
+        head.headerFields[TokenAPI.requestHeader]?.lowercased() == "true"
     }
 }
 

@@ -162,7 +162,7 @@ public struct TokenAPIService: Service {
                 case .unix(let path):
                     let staging = try SocketStaging(path: path)
                     let gate = connectionGate
-                    let app = application(api.router(for: .unix, peers: { gate.identity(of: $0) }), address,
+                    let app = application(api.router(for: .unix, peers: { gate.identity(of: $0) }), api.heldTokenRoute(.unix), address,
                                           bind: .unixDomainSocket(path: staging.stagedPath), staging: staging,
                                           placementFailed: placementFailed)
                     group.addTask {
@@ -170,7 +170,7 @@ public struct TokenAPIService: Service {
                         try await app.runService()
                     }
                 case .tcp(let host, let port):
-                    let app = application(api.router(for: .tcp(host: host)), address, bind: .hostname(host, port: port), staging: nil,
+                    let app = application(api.router(for: .tcp(host: host)), api.heldTokenRoute(.tcp(host: host)), address, bind: .hostname(host, port: port), staging: nil,
                                           placementFailed: placementFailed)
                     group.addTask { try await app.runService() }
                 }
@@ -179,7 +179,7 @@ public struct TokenAPIService: Service {
         for case .unix(let path) in addresses { unlink(path) }
     }
 
-    private func application(_ router: Router<TokenAPIRequestContext>, _ address: ListenAddress, bind: BindAddress,
+    private func application(_ router: Router<TokenAPIRequestContext>, _ heldTokens: HeldTokenRoute, _ address: ListenAddress, bind: BindAddress,
                              staging: SocketStaging?,
                              placementFailed: AsyncStream<TokenAPIError>.Continuation) -> some ApplicationProtocol {
         let logger = logger
@@ -195,7 +195,7 @@ public struct TokenAPIService: Service {
             server: connectionGate.http1(configuration: .init(
                 idleTimeout: .seconds(30),
                 httpDecoderConfiguration: .init(maxHeaderFieldSize: 8 * 1024, maxHeaderListSize: 16 * 1024, maxHeaderFieldCount: 100)),
-                unixSocket: { if case .unix = address { true } else { false } }()),
+                unixSocket: { if case .unix = address { true } else { false } }(), heldTokens: heldTokens),
             configuration: .init(address: bind, serverName: nil, backlog: 1024),
             onServerRunning: { channel in
                 switch address {

@@ -107,6 +107,11 @@ final class TokenMemory: Sendable {
         state.withLock { $0[entry: key] }
     }
 
+    /// Where the held token of `key` came from, without copying its entry out.
+    func source(_ key: TokenKey) -> TokenSource? {
+        state.withLock { $0.slots[key]?.keyState.held?.source }
+    }
+
     /// The provider-corrected time.
     func correctedNow(_ localNow: Date) -> Date {
         localNow.addingTimeInterval(state.withLock { $0.clockOffset })

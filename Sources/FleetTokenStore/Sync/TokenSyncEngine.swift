@@ -153,6 +153,12 @@ public final class TokenSyncEngine: Service, Sendable {
         tokenFromMemory(key)
     }
 
+    /// Where the token memory holds for `key` came from (`store` when it holds none): what
+    /// ``tokenWithSource(for:)`` says of a hit, for callers of ``tokenIfHeld(for:)``.
+    package func source(of key: TokenKey) -> TokenSource {
+        memory.source(key) ?? .store
+    }
+
     /// The slow path of ``token(for:)``: waits for the shared fetch.
     @usableFromInline
     func tokenAfterMiss(_ key: TokenKey) async throws(TokenUnavailable) -> StoredToken {
@@ -163,7 +169,7 @@ public final class TokenSyncEngine: Service, Sendable {
     /// Like ``token(for:)``, also saying where the token came from.
     /// - Throws: ``TokenUnavailable``.
     package func tokenWithSource(for key: TokenKey) async throws(TokenUnavailable) -> (token: StoredToken, source: TokenSource) {
-        if let token = tokenFromMemory(key) { return (token, memory.entry(key)?.source ?? .store) }
+        if let token = tokenFromMemory(key) { return (token, source(of: key)) }
         let token = try await tokenAfterMiss(key)
         return (token, memory.entry(key)?.source ?? .provider)
     }

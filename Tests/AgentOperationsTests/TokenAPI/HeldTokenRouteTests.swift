@@ -1,0 +1,127 @@
+// Issue 32: a held token's GET is answered on the event loop that read it, bypassing the
+// router. Against a real token-agent process over loopback TCP and its Unix socket, with
+// requests written byte for byte: answers keep request order behind a routed request, the
+// answer is the router's (headers, body, access log), and every rule still refuses.
+
+import Foundation
+import TestSupportKit
+import Testing
+#if canImport(Glibc)
+import Glibc
+#endif
+
+@Suite("token API: held tokens answered on the event loop", .paced, .exclusive)
+struct HeldTokenRouteTests {
+    static let marked = "Fleet-Token-Request: true\r\n"
+
+    static func get(_ target: String, _ extra: String = "") -> String {
+        "GET \(target) HTTP/1.1\r\nHost: localhost\r\n\(marked)\(extra)\r\n"
+    }
+
+    /// The ids of the token answers in `raw`, in the order they arrived, and their statuses.
+    static func answers(_ raw: String) -> (statuses: [String], ids: [String]) {
+        let statuses = raw.components(separatedBy: "HTTP/1.1 ").dropFirst().map { String($0.prefix(3)) }
+        let ids = raw.components(separatedBy: "\"id\":\"").dropFirst().map { String($0.prefix { $0 != "\"" }) }
+        return (statuses, ids)
+    }
+
+    @Test("pipelined on one connection, a held token waits behind a routed request (a slow fetch) and answers stay in request order")
+    func requestOrder() async throws {
+        let scratch = Scratch()
+        let issuer = try await IssuerProcess(scratch: scratch)
+        // Every fetch takes 700 ms: a cold subject's answer comes long after a held one's could.
+        let agent = try await APIAgent.start(scratch, provider: issuer.template + "?fault=slow&delay_ms=700",
+                                             ["--vehicle", "v-0", "--allow", "vehicle:*"], tcp: true, logLevel: "info")
+        let port = try #require(agent.tcpPort)
+        #expect(await eventually(within: 60) { (try? RawHTTP.send(.unix(agent.socket), "GET", "/readyz"))?.status == 200 })
+        for endpoint in [RawHTTP.Endpoint.tcp(port: port), .unix(agent.socket)] {
+            let cold = endpoint.isUnix ? "cold-unix" : "cold-tcp"
+            let requests = [
+                Self.get("/v1/token/vehicle/v-0"),          // held: answered on the loop
+                Self.get("/v1/token/vehicle/\(cold)"),      // routed: waits 700 ms for its fetch
+                Self.get("/v1/token/vehicle/v-0"),          // held, but must wait behind it
+                Self.get("/v1/token/vehicle/v-0?x=1"),
+                Self.get("/v1/token/vehicle/v-0", "Connection: close\r\n"),
+            ]
+            let raw = try await offCooperativePool { try RawHTTP.pipelined(endpoint, requests) }
+            let (statuses, ids) = Self.answers(raw)
+            #expect(statuses == ["200", "200", "200", "200", "200"], "\(endpoint): \(raw.prefix(600))")
+            #expect(ids == ["v-0", cold, "v-0", "v-0", "v-0"], "\(endpoint): answers out of request order")
+        }
+        // 2,000 held-token requests in one burst: each answered, in order, and the connection
+        // closed after the last (it asked to close).
+        let burst = Array(repeating: Self.get("/v1/token/vehicle/v-0"), count: 1999) + [Self.get("/v1/token/vehicle/v-0", "Connection: close\r\n")]
+        let raw = try await offCooperativePool { try RawHTTP.pipelined(.tcp(port: port), burst) }
+        let (statuses, ids) = Self.answers(raw)
+        #expect(statuses.count == 2000 && statuses.allSatisfy { $0 == "200" }, "\(statuses.count) answers")
+        #expect(ids.count == 2000 && ids.allSatisfy { $0 == "v-0" })
+        #expect(agent.process.isRunning)
+        #expect(await agent.stop() == 0, "\(agent.process.stderr.suffix(2000))")
+    }
+
+    @Test("a held token's answer is the router's: the same headers and body fields, a Date, the access log line; every rule still refuses it")
+    func sameAnswerSameRules() async throws {
+        let scratch = Scratch()
+        let issuer = try await IssuerProcess(scratch: scratch)
+        let agent = try await APIAgent.start(scratch, provider: issuer.template, ["--vehicle", "v-0", "--allow", "vehicle:*"], tcp: true, logLevel: "info")
+        let port = try #require(agent.tcpPort)
+        let header = [("Fleet-Token-Request", "true")]
+        // The first GET of v-1 fetches it (the router answers); the second finds it held.
+        let routed = try RawHTTP.send(.tcp(port: port), "GET", "/v1/token/vehicle/v-1", headers: header)
+        let held = try RawHTTP.send(.tcp(port: port), "GET", "/v1/token/vehicle/v-1", headers: header)
+        #expect(routed.status == 200 && held.status == 200, "\(routed) \(held)")
+        #expect(Set(routed.headers.map(\.name)) == Set(held.headers.map(\.name)), "\(routed.headers) against \(held.headers)")
+        for name in ["content-type", "cache-control", "fleet-token-fingerprint"] {
+            #expect(routed.header(name) == held.header(name), "\(name)")
+        }
+        #expect(held.header("content-length") == "\(held.body.utf8.count)")
+        #expect(held.header("date")?.hasSuffix(" GMT") == true, "\(held.headers)")
+        let routedBody = try #require(try JSONSerialization.jsonObject(with: Data(routed.body.utf8)) as? [String: String])
+        let heldBody = try #require(try JSONSerialization.jsonObject(with: Data(held.body.utf8)) as? [String: String])
+        #expect(heldBody.keys.sorted() == routedBody.keys.sorted())
+        #expect(heldBody["token"] == routedBody["token"] && heldBody["expires_at"] == routedBody["expires_at"])
+        #expect(routedBody["source"] == "provider" && heldBody["source"] == "provider")
+        let plain = try RawHTTP.send(.tcp(port: port), "GET", "/v1/token/vehicle/v-1", headers: header + [("Accept", "text/plain")])
+        #expect(plain.status == 200 && plain.body == heldBody["token"] && plain.header("content-type")?.hasPrefix("text/plain") == true)
+        // Each rule refuses a held token as it refuses any: the router decides every refusal.
+        let port80 = "127.0.0.1:\(port)"
+        #expect(try RawHTTP.send(.tcp(port: port), "GET", "/v1/token/vehicle/v-1", host: port80).status == 403)
+        #expect(try RawHTTP.send(.tcp(port: port), "GET", "/v1/token/vehicle/v-1", host: "rebind.example", headers: header).status == 421)
+        #expect(try RawHTTP.send(.tcp(port: port), "GET", "/v1/token/vehicle/v-1", headers: header + [("Origin", "http://localhost")]).status == 403)
+        #expect(try RawHTTP.send(.tcp(port: port), "GET", "/v1/token/vehicle/v-1", headers: header + [("Forwarded", "for=10.0.0.1")]).status == 403)
+        #expect(try RawHTTP.send(.tcp(port: port), "GET", "/v1/token/vehicle/v-1/", headers: header).status == 400)
+        #expect(try RawHTTP.send(.tcp(port: port), "GET", "/v1/token/trip/v-1", headers: header).status == 403)
+        #expect(try RawHTTP.send(.tcp(port: port), "POST", "/v1/token/vehicle/v-1", headers: header).status != 200)
+        // The access log has a line for the held answer as for the routed one, and no token.
+        let token = try #require(heldBody["token"])
+        let lines = agent.process.stderr.components(separatedBy: "\n").filter { $0.contains("path=/v1/token/vehicle/v-1 status=200") }
+        #expect(lines.count >= 3, "\(agent.process.stderr.suffix(2000))")
+        #expect(lines.allSatisfy { $0.contains("fingerprint=\(heldBody["fingerprint"] ?? "?")") })
+        #expect(!agent.process.stderr.contains(token) && !agent.process.stdout.contains(token))
+        #expect(await agent.stop() == 0, "\(agent.process.stderr.suffix(2000))")
+    }
+
+    @Test("on the Unix socket, client rules decide a held token per caller: granted to this uid it is served, to another it is refused")
+    func clientRulesOnHeldTokens() async throws {
+        let scratch = Scratch()
+        let issuer = try await IssuerProcess(scratch: scratch)
+        let me = getuid()
+        let agent = try await APIAgent.start(scratch, provider: issuer.template, [
+            "--vehicle", "theirs-1", "--allow-client", "uid:\(me) vehicle:mine-*", "--allow-client", "uid:\(me + 1) vehicle:theirs-*",
+        ])
+        let header = [("Fleet-Token-Request", "true")]
+        #expect(await eventually(within: 60) { (try? RawHTTP.send(.unix(agent.socket), "GET", "/readyz"))?.status == 200 })
+        // theirs-1 is configured, so held from the start: still refused to this uid, every time.
+        for _ in 0..<3 {
+            #expect(try RawHTTP.send(.unix(agent.socket), "GET", "/v1/token/vehicle/theirs-1", headers: header).status == 403)
+        }
+        for _ in 0..<3 {
+            #expect(try RawHTTP.send(.unix(agent.socket), "GET", "/v1/token/vehicle/mine-1", headers: header).status == 200)
+        }
+        #expect(await agent.stop() == 0, "\(agent.process.stderr.suffix(2000))")
+    }
+}
+
+extension RawHTTP.Endpoint {
+    var isUnix: Bool { if case .unix = self { true } else { false } }
+}
