@@ -20,6 +20,15 @@ struct MemoryEntry: Sendable {
 }
 
 extension MemoryEntry {
+    /// The token when it is before its soft point at `now` (the provider-corrected time), the
+    /// use stamped; nil otherwise, changing nothing. The fresh hit of ``TokenMemory``.
+    @inline(__always)
+    mutating func freshHit(at now: Date) -> StoredToken? {
+        guard RefreshMachine.isFresh(softPoint: softPoint, at: now), let token else { return nil }
+        lastUsed = now
+        return token
+    }
+
     /// No usable token any more (none stored, expired, removed); `failure` stays.
     mutating func clearToken(keeping failure: RefreshFailureState?) {
         token = nil
