@@ -62,6 +62,9 @@ package final class FleetEngineUpstream: Sendable {
     /// How long a new connection waits between connecting and setting up HTTP/2: zero, but for
     /// tests standing in for a loaded event loop (whatever the server sends meanwhile must wait).
     private let setUpDelay: TimeAmount
+    /// The longest a connection may take from TCP connected (and tunnel opened) to HTTP/2 in
+    /// place: the TLS handshake and the server's settings. Default 10 s, as for the connect.
+    private let setUpTimeout: TimeAmount
     /// Each event loop's connection made or being made (an entry goes when it fails or closes),
     /// and whether ``close()`` was called.
     private struct Connections: Sendable {
@@ -76,9 +79,10 @@ package final class FleetEngineUpstream: Sendable {
     /// it (`NO_PROXY` applies; a plain `http://` loopback endpoint is reached directly).
     /// - Throws: ``FleetEngineProxyError`` when `caFile` cannot be used.
     package init(endpoint: FleetEngineEndpoint, caFile: String?, proxySettings: ProxySettings = .direct,
-                 logger: Logger, setUpDelay: TimeAmount = .zero) throws(FleetEngineProxyError) {
+                 logger: Logger, setUpDelay: TimeAmount = .zero, setUpTimeout: TimeAmount = .seconds(10)) throws(FleetEngineProxyError) {
         self.endpoint = endpoint
         self.setUpDelay = setUpDelay
+        self.setUpTimeout = setUpTimeout
         // Plain HTTP/2 goes only to loopback, which a forward proxy does not reach as this
         // host's: direct. (Its server also speaks first, right after a tunnel opens.)
         self.proxy = endpoint.secure ? proxySettings.proxy(scheme: "https", host: endpoint.host, port: endpoint.port) : nil
@@ -138,7 +142,7 @@ package final class FleetEngineUpstream: Sendable {
     }
 
     private func attempt(_ request: ProxyRequest, token: String, timeout: TimeAmount, on loop: any EventLoop, first: Bool) -> EventLoopFuture<ProxyResponse> {
-        connection(on: loop).flatMapErrorThrowing { error in
+        Self.within(timeout, connection(on: loop), on: loop).flatMapErrorThrowing { error in
             throw (error as? UpstreamFailure) ?? .unreachable(Self.describe(error))
         }.flatMap { connection in
             self.exchange(request, token: token, on: connection, timeout: timeout).flatMapError { error in
@@ -157,6 +161,19 @@ package final class FleetEngineUpstream: Sendable {
                 }
             }
         }
+    }
+
+    /// `connection`, or ``UpstreamFailure/timeout`` on `loop` when it is not made within
+    /// `timeout`: a call waits for a connection no longer than for its answer. (The connection
+    /// goes on being made for the calls after it.)
+    private static func within(_ timeout: TimeAmount, _ connection: EventLoopFuture<Connection>, on loop: any EventLoop) -> EventLoopFuture<Connection> {
+        let waited = loop.makePromise(of: Connection.self)
+        let timer = loop.scheduleTask(in: timeout) { waited.fail(UpstreamFailure.timeout) }
+        connection.hop(to: loop).whenComplete { result in
+            timer.cancel()
+            waited.completeWith(result)  // ignored when the timer came first
+        }
+        return waited.futureResult
     }
 
     /// Closes every connection (the service's shutdown); a call made afterwards fails at once
@@ -211,7 +228,7 @@ package final class FleetEngineUpstream: Sendable {
         let tls = tls
         let serverName = endpoint.host
         let sniName: String? = LoopbackHost.isAddressLiteral(serverName) ? nil : serverName
-        let (proxy, endpoint, setUpDelay) = (proxy, endpoint, setUpDelay)
+        let (proxy, endpoint, setUpDelay, setUpTimeout) = (proxy, endpoint, setUpDelay, setUpTimeout)
         return ClientBootstrap(group: loop)
             .connectTimeout(.seconds(10))
             .channelOption(.socketOption(.tcp_nodelay), value: 1)
@@ -228,6 +245,14 @@ package final class FleetEngineUpstream: Sendable {
                 return Self.tunnel(channel, through: proxy, to: endpoint)
             }
             .flatMap { channel in
+                // A server that accepts and then says nothing (a hung relay, a black-holed TLS
+                // handshake) must not hold this loop's connection, and every call of the loop
+                // waiting for it, for ever: past the deadline it is closed and made again.
+                let expired = NIOLoopBoundBox(false, eventLoop: channel.eventLoop)
+                let deadline = channel.eventLoop.assumeIsolated().scheduleTask(in: setUpTimeout) {
+                    expired.value = true
+                    channel.close(promise: nil)
+                }
                 // With TLS, HTTP/2 starts once the handshake agreed on it: a refused certificate
                 // fails the connection, and every call waiting for it, with the TLS error.
                 let handshake: EventLoopFuture<Void>
@@ -254,11 +279,21 @@ package final class FleetEngineUpstream: Sendable {
                         operations.removeHandler(try operations.handler(type: InboundHolder.self), promise: nil)
                         return Connection(channel: channel, multiplexer: multiplexer)
                     }.futureResult
+                }.always { _ in
+                    deadline.cancel()
                 }.flatMapErrorThrowing { error in
                     channel.close(promise: nil)
+                    guard !expired.value else {
+                        throw UpstreamFailure.unreachable("\(endpoint.authority) accepted the connection but did not complete \(tls == nil ? "" : "the TLS handshake and ")HTTP/2's set-up within \(Self.describeDuration(setUpTimeout))")
+                    }
                     throw error
                 }
             }
+    }
+
+    /// `10 s` or `500 ms`.
+    static func describeDuration(_ amount: TimeAmount) -> String {
+        amount.nanoseconds % 1_000_000_000 == 0 ? "\(amount.nanoseconds / 1_000_000_000) s" : "\(amount.nanoseconds / 1_000_000) ms"
     }
 
     /// Asks `proxy` (over `channel`) for a tunnel to `endpoint`; the channel once the proxy said

@@ -65,6 +65,62 @@ struct UpstreamConnectionTests {
         #expect(SettingsAckFirst.accepted.withLock { $0 } >= 2, "the second call did not connect again")
     }
 
+    @Test("a server that accepts and never completes the TLS handshake: a call ends by its own deadline, and the connection is given up at the set-up deadline and made again")
+    func silentTLSServer() async throws {
+        let pki = try TestPKI()
+        defer { pki.removeFiles() }
+        // Listening, never accepting: the kernel completes TCP, the ClientHello is taken, no
+        // answer comes (a black-holed relay). Before the set-up deadline, the loop's connection
+        // stayed "being made" for ever, and every call of that loop waited on it.
+        let silent = try SilentSocket(listening: true)
+        let upstream = try FleetEngineUpstream(endpoint: try FleetEngineEndpoint(parsing: "https://127.0.0.1:\(silent.port)"), caFile: pki.caPath,
+                                               logger: Logger(label: "test"), setUpTimeout: .milliseconds(1500))
+        defer { upstream.close() }
+        let request = Self.request(.rest, "providers/p/vehicles/v-1")
+        // A call shorter than the set-up deadline: its own timeout.
+        let short = try #require(await Self.bounded(10) { await Self.outcome(upstream, request, timeout: .milliseconds(400)) },
+                                 "the call did not end within 10 s")
+        #expect(short.failure == .timeout, "\(short.failure.map(String.init(describing:)) ?? "answered")")
+        #expect(short.seconds < 1.4, "\(short.seconds) s")
+        // A longer call: the connection is given up at the deadline, with a message saying so.
+        let long = try #require(await Self.bounded(10) { await Self.outcome(upstream, request, timeout: .seconds(8)) },
+                                "the call did not end within 10 s")
+        guard case .unreachable(let detail)? = long.failure else {
+            Issue.record("expected unreachable, got \(long.failure.map(String.init(describing:)) ?? "an answer")")
+            return
+        }
+        #expect(detail.contains("did not complete the TLS handshake and HTTP/2's set-up within 1500 ms"), "\(detail)")
+        #expect(long.seconds < 2.5, "\(long.seconds) s")
+        // The failed connection is forgotten: the next call makes a new one and waits its deadline again.
+        let again = try #require(await Self.bounded(10) { await Self.outcome(upstream, request, timeout: .seconds(8)) })
+        #expect(again.seconds > 1.2 && again.seconds < 3, "\(again.seconds) s: a connection attempt of its own")
+        guard case .unreachable? = again.failure else { Issue.record("\(String(describing: again.failure))"); return }
+    }
+
+    /// How a call of `request` ended: its failure (nil: answered) and how long it took.
+    static func outcome(_ upstream: FleetEngineUpstream, _ request: ProxyRequest, timeout: TimeAmount) async -> (failure: UpstreamFailure?, seconds: Double) {
+        let started = ContinuousClock.now
+        do throws(UpstreamFailure) {
+            _ = try await upstream.send(request, token: "t", timeout: timeout)
+            return (nil, (ContinuousClock.now - started) / .seconds(1))
+        } catch {
+            return (error, (ContinuousClock.now - started) / .seconds(1))
+        }
+    }
+
+    /// `work`'s result when it ends within `seconds`, else nil (left running: a call that hangs
+    /// cannot be cancelled, and the test must fail rather than hang with it).
+    static func bounded<T: Sendable>(_ seconds: Double, _ work: @escaping @Sendable () async -> T) async -> T? {
+        let result = Mutex<T?>(nil)
+        Task { let value = await work(); result.withLock { $0 = value } }
+        let deadline = ContinuousClock.now + .seconds(seconds)
+        while ContinuousClock.now < deadline {
+            if let value = result.withLock({ $0 }) { return value }
+            try? await Task.sleep(for: .milliseconds(20))
+        }
+        return nil
+    }
+
     // Small enough to leave the process's heap alone (the fake keeps every call, headers and
     // all, and other suites measure the live heap): 300 calls, at HTTP/2's 100 streams at once.
     @Test("300 calls, 100 at a time, on one connection: every one answered", arguments: [ProxyWire.rest, .grpc])
