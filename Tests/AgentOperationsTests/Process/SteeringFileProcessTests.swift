@@ -173,6 +173,22 @@ struct SteeringFileProcessTests {
         #expect(tokenctl.stderr.contains("chmod go-w \(ca)"), "\(tokenctl.stderr)")
     }
 
+    @Test("--fleet-engine-ca-file with a plain http:// --fleet-engine-url is a usage error, as --ca-file is with an http:// provider")
+    func fleetEngineCAFileWithPlainURL() async throws {
+        let scratch = Scratch()
+        let pem = try Self.certificateAndKey(scratch)
+        let ca = scratch.file("fleet-engine-ca.pem")
+        try pem.certificate.write(toFile: ca, atomically: true, encoding: .utf8)
+        #expect(chmod(ca, 0o644) == 0)
+        let arguments = ["--db", scratch.file("tokens.sqlite"), "--vehicle", "a", "--fleet-engine-listen", "unix:\(scratch.file("fleet.sock"))",
+                         "--fleet-engine-url", "http://127.0.0.1:\(SecretOutputTests.closedPort)", "--fleet-engine-ca-file", ca]
+        for extra in [["--check-config"], []] {
+            let result = try await AgentFixture.run(arguments + extra, in: scratch, timeout: 30)
+            #expect(result.status == 64, "\(extra): \(result.stderr)")
+            #expect(result.stderr.contains("--fleet-engine-ca-file applies to an https:// --fleet-engine-url, not http://127.0.0.1:"), "\(result.stderr)")
+        }
+    }
+
     @Test("--fleet-engine-ca-file others could write, or owned by another user, is refused at start and by --check-config, naming the file and the fix; a sound one passes",
           arguments: [Setting.sound, .writableByAll, .ownedByAnotherUser])
     func fleetEngineCAFile(_ setting: Setting) async throws {

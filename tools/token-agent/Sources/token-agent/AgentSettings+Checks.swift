@@ -123,6 +123,11 @@ extension AgentSettings {
         } catch {
             throw UsageError("\(origins.name("fleet-engine-url")): \(error.description)")
         }
+        // As for the provider: a CA file given for a plain http:// URL would be read by nothing,
+        // and whoever wrote it believes calls are checked against it.
+        if self.fleetEngineCAFile != nil && !endpoint.secure {
+            throw UsageError("\(origins.name("fleet-engine-ca-file")) applies to an https:// --fleet-engine-url, not \(endpoint): remove it, or use https://")
+        }
         var defaultSubject: TokenKey?
         if let text = self.fleetEngineDefaultSubject {
             guard let colon = text.firstIndex(of: ":"), let kind = TokenKind(rawValue: String(text[..<colon])),
