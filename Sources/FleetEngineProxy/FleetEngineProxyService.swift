@@ -143,8 +143,11 @@ public struct FleetEngineProxyService: Service, CustomStringConvertible {
         let peer = ConnectionPeer.of(channel, unixSocket: unixSocket, identity: identity)
         let admission = gate.admit(peer)
         guard case .admitted = admission else {
-            let body = "{\"error\":{\"code\":503,\"message\":\"token-agent's Fleet Engine proxy has as many connections open as its caps allow (per client or overall): reuse a connection, or retry shortly\",\"status\":\"UNAVAILABLE\"}}"
-            try channel.pipeline.syncOperations.addHandler(RefusedConnectionHandler(RefusedConnectionHandler.answer(json: body), gate: gate))
+            let message = "token-agent's Fleet Engine proxy has as many connections open as its caps allow (per client or overall): reuse a connection, or retry shortly"
+            let body = "{\"error\":{\"code\":503,\"message\":\"\(message)\",\"status\":\"UNAVAILABLE\"}}"
+            // gRPC callers speak HTTP/2 from the first byte: they get a GOAWAY with the message.
+            try channel.pipeline.syncOperations.addHandler(RefusedConnectionHandler(
+                RefusedConnectionHandler.answer(json: body), http2Answer: RefusedConnectionHandler.http2Answer(message: message), gate: gate))
             return
         }
         connections.add(channel)

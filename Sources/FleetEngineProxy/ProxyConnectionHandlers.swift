@@ -30,7 +30,7 @@ final class ProtocolSniffer: ChannelInboundHandler, RemovableChannelHandler {
     typealias InboundOut = ByteBuffer
 
     /// `PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`.
-    static let preface = Array("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".utf8)
+    static let preface = RefusedConnectionHandler.http2Preface
 
     private let context: ProxyCallContext
     private var buffered: ByteBuffer?

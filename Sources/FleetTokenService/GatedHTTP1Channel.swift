@@ -73,23 +73,48 @@ struct GatedHTTP1Channel: ServerChildChannel {
 /// connection is active and closes. When one of the gate's few linger slots is free it first
 /// waits (at most ``ConnectionGate/refusalLinger``) for the client's request and reads it: a
 /// socket closed with unread data sends a reset, which the client may see instead of the 503.
+///
+/// With an HTTP/2 answer as well (a listener serving both, as the Fleet Engine proxy's), it
+/// answers once the client's first bytes tell which it speaks: the HTTP/2 answer after the
+/// connection preface, the 503 after anything else (or at the linger's end, or at once when no
+/// linger slot is free). A gRPC client then reports the refusal's message, not a protocol error.
 package final class RefusedConnectionHandler: ChannelInboundHandler, RemovableChannelHandler {
     typealias InboundIn = ByteBuffer
     typealias OutboundOut = ByteBuffer
 
     private let answer: String
+    private let http2Answer: [UInt8]?
     private let gate: ConnectionGate
     private var written: EventLoopFuture<Void>?
     private var lingering = false
     private var deadline: Scheduled<Void>?
+    /// The client's first bytes, while it is not yet known which protocol they are.
+    private var seen: [UInt8] = []
+
+    /// HTTP/2's connection preface, which a client speaking it sends first.
+    package static let http2Preface = Array("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".utf8)
 
     /// The whole `503` answer with the JSON `body`: retry in a second, the connection closes.
     package static func answer(json body: String) -> String {
         "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: \(body.utf8.count)\r\nRetry-After: 1\r\nConnection: close\r\n\r\n" + body
     }
 
-    package init(_ answer: String, gate: ConnectionGate) {
+    /// The whole HTTP/2 refusal: the server's (empty) SETTINGS, then GOAWAY with no stream
+    /// processed, `REFUSED_STREAM` (nothing was done: the client may retry) and `message` as its
+    /// debug data.
+    package static func http2Answer(message: String) -> [UInt8] {
+        let debug = Array(message.utf8)
+        let length = 8 + debug.count
+        let settings: [UInt8] = [0, 0, 0, 0x4, 0, 0, 0, 0, 0]
+        let goAwayHead: [UInt8] = [UInt8(truncatingIfNeeded: length >> 16), UInt8(truncatingIfNeeded: length >> 8), UInt8(truncatingIfNeeded: length),
+                                   0x7, 0, 0, 0, 0, 0]
+        return settings + goAwayHead + [0, 0, 0, 0] + [0, 0, 0, 0x7] + debug
+    }
+
+    /// Refuses with `answer` (HTTP/1.1), or with `http2Answer` to a client sending HTTP/2's preface.
+    package init(_ answer: String, http2Answer: [UInt8]? = nil, gate: ConnectionGate) {
         self.answer = answer
+        self.http2Answer = http2Answer
         self.gate = gate
     }
 
@@ -102,8 +127,18 @@ package final class RefusedConnectionHandler: ChannelInboundHandler, RemovableCh
         context.fireChannelActive()
     }
 
-    /// The request (or what came of it): dropped; the answer is out, so close now.
+    /// The request (or what came of it): dropped once answered, so close now; before that (an
+    /// HTTP/2 answer is possible), the first bytes choose the answer.
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        guard written == nil, let http2Answer else { return closeWhenWritten(context) }
+        seen += unwrapInboundIn(data).readableBytesView.prefix(Self.http2Preface.count - seen.count)
+        if !seen.elementsEqual(Self.http2Preface.prefix(seen.count)) {
+            write(context.channel.allocator.buffer(string: answer), context)
+        } else if seen.count == Self.http2Preface.count {
+            write(context.channel.allocator.buffer(bytes: http2Answer), context)
+        } else {
+            return  // a part of the preface: wait for the rest
+        }
         closeWhenWritten(context)
     }
 
@@ -118,13 +153,25 @@ package final class RefusedConnectionHandler: ChannelInboundHandler, RemovableCh
     }
 
     private func refuse(_ context: ChannelHandlerContext) {
+        guard written == nil, deadline == nil else { return }
+        guard gate.beginLinger() else {
+            write(context.channel.allocator.buffer(string: answer), context)
+            return closeWhenWritten(context)
+        }
+        lingering = true
+        // Without an HTTP/2 answer the 503 goes now; with one, when the first bytes come.
+        if http2Answer == nil { write(context.channel.allocator.buffer(string: answer), context) }
+        deadline = context.eventLoop.assumeIsolated().scheduleTask(in: ConnectionGate.refusalLinger) {
+            if self.written == nil { self.write(context.channel.allocator.buffer(string: self.answer), context) }
+            self.closeWhenWritten(context)
+        }
+    }
+
+    private func write(_ bytes: ByteBuffer, _ context: ChannelHandlerContext) {
         guard written == nil else { return }
         let promise = context.eventLoop.makePromise(of: Void.self)
         written = promise.futureResult
-        context.writeAndFlush(wrapOutboundOut(context.channel.allocator.buffer(string: answer)), promise: promise)
-        guard gate.beginLinger() else { return closeWhenWritten(context) }
-        lingering = true
-        deadline = context.eventLoop.assumeIsolated().scheduleTask(in: ConnectionGate.refusalLinger) { self.closeWhenWritten(context) }
+        context.writeAndFlush(wrapOutboundOut(bytes), promise: promise)
     }
 
     private func closeWhenWritten(_ context: ChannelHandlerContext) {

@@ -287,6 +287,46 @@ struct ProxyThroughAgentTests {
         #expect(marked.status == 200 && marked.body.contains("providers/p/deliveryVehicles/dv-1"), "\(marked)")
     }
 
+    @Test("past the connection caps, a REST caller gets 503 and a gRPC caller (HTTP/2) a GOAWAY, each with the message; the slot freed, calls pass")
+    func refusedConnectionsSpeakTheirProtocol() async throws {
+        let rig = try await ProxyRig(extraArguments: ["--max-api-connections", "8", "--max-api-connections-per-peer", "1"])
+        defer { rig.stop() }
+        let port = rig.port
+        // One idle connection holds this peer's (127.0.0.1's) only slot.
+        let idle = RawHTTP.openIdle(.tcp(port: port))
+        #expect(idle >= 0)
+        let message = "has as many connections open as its caps allow"
+        var rest: RawHTTP.Answer?
+        for _ in 0..<50 {
+            rest = try await offCooperativePool { try RawHTTP.send(.tcp(port: port), "GET", "/v1/providers/p/deliveryVehicles/dv-1", headers: [("x-goog-api-client", "test")]) }
+            if rest?.status == 503 { break }
+            try await Task.sleep(for: .milliseconds(100))  // the idle connection not yet counted
+        }
+        #expect(rest?.status == 503 && rest?.body.contains(message) == true, "\(String(describing: rest))")
+        // HTTP/2: the preface and an empty SETTINGS; the answer is frames, not HTTP/1.1 text.
+        let preface = Array("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".utf8) + [0, 0, 0, 0x4, 0, 0, 0, 0, 0]
+        let bytes = try await offCooperativePool { try RawHTTP.exchange(.tcp(port: port), preface, timeout: 15) }
+        var frames: [(type: UInt8, payload: ArraySlice<UInt8>)] = []
+        var index = 0
+        while index + 9 <= bytes.count {
+            let length = Int(bytes[index]) << 16 | Int(bytes[index + 1]) << 8 | Int(bytes[index + 2])
+            guard index + 9 + length <= bytes.count else { break }
+            frames.append((bytes[index + 3], bytes[(index + 9)..<(index + 9 + length)]))
+            index += 9 + length
+        }
+        #expect(!String(decoding: bytes.prefix(8), as: UTF8.self).hasPrefix("HTTP/1."), "an HTTP/1.1 answer to an HTTP/2 client")
+        #expect(frames.first?.type == 0x4, "the server's SETTINGS first: \(frames.map(\.type))")
+        let goAway = try #require(frames.first { $0.type == 0x7 }, "no GOAWAY in \(bytes.count) bytes")
+        let payload = Array(goAway.payload)
+        #expect(payload.count > 8 && payload[0..<4] == [0, 0, 0, 0] && payload[4..<8] == [0, 0, 0, 0x7], "last stream 0, REFUSED_STREAM")
+        #expect(String(decoding: payload.dropFirst(8), as: UTF8.self).contains(message))
+        // The slot freed, a call passes.
+        close(idle)
+        #expect(await eventually(within: 10) {
+            (try? await rig.tcp("GET", "/v1/providers/p/deliveryVehicles/dv-1", host: "localhost", headers: [("Fleet-Token-Request", "true")]))?.status == 200
+        })
+    }
+
     @Test("3,000 refused REST requests pipelined on one connection: each answered, in order, and the agent goes on serving")
     func pipelinedRefusals() async throws {
         let rig = try await ProxyRig()

@@ -88,7 +88,9 @@ public enum RawHTTP {
         return fd
     }
 
-    static func exchange(_ endpoint: Endpoint, _ request: [UInt8], timeout: Int) throws -> [UInt8] {
+    /// Sends `request` (any bytes) on a new connection and reads until the server closes, each
+    /// read within `timeout` seconds: everything read.
+    public static func exchange(_ endpoint: Endpoint, _ request: [UInt8], timeout: Int) throws -> [UInt8] {
         let fd = try connect(endpoint, timeout: timeout)
         defer { close(fd) }
         guard writeAll(fd, request) else { throw ProcessFailure(message: "write: \(String(cString: strerror(errno)))") }
