@@ -55,7 +55,9 @@ package final class FleetEngineUpstream: Sendable {
     let endpoint: FleetEngineEndpoint
     /// The forward proxy the connection tunnels through (CONNECT), or nil: direct.
     let proxy: ProxySettings.Proxy?
-    private let tls: NIOSSLContext?
+    /// The TLS settings (nil for plain `http://`), built again for new connections when the CA
+    /// file changes on disk (a rotated CA); a version that cannot be used keeps the last good one.
+    private let tls: ReloadedOnChange<NIOSSLContext?, FleetEngineProxyError>
     /// The loop of calls made with ``send(_:token:timeout:)`` (not from an event loop).
     let defaultLoop: any EventLoop
     private let logger: Logger
@@ -88,7 +90,9 @@ package final class FleetEngineUpstream: Sendable {
         self.proxy = endpoint.secure ? proxySettings.proxy(scheme: "https", host: endpoint.host, port: endpoint.port) : nil
         self.defaultLoop = MultiThreadedEventLoopGroup.singleton.next()
         self.logger = logger
-        self.tls = try Self.tlsContext(for: endpoint, caFile: caFile)
+        self.tls = try ReloadedOnChange(paths: caFile.map { [$0] } ?? []) { () throws(FleetEngineProxyError) in
+            try Self.tlsContext(for: endpoint, caFile: caFile)
+        }
     }
 
     /// The TLS settings for `endpoint` (nil for plain `http://`): the system's roots, or only the
@@ -225,7 +229,12 @@ package final class FleetEngineUpstream: Sendable {
     }
 
     private func connect(on loop: any EventLoop) -> EventLoopFuture<Connection> {
-        let tls = tls
+        let logger = logger
+        let tls = tls.current(rebuilt: { _ in
+            logger.notice("the Fleet Engine CA file changed; new connections to Fleet Engine trust it")
+        }, failed: { error in
+            logger.warning("the Fleet Engine CA file changed but cannot be used; keeping the previous one", metadata: ["error": "\(error)"])
+        })
         let serverName = endpoint.host
         let sniName: String? = LoopbackHost.isAddressLiteral(serverName) ? nil : serverName
         let (proxy, endpoint, setUpDelay, setUpTimeout) = (proxy, endpoint, setUpDelay, setUpTimeout)

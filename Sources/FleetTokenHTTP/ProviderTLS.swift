@@ -46,41 +46,31 @@ final class ProviderTLS: Sendable {
     let files: ProviderTLSFiles
     private let logger: Logger
     private let expiryGauge = Gauge(label: FleetTokenMetric.clientCertificateExpiry.name)
-    private let state: Mutex<(stamp: String, configuration: TLSConfiguration, failedStamp: String?)>
+    private let loaded: ReloadedOnChange<(configuration: TLSConfiguration, clientCertificateExpiry: Date?), HTTPFetcherConfigurationError>
 
     /// Loads the files once.
     /// - Throws: ``HTTPFetcherConfigurationError/tls(_:)`` naming the file and the problem.
     init(files: ProviderTLSFiles, logger: Logger) throws(HTTPFetcherConfigurationError) {
         self.files = files
         self.logger = logger
-        let stamp = Self.stamp(files)
-        let loaded = try Self.load(files)
-        state = Mutex((stamp, loaded.configuration, nil))
-        record(expiry: loaded.clientCertificateExpiry)
+        let paths = files.caFiles + files.extraCAFiles + [files.clientCertificateFile, files.clientKeyFile].compactMap { $0 }
+        loaded = try ReloadedOnChange(paths: paths) { () throws(HTTPFetcherConfigurationError) in try Self.load(files) }
+        record(expiry: loaded.current(failed: { _ in }).clientCertificateExpiry)
     }
 
     /// The configuration for the next request: rebuilt when a file changed since the last call.
     func current() -> TLSConfiguration {
-        let stamp = Self.stamp(files)
-        let (cached, failed) = state.withLock { ($0.stamp == stamp ? $0.configuration : nil, $0.failedStamp == stamp) }
-        if let cached { return cached }
-        let fallback = state.withLock { $0.configuration }
-        if failed { return fallback }
-        do {
-            let loaded = try Self.load(files)
-            state.withLock { $0 = (stamp, loaded.configuration, nil) }
+        let (files, logger) = (files, logger)
+        return loaded.current(rebuilt: { loaded in
             logger.notice("token provider TLS files changed; new connections use them", metadata: [
                 "client_certificate": .string(files.clientCertificateFile ?? "-"),
             ])
             record(expiry: loaded.clientCertificateExpiry)
-            return loaded.configuration
-        } catch {
-            state.withLock { $0.failedStamp = stamp }
+        }, failed: { error in
             logger.warning("token provider TLS files changed but cannot be used; keeping the previous ones", metadata: [
                 "error": .string(error.description),
             ])
-            return fallback
-        }
+        }).configuration
     }
 
     private func record(expiry: Date?) {
@@ -94,12 +84,6 @@ final class ProviderTLS: Sendable {
                 "days_left": .stringConvertible(Int((left / 86_400).rounded(.down))),
             ])
         }
-    }
-
-    /// Inode, size and modification time of every file: a change of any means a reload.
-    private static func stamp(_ files: ProviderTLSFiles) -> String {
-        let paths = files.caFiles + files.extraCAFiles + [files.clientCertificateFile, files.clientKeyFile].compactMap { $0 }
-        return paths.map(FileStamp.of).joined(separator: "|")
     }
 
     static func load(_ files: ProviderTLSFiles) throws(HTTPFetcherConfigurationError) -> (configuration: TLSConfiguration, clientCertificateExpiry: Date?) {

@@ -97,6 +97,32 @@ struct UpstreamConnectionTests {
         guard case .unreachable? = again.failure else { Issue.record("\(String(describing: again.failure))"); return }
     }
 
+    @Test("a rotated CA file is trusted by the next connection, without a restart")
+    func rotatedCAFile() async throws {
+        let pki = try TestPKI()
+        let other = try TestPKI()
+        defer { pki.removeFiles(); other.removeFiles() }
+        let fake = try await Self.fake(tls: pki)
+        defer { fake.close() }
+        let scratch = Scratch()
+        let caFile = scratch.file("fleet-engine-ca.pem")
+        // At first the file holds another CA: the fake's certificate is refused.
+        try String(contentsOfFile: other.caPath, encoding: .utf8).write(toFile: caFile, atomically: true, encoding: .utf8)
+        let upstream = try FleetEngineUpstream(endpoint: try FleetEngineEndpoint(parsing: fake.url), caFile: caFile, logger: Logger(label: "test"))
+        defer { upstream.close() }
+        let request = Self.request(.rest, "providers/p/vehicles/v-1")
+        let refused = await Self.outcome(upstream, request, timeout: .seconds(10))
+        guard case .unreachable? = refused.failure else {
+            Issue.record("a server signed by an untrusted CA: \(String(describing: refused.failure))")
+            return
+        }
+        // The operator rotates the file (a new inode, as an atomic write makes): the next
+        // connection trusts the fake.
+        try String(contentsOfFile: pki.caPath, encoding: .utf8).write(toFile: caFile, atomically: true, encoding: .utf8)
+        let answered = await Self.outcome(upstream, request, timeout: .seconds(10))
+        #expect(answered.failure == nil, "\(String(describing: answered.failure))")
+    }
+
     /// How a call of `request` ended: its failure (nil: answered) and how long it took.
     static func outcome(_ upstream: FleetEngineUpstream, _ request: ProxyRequest, timeout: TimeAmount) async -> (failure: UpstreamFailure?, seconds: Double) {
         let started = ContinuousClock.now
