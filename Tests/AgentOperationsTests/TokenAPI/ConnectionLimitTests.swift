@@ -118,9 +118,11 @@ struct ConnectionLimitTests {
         let issuer = try await IssuerProcess(scratch: scratch)
         let agent = try await CappedAgent.start(scratch, provider: issuer.template, ["--vehicle", "v-1", "--max-api-connections", "4", "--max-api-connections-per-peer", "4"])
         let unix = RawHTTP.Endpoint.unix(agent.socket)
-        #expect(await eventually(within: 60) { (try? RawHTTP.send(unix, "GET", "/readyz", timeout: 5))?.status == 200 })
         var open: [Int32] = []
         defer { for descriptor in open { close(descriptor) } }
+        // No closed connection before these two: the agent releases a closed one's slot a little
+        // after the client sees it close, and a slot not yet released made the second of these
+        // count as accepted past the threshold (seen under load: closed after 5 s).
         #expect(await keptAlive(2, unix, into: &open), "\(agent.process.stderr.suffix(2000))")
         let late = try keptAlive(unix)
         open.append(late)
