@@ -64,8 +64,8 @@ package final class FleetEngineUpstream: Sendable {
     /// How long a new connection waits between connecting and setting up HTTP/2: zero, but for
     /// tests standing in for a loaded event loop (whatever the server sends meanwhile must wait).
     private let setUpDelay: TimeAmount
-    /// The longest a connection may take from TCP connected (and tunnel opened) to HTTP/2 in
-    /// place: the TLS handshake and the server's settings. Default 10 s, as for the connect.
+    /// The longest a connection may take from TCP connected (and tunnel opened) to the server's
+    /// first HTTP/2 SETTINGS frame, the TLS handshake included. Default 10 s, as for the connect.
     private let setUpTimeout: TimeAmount
     /// Each event loop's connection made or being made (an entry goes when it fails or closes),
     /// and whether ``close()`` was called.
@@ -142,14 +142,16 @@ package final class FleetEngineUpstream: Sendable {
     /// connection's), the call goes from the caller's bytes to Fleet Engine's answer without
     /// another thread: one connection per event loop keeps a call on its loop.
     package func start(_ request: ProxyRequest, token: String, timeout: TimeAmount, on loop: any EventLoop) -> EventLoopFuture<ProxyResponse> {
-        attempt(request, token: token, timeout: timeout, on: loop, first: true)
+        // One deadline for the whole call: the wait for a connection, the exchange, and the one
+        // attempt on a new connection each take from it.
+        attempt(request, token: token, deadline: .now() + timeout, on: loop, first: true)
     }
 
-    private func attempt(_ request: ProxyRequest, token: String, timeout: TimeAmount, on loop: any EventLoop, first: Bool) -> EventLoopFuture<ProxyResponse> {
-        Self.within(timeout, connection(on: loop), on: loop).flatMapErrorThrowing { error in
+    private func attempt(_ request: ProxyRequest, token: String, deadline: NIODeadline, on loop: any EventLoop, first: Bool) -> EventLoopFuture<ProxyResponse> {
+        Self.before(deadline, connection(on: loop), on: loop).flatMapErrorThrowing { error in
             throw (error as? UpstreamFailure) ?? .unreachable(Self.describe(error))
         }.flatMap { connection in
-            self.exchange(request, token: token, on: connection, timeout: timeout).flatMapError { error in
+            self.exchange(request, token: token, on: connection, timeout: deadline - .now()).flatMapError { error in
                 switch error {
                 case let failure as UpstreamFailure:
                     return loop.makeFailedFuture(failure)
@@ -159,7 +161,7 @@ package final class FleetEngineUpstream: Sendable {
                     guard first else { return loop.makeFailedFuture(UpstreamFailure.unreachable(Self.describe(notOpened.underlying))) }
                     self.logger.debug("Fleet Engine connection unusable; connecting again", metadata: ["error": "\(Self.describe(notOpened.underlying))"])
                     self.drop(connection, on: loop)
-                    return self.attempt(request, token: token, timeout: timeout, on: loop, first: false)
+                    return self.attempt(request, token: token, deadline: deadline, on: loop, first: false)
                 default:
                     return loop.makeFailedFuture(UpstreamFailure.cutShort(Self.describe(error)))
                 }
@@ -167,12 +169,11 @@ package final class FleetEngineUpstream: Sendable {
         }
     }
 
-    /// `connection`, or ``UpstreamFailure/timeout`` on `loop` when it is not made within
-    /// `timeout`: a call waits for a connection no longer than for its answer. (The connection
-    /// goes on being made for the calls after it.)
-    private static func within(_ timeout: TimeAmount, _ connection: EventLoopFuture<Connection>, on loop: any EventLoop) -> EventLoopFuture<Connection> {
+    /// `connection`, or ``UpstreamFailure/timeout`` on `loop` when it is not made by the call's
+    /// `deadline`. (The connection goes on being made for the calls after it.)
+    private static func before(_ deadline: NIODeadline, _ connection: EventLoopFuture<Connection>, on loop: any EventLoop) -> EventLoopFuture<Connection> {
         let waited = loop.makePromise(of: Connection.self)
-        let timer = loop.scheduleTask(in: timeout) { waited.fail(UpstreamFailure.timeout) }
+        let timer = loop.scheduleTask(deadline: deadline) { waited.fail(UpstreamFailure.timeout) }
         connection.hop(to: loop).whenComplete { result in
             timer.cancel()
             waited.completeWith(result)  // ignored when the timer came first
@@ -255,11 +256,16 @@ package final class FleetEngineUpstream: Sendable {
             }
             .flatMap { channel in
                 // A server that accepts and then says nothing (a hung relay, a black-holed TLS
-                // handshake) must not hold this loop's connection, and every call of the loop
-                // waiting for it, for ever: past the deadline it is closed and made again.
+                // handshake, no HTTP/2 settings) must not hold this loop's connection, and every
+                // call of the loop waiting on it, for ever: unless the server's first SETTINGS
+                // frame has come by the deadline, the connection is closed and made again.
                 let expired = NIOLoopBoundBox(false, eventLoop: channel.eventLoop)
                 let deadline = channel.eventLoop.assumeIsolated().scheduleTask(in: setUpTimeout) {
                     expired.value = true
+                    if channel.isActive {
+                        logger.warning("Fleet Engine sent no HTTP/2 settings in time: connection closed, made again for the next call",
+                                       metadata: ["upstream": "\(endpoint)", "within": "\(Self.describeDuration(setUpTimeout))"])
+                    }
                     channel.close(promise: nil)
                 }
                 // With TLS, HTTP/2 starts once the handshake agreed on it: a refused certificate
@@ -283,14 +289,13 @@ package final class FleetEngineUpstream: Sendable {
                         let multiplexer = try operations.configureHTTP2Pipeline(
                             mode: .client, connectionConfiguration: .init(), streamConfiguration: .init()
                         ) { stream in stream.close() }  // Fleet Engine pushes nothing
-                        try operations.addHandler(ConnectionErrorCloser())
+                        try operations.addHandler(ConnectionErrorCloser(settingsDeadline: deadline))
                         // HTTP/2 is in place: what the server sent meanwhile goes to it now.
                         operations.removeHandler(try operations.handler(type: InboundHolder.self), promise: nil)
                         return Connection(channel: channel, multiplexer: multiplexer)
                     }.futureResult
-                }.always { _ in
-                    deadline.cancel()
                 }.flatMapErrorThrowing { error in
+                    deadline.cancel()
                     channel.close(promise: nil)
                     guard !expired.value else {
                         throw UpstreamFailure.unreachable("\(endpoint.authority) accepted the connection but did not complete \(tls == nil ? "" : "the TLS handshake and ")HTTP/2's set-up within \(Self.describeDuration(setUpTimeout))")
@@ -404,9 +409,23 @@ final class InboundHolder: ChannelInboundHandler, RemovableChannelHandler {
 /// sent GOAWAY, a TLS read failed): its calls then end at once and the next call connects again,
 /// instead of each waiting for its timeout on a connection that stays open and answers nothing.
 /// A stream's own errors close the connection too; Fleet Engine does not send such streams, and
-/// the calls in flight that end with it are answered `UNAVAILABLE`, which clients retry.
+/// the calls in flight that end with it are answered `UNAVAILABLE`, which clients retry. It also
+/// ends the set-up's deadline when the server's first SETTINGS frame arrives.
 final class ConnectionErrorCloser: ChannelInboundHandler {
     typealias InboundIn = HTTP2Frame
+
+    /// Cancelled by the server's first SETTINGS frame: until then the connection is not set up.
+    private var settingsDeadline: Scheduled<Void>?
+
+    init(settingsDeadline: Scheduled<Void>) { self.settingsDeadline = settingsDeadline }
+
+    /// The connection's own frames (stream 0): the first SETTINGS ends the set-up's deadline.
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        if case .settings(.settings) = unwrapInboundIn(data).payload, let deadline = settingsDeadline {
+            deadline.cancel()
+            settingsDeadline = nil
+        }
+    }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
         context.close(promise: nil)

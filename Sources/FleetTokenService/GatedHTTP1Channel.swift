@@ -90,6 +90,9 @@ package final class RefusedConnectionHandler: ChannelInboundHandler, RemovableCh
     private var deadline: Scheduled<Void>?
     /// The client's first bytes, while it is not yet known which protocol they are.
     private var seen: [UInt8] = []
+    /// The HTTP/2 answer went: what the client sends after its preface (settings, a call) is
+    /// read and dropped until it closes or the linger ends, so that no reset overtakes the answer.
+    private var answeredHTTP2 = false
 
     /// HTTP/2's connection preface, which a client speaking it sends first.
     package static let http2Preface = Array("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".utf8)
@@ -130,16 +133,18 @@ package final class RefusedConnectionHandler: ChannelInboundHandler, RemovableCh
     /// The request (or what came of it): dropped once answered, so close now; before that (an
     /// HTTP/2 answer is possible), the first bytes choose the answer.
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        guard !answeredHTTP2 else { return }
         guard written == nil, let http2Answer else { return closeWhenWritten(context) }
         seen += unwrapInboundIn(data).readableBytesView.prefix(Self.http2Preface.count - seen.count)
         if !seen.elementsEqual(Self.http2Preface.prefix(seen.count)) {
             write(context.channel.allocator.buffer(string: answer), context)
+            closeWhenWritten(context)
         } else if seen.count == Self.http2Preface.count {
+            // The client closes on GOAWAY; the linger's end closes otherwise.
             write(context.channel.allocator.buffer(bytes: http2Answer), context)
-        } else {
-            return  // a part of the preface: wait for the rest
+            answeredHTTP2 = true
         }
-        closeWhenWritten(context)
+        // Else a part of the preface: wait for the rest.
     }
 
     func channelInactive(context: ChannelHandlerContext) {

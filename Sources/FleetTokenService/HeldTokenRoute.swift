@@ -9,7 +9,6 @@ import HummingbirdCore
 import Logging
 import NIOCore
 import NIOHTTPTypes
-import Synchronization
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -29,7 +28,7 @@ struct HeldTokenRoute: Sendable {
 
     /// The whole `200` answer (head and body) to the request with `head` from `peer`, or nil
     /// when the router must decide it. Logs the access line when it answers.
-    func answer(_ head: HTTPRequest, peer: PeerIdentity?) -> (HTTPResponse, ByteBuffer)? {
+    func answer(_ head: HTTPRequest, peer: PeerIdentity?, date: @autoclosure () -> String) -> (HTTPResponse, ByteBuffer)? {
         let started = ContinuousClock.now
         guard head.method == .get, let target = head.path, target.hasPrefix(Self.prefix) else { return nil }
         let path = target.utf8.firstIndex(of: UInt8(ascii: "?")).map { target[..<$0] } ?? target[...]
@@ -48,9 +47,11 @@ struct HeldTokenRoute: Sendable {
                                          accept: head.headerFields[.accept])
         var headers = fields
         headers[.contentLength] = String(body.readableBytes)
-        headers[.date] = HTTPDate.now()
+        headers[.date] = date()
         rules.logger.info("token API request", metadata: TokenAPIAccessRules.metadata(
             method: head.method, path: path, status: .ok, fingerprint: headers[TokenAPI.fingerprintHeader], peer: peer, since: started))
+        // What tells a held answer from a routed one when debugging (and in the tests).
+        rules.logger.debug("token API request answered from memory on its event loop", metadata: ["path": "\(path)"])
         return (HTTPResponse(status: .ok, headerFields: headers), body)
     }
 }
@@ -58,10 +59,14 @@ struct HeldTokenRoute: Sendable {
 /// In a token API connection's pipeline, between Hummingbird's connection state handler and its
 /// request task: answers what ``HeldTokenRoute`` can, passes the rest on.
 ///
-/// Answers are written in request order: a request is answered here only while no request
-/// passed on is still unanswered (HTTP/1.1 pipelining), and a request with a body is passed on.
-/// The connection state handler sees every request and answer, so idle timeouts, `Connection:
-/// close` and graceful shutdown work as for routed ones.
+/// - Answers are written in request order: a request is answered here only while no request
+///   passed on is still unanswered (HTTP/1.1 pipelining); a request with a body is passed on.
+/// - A client that does not read its answers is not answered here: while the connection is not
+///   writable requests go to Hummingbird, which waits for each write (so nothing piles up here).
+/// - After a request asking to close (`Connection: close`, matched as Hummingbird matches it),
+///   nothing more is answered, here or there; a close waits for the answers written here.
+/// - The connection state handler sees every request and answer: idle timeouts and graceful
+///   shutdown work as for routed requests.
 final class HeldTokenHandler: ChannelDuplexHandler, RemovableChannelHandler {
     typealias InboundIn = HTTPRequestPart
     typealias InboundOut = HTTPRequestPart
@@ -75,6 +80,13 @@ final class HeldTokenHandler: ChannelDuplexHandler, RemovableChannelHandler {
     /// The head of a request that may be answered here, held until its end arrives.
     private var held: HTTPRequest?
     private var needsFlush = false
+    /// A request asked to close the connection; what follows it is dropped once `discarding`.
+    private var closing = false
+    private var discarding = false
+    /// The last answer written here: a close waits for it (closing drops writes still queued).
+    private var lastAnswer: EventLoopFuture<Void>?
+    /// This connection's `Date` value and its second (one event loop: no lock).
+    private var date = (second: -1, text: "")
 
     init(_ route: HeldTokenRoute, peer: PeerIdentity?) {
         self.route = route
@@ -84,25 +96,33 @@ final class HeldTokenHandler: ChannelDuplexHandler, RemovableChannelHandler {
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         switch unwrapInboundIn(data) {
         case .head(let head):
-            if passedOn == 0, head.method == .get { held = head } else { passOn(head, context) }
+            if closing { discarding = true }
+            guard !discarding else { return }
+            // Hummingbird's own test: this value exactly.
+            if head.headerFields[.connection] == "close" { closing = true }
+            if passedOn == 0, head.method == .get, context.channel.isWritable { held = head } else { passOn(head, context) }
         case .body:
+            guard !discarding else { return }
             if let head = held { passOn(head, context) }
             context.fireChannelRead(data)
         case .end:
+            guard !discarding else { return }
             guard let head = held else { return context.fireChannelRead(data) }
             held = nil
-            guard let (response, body) = route.answer(head, peer: peer) else {
+            guard let (response, body) = route.answer(head, peer: peer, date: httpDate()) else {
                 passOn(head, context)
                 return context.fireChannelRead(data)
             }
+            let written = context.eventLoop.makePromise(of: Void.self)
             context.write(wrapOutboundOut(.head(response)), promise: nil)
             context.write(wrapOutboundOut(.body(body)), promise: nil)
-            context.write(wrapOutboundOut(.end(nil)), promise: nil)
+            context.write(wrapOutboundOut(.end(nil)), promise: written)
+            lastAnswer = written.futureResult
             needsFlush = true
-            if head.headerFields[.connection]?.lowercased() == "close" {
+            if closing {
                 context.flush()
                 needsFlush = false
-                context.close(promise: nil)
+                written.futureResult.assumeIsolated().whenComplete { _ in context.close(promise: nil) }
             }
         }
     }
@@ -121,33 +141,39 @@ final class HeldTokenHandler: ChannelDuplexHandler, RemovableChannelHandler {
         context.write(data, promise: promise)
     }
 
+    /// Hummingbird's close (or half-close) after its last answer: once the answers written here are out.
+    func close(context: ChannelHandlerContext, mode: CloseMode, promise: EventLoopPromise<Void>?) {
+        guard let lastAnswer else { return context.close(mode: mode, promise: promise) }
+        lastAnswer.assumeIsolated().whenComplete { _ in context.close(mode: mode, promise: promise) }
+    }
+
     private func passOn(_ head: HTTPRequest, _ context: ChannelHandlerContext) {
         held = nil
         passedOn += 1
         context.fireChannelRead(wrapInboundOut(.head(head)))
+    }
+
+    /// The `Date` header's value now, made once a second.
+    private func httpDate() -> String {
+        let now = time(nil)
+        if Int(now) != date.second { date = (Int(now), HTTPDate.format(now)) }
+        return date.text
     }
 }
 
 @available(*, unavailable)
 extension HeldTokenHandler: Sendable {}
 
-/// The `Date` header's value (RFC 9110's IMF-fixdate), made once a second.
+/// The `Date` header's value: RFC 9110's IMF-fixdate.
 enum HTTPDate {
-    private static let cache = Mutex<(second: Int, text: String)>((-1, ""))
     private static let days = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"]
     private static let months = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
 
-    /// Now, e.g. `Sun, 29 Nov 2026 15:58:32 GMT`.
-    static func now() -> String {
-        var seconds = time(nil)
-        return cache.withLock { cache in
-            if cache.second == seconds { return cache.text }
-            var parts = tm()
-            guard gmtime_r(&seconds, &parts) != nil else { return cache.text }
-            func two(_ value: Int32) -> String { value < 10 ? "0\(value)" : "\(value)" }
-            cache = (seconds, "\(days[Int(parts.tm_wday)]), \(two(parts.tm_mday)) \(months[Int(parts.tm_mon)]) \(parts.tm_year + 1900) "
-                + "\(two(parts.tm_hour)):\(two(parts.tm_min)):\(two(parts.tm_sec)) GMT")
-            return cache.text
-        }
+    /// `seconds` since 1970 as `Sun, 29 Nov 2026 15:58:32 GMT`.
+    static func format(_ seconds: time_t) -> String {
+        guard let parts = UTCTime.parts(seconds) else { return "" }
+        let two = UTCTime.twoDigits
+        return "\(days[Int(parts.tm_wday)]), \(two(parts.tm_mday)) \(months[Int(parts.tm_mon)]) \(parts.tm_year + 1900) "
+            + "\(two(parts.tm_hour)):\(two(parts.tm_min)):\(two(parts.tm_sec)) GMT"
     }
 }

@@ -73,10 +73,8 @@ extension TokenAPI {
     /// `2026-11-23T12:53:27Z` (UTC, whole seconds), as `Date.ISO8601FormatStyle` writes it,
     /// without a formatter per call.
     static func timestamp(_ date: Date) -> String {
-        var seconds = time_t(date.timeIntervalSince1970.rounded(.down))
-        var parts = tm()
-        guard gmtime_r(&seconds, &parts) != nil else { return date.formatted(.iso8601) }
-        func two(_ value: Int32) -> String { value < 10 ? "0\(value)" : "\(value)" }
+        guard let parts = UTCTime.parts(time_t(date.timeIntervalSince1970.rounded(.down))) else { return date.formatted(.iso8601) }
+        let two = UTCTime.twoDigits
         return "\(parts.tm_year + 1900)-\(two(parts.tm_mon + 1))-\(two(parts.tm_mday))T\(two(parts.tm_hour)):\(two(parts.tm_min)):\(two(parts.tm_sec))Z"
     }
 
@@ -106,4 +104,18 @@ extension TokenUnavailable {
     package var retryAfterSeconds: Int? {
         nextAttemptAt.map { max(1, Int($0.timeIntervalSinceNow.rounded(.up))) }
     }
+}
+
+/// UTC calendar fields of a time, for the API's timestamps and the `Date` header, without a
+/// formatter per call.
+enum UTCTime {
+    /// The fields of `seconds` since 1970, in UTC; nil when the C library cannot tell.
+    static func parts(_ seconds: time_t) -> tm? {
+        var seconds = seconds
+        var parts = tm()
+        return gmtime_r(&seconds, &parts) != nil ? parts : nil
+    }
+
+    /// `7` as `07`.
+    static func twoDigits(_ value: Int32) -> String { value < 10 ? "0\(value)" : "\(value)" }
 }

@@ -47,6 +47,37 @@ public enum RawHTTP {
         return String(decoding: try readToEnd(fd), as: UTF8.self)
     }
 
+    /// A connection that was served `request` (a whole keep-alive HTTP/1.1 request) with a 200
+    /// and is left open: the descriptor. Proves the server admitted it, as an idle one cannot.
+    public static func keptAlive(_ endpoint: Endpoint, _ request: String) throws -> Int32 {
+        let descriptor = openIdle(endpoint)
+        guard descriptor >= 0 else { throw ProcessFailure(message: "connect \(endpoint) failed") }
+        guard writeAll(descriptor, Array(request.utf8)) else {
+            close(descriptor)
+            throw ProcessFailure(message: "write failed")
+        }
+        var received: [UInt8] = []
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        while true {
+            let count = buffer.withUnsafeMutableBytes { read(descriptor, $0.baseAddress, $0.count) }
+            guard count > 0 else {
+                close(descriptor)
+                throw ProcessFailure(message: "the kept-alive connection ended: \(String(decoding: received, as: UTF8.self))")
+            }
+            received += buffer[..<count]
+            let text = String(decoding: received, as: UTF8.self)
+            guard let end = text.range(of: "\r\n\r\n") else { continue }
+            guard text.hasPrefix("HTTP/1.1 200") else {
+                close(descriptor)
+                throw ProcessFailure(message: "not admitted: \(text)")
+            }
+            let length = text[..<end.lowerBound].split(separator: "\r\n")
+                .first { $0.lowercased().hasPrefix("content-length:") }
+                .flatMap { Int($0.split(separator: ":")[1].trimmingCharacters(in: .whitespaces)) } ?? 0
+            if text.utf8.count - text[..<end.upperBound].utf8.count >= length { return descriptor }
+        }
+    }
+
     /// Opens a connection and keeps it open without sending anything; the descriptor, or -1.
     public static func openIdle(_ endpoint: Endpoint) -> Int32 {
         (try? connect(endpoint, timeout: 5)) ?? -1

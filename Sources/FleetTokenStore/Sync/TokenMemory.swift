@@ -63,8 +63,8 @@ final class TokenMemory: Sendable {
     /// The fresh hit on its own, inlined into the engine and returning the token itself, so the
     /// token is copied once, from the slot to the caller. Through ``RefreshMachine/hit(_:at:)``
     /// and a ``MemoryLookup`` returned through two calls it was copied four times (profiled with
-    /// callgrind). The slot's entry is read, then only its use stamped: a mutating call on the
-    /// whole entry around the copy made the compiler add a runtime exclusivity check.
+    /// callgrind). The entry is read and stamped in place by one optional-chained mutating call;
+    /// the slot's state is exempt from runtime exclusivity checks (every access holds the lock).
     @inline(__always)
     func freshToken(_ key: TokenKey, localNow: Date) -> StoredToken? {
         state.withLock { state in

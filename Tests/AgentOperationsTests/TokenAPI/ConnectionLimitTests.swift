@@ -245,33 +245,7 @@ struct ConnectionLimitTests {
 
     /// A connection that was served one keep-alive request (`GET /healthz`) and is left open.
     func keptAlive(_ endpoint: RawHTTP.Endpoint) throws -> Int32 {
-        let descriptor = RawHTTP.openIdle(endpoint)
-        guard descriptor >= 0 else { throw ProcessFailure(message: "connect \(endpoint) failed") }
-        let request = Array("GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n".utf8)
-        guard request.withUnsafeBytes({ write(descriptor, $0.baseAddress, $0.count) }) == request.count else {
-            close(descriptor)
-            throw ProcessFailure(message: "write failed")
-        }
-        var received: [UInt8] = []
-        var buffer = [UInt8](repeating: 0, count: 4096)
-        while true {
-            let count = buffer.withUnsafeMutableBytes { read(descriptor, $0.baseAddress, $0.count) }
-            guard count > 0 else {
-                close(descriptor)
-                throw ProcessFailure(message: "the kept-alive connection ended: \(String(decoding: received, as: UTF8.self))")
-            }
-            received += buffer[..<count]
-            let text = String(decoding: received, as: UTF8.self)
-            guard let end = text.range(of: "\r\n\r\n") else { continue }
-            guard text.hasPrefix("HTTP/1.1 200") else {
-                close(descriptor)
-                throw ProcessFailure(message: "not admitted: \(text)")
-            }
-            let length = text[..<end.lowerBound].split(separator: "\r\n")
-                .first { $0.lowercased().hasPrefix("content-length:") }
-                .flatMap { Int($0.split(separator: ":")[1].trimmingCharacters(in: .whitespaces)) } ?? 0
-            if text.utf8.count - text[..<end.upperBound].utf8.count >= length { return descriptor }
-        }
+        try RawHTTP.keptAlive(endpoint, "GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
     }
 }
 

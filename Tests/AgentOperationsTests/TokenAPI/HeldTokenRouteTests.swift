@@ -63,12 +63,17 @@ struct HeldTokenRouteTests {
     func sameAnswerSameRules() async throws {
         let scratch = Scratch()
         let issuer = try await IssuerProcess(scratch: scratch)
-        let agent = try await APIAgent.start(scratch, provider: issuer.template, ["--vehicle", "v-0", "--allow", "vehicle:*"], tcp: true, logLevel: "info")
+        let agent = try await APIAgent.start(scratch, provider: issuer.template, ["--vehicle", "v-0", "--allow", "vehicle:*"], tcp: true, logLevel: "debug")
         let port = try #require(agent.tcpPort)
         let header = [("Fleet-Token-Request", "true")]
+        let fromMemory = "answered from memory on its event loop"
+        func heldAnswers() -> Int { agent.process.stderr.components(separatedBy: "\n").filter { $0.contains(fromMemory) && $0.contains("/v1/token/vehicle/v-1") }.count }
         // The first GET of v-1 fetches it (the router answers); the second finds it held.
         let routed = try RawHTTP.send(.tcp(port: port), "GET", "/v1/token/vehicle/v-1", headers: header)
+        #expect(await eventually(within: 10) { agent.process.stderr.contains("path=/v1/token/vehicle/v-1 status=200") })
+        #expect(heldAnswers() == 0, "the fetching GET was routed")
         let held = try RawHTTP.send(.tcp(port: port), "GET", "/v1/token/vehicle/v-1", headers: header)
+        #expect(await eventually(within: 10) { heldAnswers() == 1 }, "the second GET was answered from memory")
         #expect(routed.status == 200 && held.status == 200, "\(routed) \(held)")
         #expect(Set(routed.headers.map(\.name)) == Set(held.headers.map(\.name)), "\(routed.headers) against \(held.headers)")
         for name in ["content-type", "cache-control", "fleet-token-fingerprint"] {
@@ -83,6 +88,15 @@ struct HeldTokenRouteTests {
         #expect(routedBody["source"] == "provider" && heldBody["source"] == "provider")
         let plain = try RawHTTP.send(.tcp(port: port), "GET", "/v1/token/vehicle/v-1", headers: header + [("Accept", "text/plain")])
         #expect(plain.status == 200 && plain.body == heldBody["token"] && plain.header("content-type")?.hasPrefix("text/plain") == true)
+        // After a request asking to close, what follows on the connection is not answered, nor
+        // handed out (no access line, no audit) for an answer nobody receives.
+        let before = heldAnswers()
+        let closed = try await offCooperativePool {
+            try RawHTTP.pipelined(.tcp(port: port), [Self.get("/v1/token/vehicle/v-1", "Connection: close\r\n"), Self.get("/v1/token/vehicle/v-1")])
+        }
+        #expect(Self.answers(closed).statuses == ["200"], "\(closed.prefix(300))")
+        try await Task.sleep(for: .milliseconds(300))  // a second answer's log line would be out by now
+        #expect(heldAnswers() == before + 1)
         // Each rule refuses a held token as it refuses any: the router decides every refusal.
         let port80 = "127.0.0.1:\(port)"
         #expect(try RawHTTP.send(.tcp(port: port), "GET", "/v1/token/vehicle/v-1", host: port80).status == 403)
