@@ -37,6 +37,14 @@ struct SteeringFileProcessTests {
         }
     }
 
+    /// A CA certificate file `name` in `scratch` with `mode`: its path.
+    static func caFile(_ scratch: Scratch, _ name: String, mode: mode_t) throws -> String {
+        let path = scratch.file(name)
+        try certificateAndKey(scratch).certificate.write(toFile: path, atomically: true, encoding: .utf8)
+        #expect(chmod(path, mode) == 0)
+        return path
+    }
+
     /// A self-signed certificate and its key, made by openssl.
     static func certificateAndKey(_ scratch: Scratch) throws -> (certificate: String, key: String) {
         let (certificate, key) = (scratch.file("made-cert.pem"), scratch.file("made-key.pem"))
@@ -159,10 +167,7 @@ struct SteeringFileProcessTests {
     @Test("a PostgreSQL sslrootcert file others could write is refused naming the file and the fix")
     func databaseCAFile() async throws {
         let scratch = Scratch()
-        let pem = try Self.certificateAndKey(scratch)
-        let ca = scratch.file("db-ca.pem")
-        try pem.certificate.write(toFile: ca, atomically: true, encoding: .utf8)
-        #expect(chmod(ca, 0o666) == 0)
+        let ca = try Self.caFile(scratch, "db-ca.pem", mode: 0o666)
         let url = "postgres://agent@127.0.0.1:\(SecretOutputTests.closedPort)/db?sslmode=verify-full&sslrootcert=\(ca)"
         let agent = try await AgentFixture.run(["--once", "--vehicle", "a", "--provider-url", "http://127.0.0.1:\(SecretOutputTests.closedPort)/{id}",
                                                        "--connect-timeout", "1", "--db", url], in: scratch)
@@ -176,10 +181,7 @@ struct SteeringFileProcessTests {
     @Test("--fleet-engine-ca-file with a plain http:// --fleet-engine-url is a usage error, as --ca-file is with an http:// provider")
     func fleetEngineCAFileWithPlainURL() async throws {
         let scratch = Scratch()
-        let pem = try Self.certificateAndKey(scratch)
-        let ca = scratch.file("fleet-engine-ca.pem")
-        try pem.certificate.write(toFile: ca, atomically: true, encoding: .utf8)
-        #expect(chmod(ca, 0o644) == 0)
+        let ca = try Self.caFile(scratch, "fleet-engine-ca.pem", mode: 0o644)
         let arguments = ["--db", scratch.file("tokens.sqlite"), "--vehicle", "a", "--fleet-engine-listen", "unix:\(scratch.file("fleet.sock"))",
                          "--fleet-engine-url", "http://127.0.0.1:\(SecretOutputTests.closedPort)", "--fleet-engine-ca-file", ca]
         for extra in [["--check-config"], []] {
@@ -194,10 +196,7 @@ struct SteeringFileProcessTests {
     func fleetEngineCAFile(_ setting: Setting) async throws {
         if setting == .ownedByAnotherUser && geteuid() != 0 { return }  // only root can give a file away
         let scratch = Scratch()
-        let pem = try Self.certificateAndKey(scratch)
-        let ca = scratch.file("fleet-engine-ca.pem")
-        try pem.certificate.write(toFile: ca, atomically: true, encoding: .utf8)
-        #expect(chmod(ca, setting == .writableByAll ? 0o666 : 0o644) == 0)
+        let ca = try Self.caFile(scratch, "fleet-engine-ca.pem", mode: setting == .writableByAll ? 0o666 : 0o644)
         if setting == .ownedByAnotherUser { #expect(chown(ca, 65534, 65534) == 0) }
         // Whoever can write the file can trust their own server, and read every call's token.
         let arguments = ["--db", scratch.file("tokens.sqlite"), "--vehicle", "a", "--fleet-engine-listen", "unix:\(scratch.file("fleet.sock"))",
