@@ -55,7 +55,7 @@ final class ProviderTLS: Sendable {
         self.logger = logger
         let paths = files.caFiles + files.extraCAFiles + [files.clientCertificateFile, files.clientKeyFile].compactMap { $0 }
         loaded = try ReloadedOnChange(paths: paths) { () throws(HTTPFetcherConfigurationError) in try Self.load(files) }
-        record(expiry: loaded.current(failed: { _ in }).clientCertificateExpiry)
+        record(expiry: loaded.lastGood.clientCertificateExpiry)
     }
 
     /// The configuration for the next request: rebuilt when a file changed since the last call.

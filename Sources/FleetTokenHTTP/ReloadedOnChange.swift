@@ -24,6 +24,9 @@ package final class ReloadedOnChange<Value: Sendable, Failure: Error>: Sendable 
         state = Mutex((stamp, try build(), nil))
     }
 
+    /// The last value built that could be used, without looking at the files.
+    package var lastGood: Value { state.withLock { $0.value } }
+
     /// The value for the next use: built again when a file changed since the last call. Calls
     /// `rebuilt` with a new value, `failed` (once per version of the files) when it cannot be
     /// built and the previous one is kept.

@@ -24,6 +24,7 @@ struct HeldTokenRoute: Sendable {
     let api: TokenAPI
     let rules: TokenAPIAccessRules
 
+    /// The token route's path up to its parameters; the router's route is built from it too.
     static let prefix = "/v1/token/"
 
     /// The whole `200` answer (head and body) to the request with `head` from `peer`, or nil

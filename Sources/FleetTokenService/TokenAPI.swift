@@ -133,7 +133,7 @@ public struct TokenAPI: Sendable {
         router.get("/readyz") { _, _ in await self.readiness() }
         router.get("/metrics") { _, _ in self.metrics() }
         let guarded = router.group().add(middleware: TokenRequestHeaderRule())
-        guarded.get("/v1/token/:kind/:id") { request, context in try await self.token(request, context) }
+        guarded.get(RouterPath(HeldTokenRoute.prefix + ":kind/:id")) { request, context in try await self.token(request, context) }
         guarded.post("/v1/invalidate/:kind/:id") { _, context in try await self.invalidate(context) }
         guarded.get("/v1/subjects") { request, context in await self.subjects(request, context) }
         return router
