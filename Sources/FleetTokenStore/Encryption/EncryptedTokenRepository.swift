@@ -147,7 +147,7 @@ public struct EncryptedTokenRepository: TokenRepository, RefreshLeaseStore {
 
     private func sealed(_ token: StoredToken) -> StoredToken {
         var sealed = token
-        sealed.value = SealedTokenValue.seal(token.value, for: token.key, with: keyring.primary)
+        sealed.value = SealedTokenValue.seal(token.value, for: token.key, with: keyring.primary, fingerprint: token.fingerprint)
         return sealed
     }
 

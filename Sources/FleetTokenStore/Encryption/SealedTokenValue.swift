@@ -40,9 +40,11 @@ public enum SealedTokenValue {
         envelope(stored).map { TokenFingerprint(hex: String($0.fingerprint)) } ?? TokenFingerprint(of: stored)
     }
 
-    /// `value`, the token of `key`, sealed with `encryptionKey`.
-    static func seal(_ value: String, for key: TokenKey, with encryptionKey: TokenEncryptionKey) -> String {
-        let fingerprint = TokenFingerprint(of: value).description
+    /// `value`, the token of `key`, sealed with `encryptionKey`. `fingerprint` is the value's,
+    /// when the caller holds it already (a ``StoredToken`` keeps its own).
+    static func seal(_ value: String, for key: TokenKey, with encryptionKey: TokenEncryptionKey,
+                     fingerprint known: TokenFingerprint? = nil) -> String {
+        let fingerprint = (known ?? TokenFingerprint(of: value)).description
         let data = associatedData(key, keyID: encryptionKey.id, fingerprint: fingerprint)
         // AES-GCM with a fresh random nonce cannot fail for a 256-bit key and this input size.
         let box = try! AES.GCM.seal(SealedPlaintext.pack(value), using: encryptionKey.symmetricKey, authenticating: data)

@@ -2,6 +2,7 @@
 // needs to resume after a restart.
 
 public import Foundation
+import Synchronization
 
 /// A token as the store keeps it: the value and the times the sync engine needs to resume.
 ///
@@ -19,14 +20,20 @@ public struct StoredToken: Sendable, Equatable, CustomStringConvertible {
         @usableFromInline let issuedAt: Date?
         @usableFromInline let fetchedAt: Date
         @usableFromInline let lastUsedAt: Date?
+        /// The value's fingerprint once computed (``TokenFingerprint/digestPrefix(of:)`` with
+        /// the top bit set), else 0: every token answer and sealed write of the token shows
+        /// it, and hashing the value each time was a share of both (profiled).
+        let fingerprintCache: Atomic<UInt64>
 
-        init(key: TokenKey, value: String, expiresAt: Date, issuedAt: Date?, fetchedAt: Date, lastUsedAt: Date?) {
+        init(key: TokenKey, value: String, expiresAt: Date, issuedAt: Date?, fetchedAt: Date, lastUsedAt: Date?,
+             fingerprintCache: UInt64 = 0) {
             self.key = key
             self.value = value
             self.expiresAt = expiresAt
             self.issuedAt = issuedAt
             self.fetchedAt = fetchedAt
             self.lastUsedAt = lastUsedAt
+            self.fingerprintCache = Atomic(fingerprintCache)
         }
 
         /// A copy with the given fields replaced (nil keeps a field; `.some(nil)` clears an
@@ -36,7 +43,8 @@ public struct StoredToken: Sendable, Equatable, CustomStringConvertible {
                   fetchedAt: Date? = nil, lastUsedAt: Date?? = nil) -> Fields {
             Fields(key: key ?? self.key, value: value ?? self.value, expiresAt: expiresAt ?? self.expiresAt,
                    issuedAt: issuedAt ?? self.issuedAt, fetchedAt: fetchedAt ?? self.fetchedAt,
-                   lastUsedAt: lastUsedAt ?? self.lastUsedAt)
+                   lastUsedAt: lastUsedAt ?? self.lastUsedAt,
+                   fingerprintCache: value == nil ? fingerprintCache.load(ordering: .relaxed) : 0)
         }
 
         func isEqual(to other: Fields) -> Bool {
@@ -93,8 +101,18 @@ public struct StoredToken: Sendable, Equatable, CustomStringConvertible {
         lhs.fields === rhs.fields || lhs.fields.isEqual(to: rhs.fields)
     }
 
-    /// The token's fingerprint, safe to show.
-    public var fingerprint: TokenFingerprint { TokenFingerprint(of: value) }
+    /// The token's fingerprint, safe to show. Hashed once per value and kept with it.
+    public var fingerprint: TokenFingerprint {
+        let cached = fields.fingerprintCache.load(ordering: .relaxed)
+        if cached != 0 { return TokenFingerprint(digestPrefix: cached & ~Self.computed) }
+        // Two threads may both hash a new value; they store the same word.
+        let prefix = TokenFingerprint.digestPrefix(of: value)
+        fields.fingerprintCache.store(prefix | Self.computed, ordering: .relaxed)
+        return TokenFingerprint(digestPrefix: prefix)
+    }
+
+    /// The flag that tells a computed fingerprint from none in ``Fields/fingerprintCache``.
+    private static let computed: UInt64 = 1 << 63
 
     /// Seconds from issue (or fetch, without `iat`) to expiry; the base of the refresh rules.
     public var lifetime: TimeInterval {

@@ -13,17 +13,27 @@ public struct TokenFingerprint: Hashable, Sendable, CustomStringConvertible {
 
     /// The fingerprint of `token`.
     public init(of token: String) {
+        self.init(digestPrefix: Self.digestPrefix(of: token))
+    }
+
+    /// The first 6 bytes of `token`'s SHA-256 digest, in the low 48 bits (first byte highest):
+    /// what a fingerprint shows, in a form a token can keep in an atomic word.
+    static func digestPrefix(of token: String) -> UInt64 {
         var token = token
-        // Hashed in place and written from a table: every sealed write computes one.
+        // Hashed in place: every sealed write and every token answer needs a fingerprint.
         let digest = token.withUTF8 { SHA256.hash(data: UnsafeRawBufferPointer($0)) }
-        description = digest.withUnsafeBytes { bytes in
-            String(unsafeUninitializedCapacity: 12) { text in
-                for index in 0..<6 {
-                    text[2 * index] = Self.hexDigits[Int(bytes[index] >> 4)]
-                    text[2 * index + 1] = Self.hexDigits[Int(bytes[index] & 0x0f)]
-                }
-                return 12
+        return digest.withUnsafeBytes { bytes in
+            (0..<6).reduce(UInt64(0)) { prefix, index in prefix << 8 | UInt64(bytes[index]) }
+        }
+    }
+
+    /// The fingerprint whose digest prefix is `prefix` (``digestPrefix(of:)``), written from a table.
+    init(digestPrefix prefix: UInt64) {
+        description = String(unsafeUninitializedCapacity: 12) { text in
+            for index in 0..<12 {
+                text[index] = Self.hexDigits[Int(truncatingIfNeeded: prefix >> UInt64(44 - 4 * index)) & 0x0f]
             }
+            return 12
         }
     }
 

@@ -42,4 +42,18 @@ struct StoredTokenTests {
         moved.key = trip
         #expect(moved != original && moved.key == trip)
     }
+
+    @Test("the fingerprint is the value's, read again from the token, and follows a changed value")
+    func fingerprintFollowsTheValue() throws {
+        var token = token(try .vehicle("truck-7"))
+        let first = token.fingerprint
+        #expect(first == TokenFingerprint(of: "header.payload.signature"))
+        #expect(token.fingerprint == first)
+        let copy = token
+        token.lastUsedAt = Date(timeIntervalSince1970: 1_600)
+        #expect(token.fingerprint == first)
+        token.value = "abc"
+        #expect(token.fingerprint.description == "ba7816bf8f01")
+        #expect(copy.fingerprint == first)
+    }
 }
