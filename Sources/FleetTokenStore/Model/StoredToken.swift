@@ -8,97 +8,91 @@ import Synchronization
 ///
 /// `description` never includes the token value: it shows the fingerprint.
 public struct StoredToken: Sendable, Equatable, CustomStringConvertible {
+    /// The fields as plain values; equality is every field's.
+    @usableFromInline
+    struct Values: Sendable, Equatable {
+        @usableFromInline var key: TokenKey
+        @usableFromInline var value: String
+        @usableFromInline var expiresAt: Date
+        @usableFromInline var issuedAt: Date?
+        @usableFromInline var fetchedAt: Date
+        @usableFromInline var lastUsedAt: Date?
+    }
+
     /// The fields, in one immutable box: copying a token (every hit hands one out) is one
     /// retain and dropping it one release, as for a plain `String`, where the fields inline
     /// cost a retain and release of each string and an outlined copy of the whole value
     /// (profiled with callgrind). A change replaces the box; tokens are rarely changed.
     @usableFromInline
     final class Fields: Sendable {
-        @usableFromInline let key: TokenKey
-        @usableFromInline let value: String
-        @usableFromInline let expiresAt: Date
-        @usableFromInline let issuedAt: Date?
-        @usableFromInline let fetchedAt: Date
-        @usableFromInline let lastUsedAt: Date?
+        @usableFromInline let values: Values
         /// The value's fingerprint once computed (``TokenFingerprint/digestPrefix(of:)`` with
         /// the top bit set), else 0: every token answer and sealed write of the token shows
         /// it, and hashing the value each time was a share of both (profiled).
         let fingerprintCache: Atomic<UInt64>
 
-        init(key: TokenKey, value: String, expiresAt: Date, issuedAt: Date?, fetchedAt: Date, lastUsedAt: Date?,
-             fingerprintCache: UInt64 = 0) {
-            self.key = key
-            self.value = value
-            self.expiresAt = expiresAt
-            self.issuedAt = issuedAt
-            self.fetchedAt = fetchedAt
-            self.lastUsedAt = lastUsedAt
+        init(_ values: Values, fingerprintCache: UInt64 = 0) {
+            self.values = values
             self.fingerprintCache = Atomic(fingerprintCache)
-        }
-
-        /// A copy with the given fields replaced (nil keeps a field; `.some(nil)` clears an
-        /// optional date).
-        @usableFromInline
-        func with(key: TokenKey? = nil, value: String? = nil, expiresAt: Date? = nil, issuedAt: Date?? = nil,
-                  fetchedAt: Date? = nil, lastUsedAt: Date?? = nil) -> Fields {
-            Fields(key: key ?? self.key, value: value ?? self.value, expiresAt: expiresAt ?? self.expiresAt,
-                   issuedAt: issuedAt ?? self.issuedAt, fetchedAt: fetchedAt ?? self.fetchedAt,
-                   lastUsedAt: lastUsedAt ?? self.lastUsedAt,
-                   fingerprintCache: value == nil ? fingerprintCache.load(ordering: .relaxed) : 0)
-        }
-
-        func isEqual(to other: Fields) -> Bool {
-            key == other.key && value == other.value && expiresAt == other.expiresAt && issuedAt == other.issuedAt
-                && fetchedAt == other.fetchedAt && lastUsedAt == other.lastUsedAt
         }
     }
 
     @usableFromInline var fields: Fields
 
+    /// Replaces the box with one holding the values `edit` changed; the fingerprint found so far
+    /// stays while the token value does.
+    @usableFromInline
+    mutating func change(_ edit: (inout Values) -> Void) {
+        var values = fields.values
+        edit(&values)
+        let fingerprint = values.value == fields.values.value ? fields.fingerprintCache.load(ordering: .relaxed) : 0
+        fields = Fields(values, fingerprintCache: fingerprint)
+    }
+
     /// Which subject the token is for.
     @inlinable public var key: TokenKey {
-        get { fields.key }
-        set { fields = fields.with(key: newValue) }
+        get { fields.values.key }
+        set { change { $0.key = newValue } }
     }
     /// The raw token (a JWT). Never log it; use ``fingerprint``.
     @inlinable public var value: String {
-        get { fields.value }
-        set { fields = fields.with(value: newValue) }
+        get { fields.values.value }
+        set { change { $0.value = newValue } }
     }
     /// When the token stops being valid: the earlier of the provider's stated expiry and the JWT `exp`.
     @inlinable public var expiresAt: Date {
-        get { fields.expiresAt }
-        set { fields = fields.with(expiresAt: newValue) }
+        get { fields.values.expiresAt }
+        set { change { $0.expiresAt = newValue } }
     }
     /// The JWT `iat`, when the token has one.
     @inlinable public var issuedAt: Date? {
-        get { fields.issuedAt }
-        set { fields = fields.with(issuedAt: .some(newValue)) }
+        get { fields.values.issuedAt }
+        set { change { $0.issuedAt = newValue } }
     }
     /// When it was received from the provider, by the receiving host's wall clock. (The engine
     /// stamps a token without `iat` with the provider-corrected time instead: its lifetime is
     /// measured from this.) With `iat`, the two show after a restart how far ahead the
     /// provider's clock at least was.
     @inlinable public var fetchedAt: Date {
-        get { fields.fetchedAt }
-        set { fields = fields.with(fetchedAt: newValue) }
+        get { fields.values.fetchedAt }
+        set { change { $0.fetchedAt = newValue } }
     }
     /// When a caller last asked for it, if recorded.
     @inlinable public var lastUsedAt: Date? {
-        get { fields.lastUsedAt }
-        set { fields = fields.with(lastUsedAt: .some(newValue)) }
+        get { fields.values.lastUsedAt }
+        set { change { $0.lastUsedAt = newValue } }
     }
 
     /// Creates a stored token.
     public init(key: TokenKey, value: String, expiresAt: Date, issuedAt: Date? = nil,
                 fetchedAt: Date, lastUsedAt: Date? = nil) {
-        fields = Fields(key: key, value: value, expiresAt: expiresAt, issuedAt: issuedAt, fetchedAt: fetchedAt,
-                        lastUsedAt: lastUsedAt)
+        fields = Fields(Values(key: key, value: value, expiresAt: expiresAt, issuedAt: issuedAt, fetchedAt: fetchedAt,
+                               lastUsedAt: lastUsedAt))
     }
 
     /// Tokens are equal when every field is.
     public static func == (lhs: StoredToken, rhs: StoredToken) -> Bool {
-        lhs.fields === rhs.fields || lhs.fields.isEqual(to: rhs.fields)
+        lhs.fields === rhs.fields || lhs.fields.values == rhs.fields.values
     }
 
     /// The token's fingerprint, safe to show. Hashed once per value and kept with it.
