@@ -45,14 +45,9 @@ struct UpstreamConnectionTests {
     @Test("a connection whose HTTP/2 layer fails ends its call at once and is made again for the next")
     func connectionErrorEndsTheCall() async throws {
         // A server that skips its SETTINGS preface: a protocol error for the client.
-        let server = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
-            .childChannelInitializer { channel in
-                channel.eventLoop.makeCompletedFuture { try channel.pipeline.syncOperations.addHandler(SettingsAckFirst()) }
-            }
-            .bind(host: "127.0.0.1", port: 0).get()
+        let server = try await Self.plainServer { SettingsAckFirst() }
         defer { server.close(promise: nil) }
-        let upstream = try FleetEngineUpstream(endpoint: try FleetEngineEndpoint(parsing: "http://127.0.0.1:\(server.localAddress?.port ?? 0)"),
-                                               caFile: nil, logger: Logger(label: "test"))
+        let upstream = try FleetEngineUpstream(endpoint: try Self.endpoint(of: server), caFile: nil, logger: Logger(label: "test"))
         defer { upstream.close() }
         for _ in 0..<2 {
             do {
@@ -100,14 +95,10 @@ struct UpstreamConnectionTests {
     @Test("a server that accepts and never sends HTTP/2's settings: the connection is given up at the set-up deadline, the call ends then, and the next call connects again")
     func serverWithoutSettings() async throws {
         // Reads everything and says nothing: no SETTINGS, no answer to any stream.
-        let server = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
-            .childChannelInitializer { channel in
-                channel.eventLoop.makeCompletedFuture { try channel.pipeline.syncOperations.addHandler(Mute()) }
-            }
-            .bind(host: "127.0.0.1", port: 0).get()
+        let server = try await Self.plainServer { Mute() }
         defer { server.close(promise: nil) }
-        let upstream = try FleetEngineUpstream(endpoint: try FleetEngineEndpoint(parsing: "http://127.0.0.1:\(server.localAddress?.port ?? 0)"),
-                                               caFile: nil, logger: Logger(label: "test"), setUpTimeout: .milliseconds(1500))
+        let upstream = try FleetEngineUpstream(endpoint: try Self.endpoint(of: server), caFile: nil, logger: Logger(label: "test"),
+                                               setUpTimeout: .milliseconds(1500))
         defer { upstream.close() }
         let request = Self.request(.rest, "providers/p/vehicles/v-1")
         for round in 1...2 {
@@ -145,6 +136,21 @@ struct UpstreamConnectionTests {
     }
 
     /// How a call of `request` ended: its failure (nil: answered) and how long it took.
+    /// A plain-TCP server on loopback giving each connection a `handler()` of its own: an
+    /// upstream that misbehaves in the way the handler does.
+    static func plainServer(_ handler: @escaping @Sendable () -> any ChannelHandler) async throws -> any Channel {
+        try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            .childChannelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture { try channel.pipeline.syncOperations.addHandler(handler()) }
+            }
+            .bind(host: "127.0.0.1", port: 0).get()
+    }
+
+    /// The `http://` endpoint of a ``plainServer(_:)``.
+    static func endpoint(of server: any Channel) throws -> FleetEngineEndpoint {
+        try FleetEngineEndpoint(parsing: "http://127.0.0.1:\(server.localAddress?.port ?? 0)")
+    }
+
     static func outcome(_ upstream: FleetEngineUpstream, _ request: ProxyRequest, timeout: TimeAmount) async -> (failure: UpstreamFailure?, seconds: Double) {
         let started = ContinuousClock.now
         do throws(UpstreamFailure) {
