@@ -82,6 +82,14 @@ struct AgentLoggingTests {
         #expect(WallTime(seconds: seconds, nanoseconds: nanoseconds).utc == expected)
     }
 
+    @Test("an event line's time is written as Foundation's .iso8601 style writes it", arguments: [
+        0, 1_795_449_845, 1_795_449_845.5, 1_795_449_845.999_9, 1_795_449_845.000_001, 951_782_400, 4_102_444_799.75,
+    ])
+    func wholeSecondTimes(since1970: Double) {
+        let date = Date(timeIntervalSince1970: since1970)
+        #expect(WallTime(date).utcWholeSeconds == date.formatted(.iso8601))
+    }
+
     /// A message to escape, named in test output so no raw control character reaches the log.
     struct Awkward: CustomTestStringConvertible, Sendable {
         let name: String

@@ -108,6 +108,7 @@ struct EngineParts: Sendable {
         // tokens' own times prove: a restart must not judge them by our clock alone.
         skew.learnFromStored(found.values.lazy.compactMap(\.token))
         let corrected = moment.corrected
+        memory.reserveCapacity(adding: keys.count)
         for key in keys where memory.entry(key) == nil {
             if memory.load(key, stored: admitted(found[key]), at: corrected) { metrics.storeReuses.increment() }
         }

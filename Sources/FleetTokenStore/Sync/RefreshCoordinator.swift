@@ -85,6 +85,9 @@ actor RefreshCoordinator<Effects: CoordinatorEffects> {
     }
 
     func track(_ keys: [TokenKey]) async {
+        // At start-up, sized once for the whole list rather than grown step by step; a later
+        // call (a reload) names mostly keys already tracked, so it reserves nothing.
+        if tracked.isEmpty { tracked.reserveCapacity(keys.count) }
         tracked.formUnion(keys)
         await effects.load(keys.filter { effects.held($0) == nil })
         for key in keys { effects.scheduleNextRefresh(key) }
@@ -243,7 +246,8 @@ actor RefreshCoordinator<Effects: CoordinatorEffects> {
         // resident size at 10,000 tracked subjects went from 64 to 74 MiB).
         let held = keys.filter { effects.held($0) != nil }
         var start = 0
-        while start < held.count {
+        // A stopped run reads no further: every read would fail with the cancellation.
+        while start < held.count, !Task.isCancelled {
             let end = min(start + Self.reconcileChunk, held.count)
             await reconcileHeld(Array(held[start..<end]))
             start = end
@@ -258,7 +262,8 @@ actor RefreshCoordinator<Effects: CoordinatorEffects> {
         do {
             stored = try await effects.readStored(held)
         } catch {
-            effects.reportChangesUnreadable(error)
+            // Stopped while reading (a shutdown): not a store failure.
+            if !Task.isCancelled { effects.reportChangesUnreadable(error) }
             return
         }
         for key in held {

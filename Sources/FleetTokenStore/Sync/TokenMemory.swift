@@ -234,6 +234,12 @@ final class TokenMemory: Sendable {
         state.withLock { machine.adopts(token, into: $0.keyState(token.key), at: now) }
     }
 
+    /// Makes room for `count` more keys at once, before a batch of loads: the table is then
+    /// sized once instead of growing (and rehashing) step by step.
+    func reserveCapacity(adding count: Int) {
+        state.withLock { $0.slots.reserveCapacity($0.slots.count + count) }
+    }
+
     /// Brings the stored `entry` of `key` into memory when memory holds nothing of it, as
     /// ``RefreshMachine/loaded(_:into:at:)`` decides; returns whether a stored token was installed.
     func load(_ key: TokenKey, stored entry: TokenEntry?, at now: Date) -> Bool {

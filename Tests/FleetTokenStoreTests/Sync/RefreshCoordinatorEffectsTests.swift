@@ -7,8 +7,9 @@ import Testing
 
 /// The coordinator driven through a recording ``CoordinatorEffects``: the key state, the
 /// schedule, the commit queue, the store and the reporting answer what each test sets, and each
-/// effect the coordinator asks for is written down in order. No store, no scheduler loop, no
-/// sleep: what is checked is which effects each entry point asks for, and in which order.
+/// effect the coordinator asks for is written down in order. No store and no sleep beyond the
+/// scheduler's 5 ms turns: what is checked is which effects each entry point asks for, and in
+/// which order.
 @Suite("RefreshCoordinator through its effects: what each entry point does, recorded", .paced)
 struct RefreshCoordinatorEffectsTests {
     static let key = try! TokenKey.vehicle("truck-9")
@@ -62,6 +63,27 @@ struct RefreshCoordinatorEffectsTests {
         ])
     }
 
+    @Test("a run stopped while it re-reads what memory holds reads no further and reports no failure for it")
+    func stoppedDuringReread() async throws {
+        // 1,000 held keys: ten reads of 100. The first read stops the run, as a SIGTERM at
+        // start-up does; the store then fails every read with the cancellation (as GRDB does).
+        // Each later chunk used to be read anyway and reported as a store failure: an agent of
+        // 100,000 subjects stopped early logged 990 "could not read another process's changes".
+        let effects = RecordingCoordinatorEffects()
+        let keys = try (0..<1_000).map { try TokenKey.vehicle("v-\($0)") }
+        let running = Mutex<Task<Void, Never>?>(nil)
+        effects.with {
+            $0.heldKeys = keys
+            $0.onRead = { running.withLock { $0?.cancel() } }
+        }
+        let coordinator = Self.coordinator(effects)
+        running.withLock { $0 = Task { await coordinator.runUntilCancelled() } }
+        await running.withLock { $0! }.value
+        let steps = effects.takeSteps()
+        #expect(steps.filter { $0.hasPrefix("readStored") } == ["readStored(100)"])
+        #expect(!steps.contains("reportChangesUnreadable"))
+    }
+
     @Test("shutting down with nothing in flight: begin, drain the store's work, then report and end events")
     func shutDown() async {
         let effects = RecordingCoordinatorEffects()
@@ -79,6 +101,10 @@ final class RecordingCoordinatorEffects: CoordinatorEffects {
         var fetch: FetchResult = .interrupted
         var backingOff: [TokenKey] = []
         var shuttingDown = false
+        /// What memory holds, for the change follower's re-read.
+        var heldKeys: [TokenKey] = []
+        /// Run on each read of the store, before it answers (cancelled: it fails).
+        var onRead: (@Sendable () -> Void)?
     }
 
     let state = Mutex(State())
@@ -124,7 +150,7 @@ final class RecordingCoordinatorEffects: CoordinatorEffects {
 
     // MARK: KeyStates
 
-    var heldKeys: [TokenKey] { [] }
+    var heldKeys: [TokenKey] { state.withLock { $0.heldKeys } }
     func flightPhase(of key: TokenKey) -> RefreshDecision.State? { nil }
     func flightEnded(_ key: TokenKey) { record("flightEnded") }
     func dropForInvalidation(_ key: TokenKey, tracked: Bool) { record("dropForInvalidation(tracked: \(tracked))") }
@@ -147,7 +173,7 @@ final class RecordingCoordinatorEffects: CoordinatorEffects {
     func takeWakeRequest() -> Bool { false }
     var isSchedulerParked: Bool { true }
     var schedulerNow: Duration { .zero }
-    func sleepScheduler(seconds: TimeInterval, from start: Duration) async {}
+    func sleepScheduler(seconds: TimeInterval, from start: Duration) async { try? await Task.sleep(for: .milliseconds(5)) }
     func setHeartbeat(every interval: Duration, _ beat: @escaping @Sendable () -> Void) {}
     func beatIfDue() -> Duration? { nil }
     func rescheduleAfterClockStep() {}
@@ -162,7 +188,12 @@ final class RecordingCoordinatorEffects: CoordinatorEffects {
     func runStoreWork() async {}
     func setFeedDriven(_ driven: Bool) {}
     func storeChanges() -> AsyncStream<TokenStoreChange> { AsyncStream { $0.finish() } }
-    func readStored(_ keys: [TokenKey]) async throws(TokenStoreError) -> [TokenKey: TokenEntry] { [:] }
+    func readStored(_ keys: [TokenKey]) async throws(TokenStoreError) -> [TokenKey: TokenEntry] {
+        record("readStored(\(keys.count))")
+        state.withLock { $0.onRead }?()
+        if Task.isCancelled { throw .sqlite(path: "test.sqlite", code: -1, message: "CancellationError") }
+        return [:]
+    }
 
     // MARK: EngineReporting, EngineLifecycle
 

@@ -112,6 +112,7 @@ package struct SubjectListFile: Sendable, Equatable {
     }
 
     private static func read(_ line: Substring) -> Line {
+        if let key = plainKey(line) { return .key(key) }
         guard let colon = line.firstIndex(of: ":") else {
             return .bad("write KIND:ID, e.g. vehicle:truck-7 (kinds: \(kindList))")
         }
@@ -133,6 +134,21 @@ package struct SubjectListFile: Sendable, Equatable {
         } catch {
             return .bad(error.description)
         }
+    }
+
+    /// The key of a line of printable ASCII without spaces (nearly every line), read byte by
+    /// byte; nil for any other line, which ``read(_:)`` then reads (and reports) in full. For
+    /// such a line both readings agree: nothing to trim, no whitespace, so no trailing comment.
+    /// A 100,000-line file took 0.3 s of the agent's start-up read character by character.
+    private static func plainKey(_ line: Substring) -> TokenKey? {
+        var colon: Substring.Index?
+        for index in line.utf8.indices {
+            let byte = line.utf8[index]
+            guard byte > 0x20, byte < 0x7F else { return nil }
+            if byte == UInt8(ascii: ":"), colon == nil { colon = index }
+        }
+        guard let colon, let kind = TokenKind(rawValue: String(line[..<colon])) else { return nil }
+        return try? TokenKey(kind: kind, subjectID: String(line[line.utf8.index(after: colon)...]))
     }
 
     private static let kindList = TokenKind.allCases.map(\.rawValue).joined(separator: ", ")

@@ -224,11 +224,7 @@ struct AgentReloader: Sendable {
         }
         // As at start: what the store already held for a new subject is reported here (no fetch
         // was needed); fetched tokens are reported by refresh events.
-        for key in change.added {
-            if let held = engine.heldToken(for: key), held.source == .store {
-                output.print(.refreshed(key: key, fingerprint: held.token.fingerprint, expiresAt: held.token.expiresAt, source: .store))
-            }
-        }
+        output.printReused(change.added, engine: engine)
     }
 
     private func report(_ refusal: Refusal) {
