@@ -92,6 +92,9 @@ struct AgentTransportTests {
             #expect(purge.status == 0, "\(purge.stderr)")
             #expect(await eventually(within: 60) { server.requests.count >= 2 }, "\(running.stderr)")
             #expect(server.requests.map(\.clientCommonName).prefix(2) == ["gateway-old", "gateway-new"])
+            // The server counts the request when it reads it; a SIGTERM before the answer reaches
+            // the agent cancels that fetch (by design), and the purged store would stay empty.
+            #expect(try await eventually(within: 60) { try await storedKeys(db, scratch) == ["vehicle/truck-7"] }, "\(running.stderr)")
             running.signal(SIGTERM)
             #expect(await running.wait(upTo: 20) == 0, "\(running.stderr)")
             #expect(try await storedKeys(db, scratch) == ["vehicle/truck-7"])
