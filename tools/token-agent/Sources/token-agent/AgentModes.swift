@@ -132,10 +132,10 @@ struct AgentOutput: Sendable {
     /// The line of `event` at `now`, without its newline.
     private func line(for event: TokenSyncEvent, now: Date, stamps: inout TimestampCache) -> String {
         if json { return Self.encode(Self.object(for: event, now: now)) }
-        let stamp = stamps.text(now, slot: 0)
+        let stamp = stamps.line.text(now)
         switch event {
         case .refreshed(let key, let fingerprint, let expiresAt, let source):
-            return "\(stamp) \(source == .store ? "reused   " : "refreshed") \(key) fp=\(fingerprint) expires=\(stamps.text(expiresAt, slot: 1)) (\(Self.relative(expiresAt, now: now))) source=\(source.rawValue)"
+            return "\(stamp) \(source == .store ? "reused   " : "refreshed") \(key) fp=\(fingerprint) expires=\(stamps.expiry.text(expiresAt)) (\(Self.relative(expiresAt, now: now))) source=\(source.rawValue)"
         case .refreshFailed(let key, let error, let failures, let next):
             return "\(stamp) failed    \(key) failures=\(failures) next=\(Self.timestamp(next)) (\(Self.relative(next, now: now))): \(OperatorHints.describe(error))"
         case .removedExternally(let key):
@@ -147,16 +147,23 @@ struct AgentOutput: Sendable {
         }
     }
 
-    /// The last whole second written in each of two places of a line (the line's time, a
-    /// token's expiry) with its text: lines written together mostly repeat both.
+    /// The last whole second written in each of the two times of a line (its own, a token's
+    /// expiry) with its text: lines written together mostly repeat both, so each is formatted
+    /// about once per second.
     struct TimestampCache {
-        private var last: [(seconds: Int, text: String)] = [(Int.min, ""), (Int.min, "")]
+        struct Last {
+            private var seconds = Int.min
+            private var text = ""
 
-        mutating func text(_ date: Date, slot: Int) -> String {
-            let whole = WallTime(date).seconds
-            if last[slot].seconds != whole { last[slot] = (whole, AgentOutput.timestamp(date)) }
-            return last[slot].text
+            mutating func text(_ date: Date) -> String {
+                let time = WallTime(date)
+                if time.seconds != seconds { (seconds, text) = (time.seconds, time.utcWholeSeconds) }
+                return text
+            }
         }
+
+        var line = Last()
+        var expiry = Last()
     }
 
     /// A `reused` line (or JSON object) for each of `keys` whose token `engine` took from the
