@@ -47,8 +47,9 @@ struct HeldTokenRoute: Sendable {
         let (fields, body) = api.handout(token, source: api.engine.source(of: key), key: key, to: peer,
                                          accept: head.headerFields[.accept])
         var headers = fields
-        headers[.contentLength] = String(body.readableBytes)
-        headers[.date] = date()
+        // Neither is among the handout's fields: appended without a search.
+        headers.append(HTTPField(name: .contentLength, value: String(body.readableBytes)))
+        headers.append(HTTPField(name: .date, value: date()))
         rules.logger.info("token API request", metadata: TokenAPIAccessRules.metadata(
             method: head.method, path: path, status: .ok, fingerprint: headers[TokenAPI.fingerprintHeader], peer: peer, since: started))
         // What tells a held answer from a routed one when debugging (and in the tests).

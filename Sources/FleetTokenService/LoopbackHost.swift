@@ -10,7 +10,7 @@ package enum LoopbackHost {
     /// True when `host` (without brackets or port) is `localhost` or a loopback address literal.
     /// `127.attacker.example` is a name, not an address, and is not loopback.
     package static func isLoopback(_ host: String) -> Bool {
-        if host.lowercased() == "localhost" { return true }
+        if equalsIgnoringASCIICase(host, "localhost") { return true }
         var v4 = in_addr()
         if inet_pton(AF_INET, host, &v4) == 1 {
             return UInt32(bigEndian: v4.s_addr) >> 24 == 127
@@ -32,13 +32,14 @@ package enum LoopbackHost {
     /// The host part of a Host header value (`name`, `name:port`, `[v6]`, `[v6]:port`), or nil
     /// when it is not of that form.
     static func hostOfHeader(_ value: String) -> String? {
-        if value.hasPrefix("[") {
-            guard let close = value.firstIndex(of: "]") else { return nil }
+        // Byte searches: every request to a TCP listener meets this rule.
+        if value.utf8.first == UInt8(ascii: "[") {
+            guard let close = value.utf8.firstIndex(of: UInt8(ascii: "]")) else { return nil }
             let rest = value[value.index(after: close)...]
             guard rest.isEmpty || isPort(rest) else { return nil }
             return String(value[value.index(after: value.startIndex)..<close])
         }
-        guard let colon = value.firstIndex(of: ":") else { return value.isEmpty ? nil : value }
+        guard let colon = value.utf8.firstIndex(of: UInt8(ascii: ":")) else { return value.isEmpty ? nil : value }
         guard isPort(value[colon...]) else { return nil }
         let host = value[..<colon]
         return host.isEmpty ? nil : String(host)
@@ -52,9 +53,20 @@ package enum LoopbackHost {
         return isLoopback(host) || host.lowercased() == listenHost.lowercased()
     }
 
-    /// `:` followed by one to five digits.
+    /// `:` followed by one to five ASCII digits.
     private static func isPort(_ text: Substring) -> Bool {
-        let digits = text.dropFirst()
-        return text.first == ":" && (1...5).contains(digits.count) && digits.allSatisfy { $0.isASCII && $0.isNumber }
+        let bytes = text.utf8
+        return bytes.first == UInt8(ascii: ":") && (2...6).contains(bytes.count)
+            && bytes.dropFirst().allSatisfy { (UInt8(ascii: "0")...UInt8(ascii: "9")).contains($0) }
+    }
+
+    /// True when `text` and `other` are equal but for the case of ASCII letters, as header
+    /// values and host names compare (no Unicode case mapping, nothing allocated).
+    package static func equalsIgnoringASCIICase(_ text: some StringProtocol, _ other: some StringProtocol) -> Bool {
+        text.utf8.elementsEqual(other.utf8) { asciiLowercased($0) == asciiLowercased($1) }
+    }
+
+    @inline(__always) private static func asciiLowercased(_ byte: UInt8) -> UInt8 {
+        (UInt8(ascii: "A")...UInt8(ascii: "Z")).contains(byte) ? byte | 0x20 : byte
     }
 }

@@ -78,6 +78,43 @@ extension TokenAPI {
         return "\(parts.tm_year + 1900)-\(two(parts.tm_mon + 1))-\(two(parts.tm_mday))T\(two(parts.tm_hour)):\(two(parts.tm_min)):\(two(parts.tm_sec))Z"
     }
 
+    /// Writes ``timestamp(_:)``'s text for `date` to `buffer` for the years 1000 to 9999, from
+    /// the seconds by arithmetic alone (no `gmtime_r`, no string on the way: every held token's
+    /// answer writes one).
+    static func writeTimestamp(_ date: Date, to buffer: inout ByteBuffer) {
+        let interval = date.timeIntervalSince1970.rounded(.down)
+        guard (-30_610_224_000...253_402_300_799).contains(interval) else {
+            buffer.writeString(timestamp(date))
+            return
+        }
+        let seconds = Int(interval)
+        let days = seconds >= 0 ? seconds / 86_400 : (seconds - 86_399) / 86_400
+        let ofDay = seconds - days * 86_400
+        let (year, month, day) = UTCTime.civil(daysSince1970: days)
+        buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: 20) { out in
+            func put(_ value: Int, _ width: Int, at offset: Int) {
+                var rest = value
+                for position in stride(from: offset + width - 1, through: offset, by: -1) {
+                    out[position] = UInt8(ascii: "0") + UInt8(rest % 10)
+                    rest /= 10
+                }
+            }
+            put(year, 4, at: 0)
+            out[4] = UInt8(ascii: "-")
+            put(month, 2, at: 5)
+            out[7] = UInt8(ascii: "-")
+            put(day, 2, at: 8)
+            out[10] = UInt8(ascii: "T")
+            put(ofDay / 3600, 2, at: 11)
+            out[13] = UInt8(ascii: ":")
+            put(ofDay / 60 % 60, 2, at: 14)
+            out[16] = UInt8(ascii: ":")
+            put(ofDay % 60, 2, at: 17)
+            out[19] = UInt8(ascii: "Z")
+            return 20
+        }
+    }
+
     static func json(_ status: HTTPResponse.Status, _ object: Any, headers: HTTPFields = [:]) -> Response {
         var headers = headers
         headers[.contentType] = "application/json"
@@ -118,4 +155,18 @@ enum UTCTime {
 
     /// `7` as `07`.
     static func twoDigits(_ value: Int32) -> String { value < 10 ? "0\(value)" : "\(value)" }
+
+    /// The proleptic Gregorian date `days` after 1970-01-01. Counted in 400-year eras from
+    /// 0000-03-01 (an era is always 146,097 days, and a year from March puts the leap day last).
+    static func civil(daysSince1970 days: Int) -> (year: Int, month: Int, day: Int) {
+        let fromMarch = days + 719_468
+        let era = (fromMarch >= 0 ? fromMarch : fromMarch - 146_096) / 146_097
+        let dayOfEra = fromMarch - era * 146_097
+        let yearOfEra = (dayOfEra - dayOfEra / 1_460 + dayOfEra / 36_524 - dayOfEra / 146_096) / 365
+        let dayOfYear = dayOfEra - (365 * yearOfEra + yearOfEra / 4 - yearOfEra / 100)
+        let monthFromMarch = (5 * dayOfYear + 2) / 153
+        let day = dayOfYear - (153 * monthFromMarch + 2) / 5 + 1
+        let month = monthFromMarch < 10 ? monthFromMarch + 3 : monthFromMarch - 9
+        return (yearOfEra + era * 400 + (month <= 2 ? 1 : 0), month, day)
+    }
 }

@@ -9,7 +9,8 @@ import Testing
 struct EdgeRuleTests {
     @Test("targets in normal form pass", arguments: [
         "/", "/healthz", "/v1/token/vehicle/truck-7", "/v1/token/trip/T%E2%84%AA-9", "/v1/token/vehicle/fleet-a%2Ftruck-7",
-        "/v1/subjects?limit=10&after=vehicle/v-1", "/v1/token/vehicle/a.b", "/v1/token/vehicle/..v"
+        "/v1/subjects?limit=10&after=vehicle/v-1", "/v1/token/vehicle/a.b", "/v1/token/vehicle/..v",
+        "/v1/token/vehicle/...", "/v1/token/vehicle/v?a//b/../%zz", "/?", "/v1/token/vehicle/%2f%3A",
     ])
     func normal(target: String) {
         #expect(RequestTarget.problem(target) == nil, "\(target)")
@@ -19,6 +20,8 @@ struct EdgeRuleTests {
         "//v1/token/vehicle/v", "/v1//token/vehicle/v", "/./v1/token/vehicle/v", "/v1/token/vehicle/v/", "/v1/../v1/token/vehicle/v",
         "/v1/token/vehicle/..", "/v1/%74oken/vehicle/v", "/v1/token/vehicle/%2E%2E", "/v1/token/vehicle/%zz", "/v1/token/vehicle/%4",
         "v1/token/vehicle/v", "*", "", "http://localhost//v1/token/vehicle/v", "/v1\\token", "//",
+        "/v1/token/vehicle/%4/x", "/v1/token/vehicle/%2/", "/v1/token/vehicle/v%2?q", "/v1/token/vehicle/.?q", "/v1/token/%41b",
+        "/v1/token/vehicle/v/?q", "?/v1", "/v1/token/vehicle/a\\b?q",
     ])
     func abnormal(target: String) {
         #expect(RequestTarget.problem(target) != nil, "\(target)")
@@ -38,6 +41,8 @@ struct EdgeRuleTests {
         ("127.0.0.1", "127.0.0.1", true), ("rebind.attacker.example:8787", "127.0.0.1", false), ("localhost:", "127.0.0.1", false),
         ("localhost:80:80", "127.0.0.1", false), ("[::1", "127.0.0.1", false), ("", "127.0.0.1", false),
         ("10.1.2.3:8787", "10.1.2.3", true), ("10.1.2.4:8787", "10.1.2.3", false), ("::1", "127.0.0.1", false),
+        ("LOCALHOST:1", "127.0.0.1", true), ("localhost:123456", "127.0.0.1", false), ("localhost:12a", "127.0.0.1", false),
+        ("localhost:\u{FF11}", "127.0.0.1", false), ("[::1]", "127.0.0.1", true), ("[::1]x", "127.0.0.1", false),
     ])
     func hostHeader(value: String, listen: String, expected: Bool) {
         #expect(LoopbackHost.isAllowedHostHeader(value, listenHost: listen) == expected, "\(value)")

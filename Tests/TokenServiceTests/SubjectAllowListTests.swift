@@ -1,6 +1,7 @@
 @testable import FleetTokenService
 import FleetTokenStore
 import Foundation
+import NIOCore
 import Testing
 
 @Suite("SubjectAllowList and InvalidationLimiter (pure)", .paced)
@@ -122,5 +123,59 @@ struct SubjectAllowListTests {
     func timestamps(seconds: Double) {
         let date = Date(timeIntervalSince1970: seconds)
         #expect(TokenAPI.timestamp(date) == date.formatted(.iso8601))
+    }
+
+    @Test("the token route's timestamps written into its buffer read as timestamp(_:) writes them", arguments: [
+        0.0, 1_795_438_377, 1_795_438_377.999, 4_102_444_800, -30_610_224_000, 253_402_300_799, 253_402_300_800, -62_135_596_800,
+    ])
+    func bufferTimestamps(seconds: Double) {
+        let date = Date(timeIntervalSince1970: seconds)
+        var buffer = ByteBuffer()
+        TokenAPI.writeTimestamp(date, to: &buffer)
+        #expect(String(buffer: buffer) == TokenAPI.timestamp(date))
+    }
+
+    @Test("the buffer's timestamps agree with the C library's calendar over the years 1000 to 9999")
+    func bufferTimestampsAcrossYears() {
+        var generator = SystemRandomNumberGenerator()
+        var instants: [Double] = [-30_610_224_000, -30_610_223_999, -1, 0, 1, 86_399, 86_400, 951_782_400, 951_868_799, 4_107_542_400]
+        instants += (0..<20_000).map { _ in Double(Int.random(in: -30_610_224_000...253_402_300_799, using: &generator)) }
+        for seconds in instants {
+            let date = Date(timeIntervalSince1970: seconds)
+            var buffer = ByteBuffer()
+            TokenAPI.writeTimestamp(date, to: &buffer)
+            let expected = TokenAPI.timestamp(date)
+            if String(buffer: buffer) != expected {
+                Issue.record("\(seconds): \(String(buffer: buffer)) against \(expected)")
+                return
+            }
+        }
+    }
+
+    // The check for what needs escaping reads eight bytes at a time: a byte to escape is found
+    // in every position of a word and in the tail after the last whole word.
+    @Test("a byte to escape is escaped wherever it stands; a text with none is copied as it is", arguments: [
+        "\u{0}", "\u{1F}", "\"", "\\", "\n",
+    ])
+    func escapesAtEveryPosition(special: String) throws {
+        for before in 0..<18 {
+            for after in [0, 1, 7, 8, 9] {
+                let text = String(repeating: "a", count: before) + special + String(repeating: "z", count: after)
+                var buffer = ByteBuffer()
+                JSONText.writeQuoted(text, to: &buffer)
+                #expect(String(buffer: buffer) == JSONText.quoted(text))
+                #expect(JSONText.quoted(text) != "\"" + text + "\"", "\(before) \(after): the special byte was not escaped")
+                let decoded = try JSONSerialization.jsonObject(with: Data(("[" + JSONText.quoted(text) + "]").utf8)) as? [String]
+                #expect(decoded == [text])
+            }
+        }
+        // Plain bytes next to the special ones (0x20, 0x21, 0x23, 0x5B, 0x5D, 0x7F, and UTF-8's high bytes).
+        let plain = " !#[]\u{7F}é🚚" + String(repeating: "eyJhbGciOiJSUzI1NiJ9.", count: 3)
+        for length in 0...plain.count {
+            let text = String(plain.prefix(length))
+            var buffer = ByteBuffer()
+            JSONText.writeQuoted(text, to: &buffer)
+            #expect(String(buffer: buffer) == "\"" + text + "\"")
+        }
     }
 }

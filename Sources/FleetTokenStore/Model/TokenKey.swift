@@ -56,6 +56,16 @@ public struct TokenKey: Hashable, Sendable, Comparable, CustomStringConvertible 
         if subjectID.utf8.count > Self.maximumSubjectIDLength {
             throw .subjectIDTooLong(kind: kind, length: subjectID.utf8.count)
         }
+        // Every API request checks its id: printable ASCII (nearly every real id) is judged in
+        // one pass over the bytes, without Unicode property tables (as the rules below judge it).
+        switch Self.printableASCIIShape(subjectID) {
+        case .acceptable:
+            self.kind = kind
+            self.subjectID = subjectID
+            return
+        case .dotSegment: throw .pathSegment(kind: kind, subjectID: subjectID)
+        case .other: break
+        }
         // Unreserved in URLs, so never percent-encoded: as `{id}` they would be path segments
         // that proxies and servers resolve to another endpoint; inside an id with slashes,
         // `fleet-a/x/../../truck-7` would pass a `fleet-a/*` pattern and name another subject.
@@ -73,6 +83,32 @@ public struct TokenKey: Hashable, Sendable, Comparable, CustomStringConvertible 
         }
         self.kind = kind
         self.subjectID = subjectID
+    }
+
+    /// What one pass over an id's bytes tells: printable ASCII with no `.` or `..` segment,
+    /// printable ASCII with one, or anything else (judged by the full rules).
+    private enum ASCIIShape { case acceptable, dotSegment, other }
+
+    private static func printableASCIIShape(_ id: String) -> ASCIIShape {
+        var id = id
+        return id.withUTF8 { bytes in
+            // The current `/`-separated segment: its length while it holds only dots.
+            var dots = 0
+            var onlyDots = true
+            for byte in bytes {
+                guard byte >= 0x20, byte < 0x7F else { return .other }
+                if byte == UInt8(ascii: "/") {
+                    if onlyDots && (dots == 1 || dots == 2) { return .dotSegment }
+                    dots = 0
+                    onlyDots = true
+                } else if byte == UInt8(ascii: ".") {
+                    dots += 1
+                } else {
+                    onlyDots = false
+                }
+            }
+            return onlyDots && (dots == 1 || dots == 2) ? .dotSegment : .acceptable
+        }
     }
 
     /// A vehicle's key. - Throws: ``InvalidTokenKey`` for a bad id.

@@ -25,6 +25,16 @@ struct TokenKeyTests {
         let long = String(repeating: "x", count: TokenKey.maximumSubjectIDLength + 1)
         #expect(throws: InvalidTokenKey.subjectIDTooLong(kind: .vehicle, length: long.utf8.count)) { try TokenKey.vehicle(long) }
         #expect(throws: InvalidTokenKey.controlCharacters(kind: .vehicle)) { try TokenKey.vehicle("a\nb") }
+        // At the edges of printable ASCII, which is judged in one pass over the bytes.
+        #expect(throws: InvalidTokenKey.controlCharacters(kind: .vehicle)) { try TokenKey.vehicle("a\u{7F}b") }
+        #expect(throws: InvalidTokenKey.controlCharacters(kind: .vehicle)) { try TokenKey.vehicle("\tv") }
+        #expect(throws: InvalidTokenKey.controlCharacters(kind: .vehicle)) { try TokenKey.vehicle("v\u{1F}") }
+    }
+
+    @Test("every printable ASCII character is accepted in an id")
+    func printableASCII() throws {
+        let printable = String(decoding: (0x20...0x7E).map { UInt8($0) }, as: UTF8.self)
+        #expect(try TokenKey.trip(printable).subjectID == printable)
     }
 
     // Issue 26 item 10: one id, one key, byte for byte.
