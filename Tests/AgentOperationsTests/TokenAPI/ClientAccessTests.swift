@@ -102,6 +102,9 @@ struct ClientAccessTests {
         (["--allow-client", "user:nobody bus:*"], "unknown kind"),
         (["--allow-client", "user:nobody vehicle:*", "--listen", "127.0.0.1:0"], "cannot be identified"),
         (["--allow-client", "user:nobody vehicle:*", "--fleet-engine-listen", "127.0.0.1:0"], "(--fleet-engine-listen 127.0.0.1:0) cannot be identified"),
+        // The sink's files are readable by the agent's group, which every socket caller is in.
+        (["--allow-client", "user:nobody vehicle:*", "--sink", "sink"], "(--sink-mode 0640) are readable by the agent's group"),
+        (["--allow-client", "user:nobody vehicle:*", "--sink", "sink", "--sink-mode", "0440"], "give --sink-mode 0600"),
     ])
     func usage(arguments: [String], message: String) async throws {
         let scratch = Scratch()
@@ -110,6 +113,17 @@ struct ClientAccessTests {
                                         in: scratch, timeout: 30)
         #expect(result.status == 64, "\(result.stderr)")
         #expect(result.stderr.contains(message), "\(result.stderr)")
+    }
+
+    @Test("client rules beside a sink whose files only the agent's user may read pass the start-up checks")
+    func sinkForTheAgentAlone() async throws {
+        let scratch = Scratch()
+        let result = try await AgentFixture.run(["--db", scratch.file("t.sqlite"), "--provider-url", "http://127.0.0.1:9/{kind}/{id}",
+                                                 "--vehicle", "v", "--listen", "unix:\(scratch.file("api.sock"))", "--check-config",
+                                                 "--allow-client", "user:nobody vehicle:*", "--sink", scratch.file("sink"), "--sink-mode", "0600"],
+                                                in: scratch, timeout: 30)
+        #expect(result.status == 0, "\(result.stderr)")
+        #expect(result.stdout.contains("configuration OK"), "\(result.stdout)")
     }
 
     @Test("a reload resolves the rules anew and applies them; a rule naming an unknown user refuses the reload and the rules in force stay")

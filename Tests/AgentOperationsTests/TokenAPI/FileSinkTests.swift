@@ -183,8 +183,9 @@ struct FileSinkTests {
         #expect(await agent.wait(upTo: 10) == 0, "\(agent.stderr)")
     }
 
-    @Test("--sink-mode must be an octal file mode without execute bits or write bits for group and others; --sink does not go with --once", arguments: [
+    @Test("--sink-mode must be an octal file mode without execute bits, write bits for group and others, or any bit for others; --sink does not go with --once", arguments: [
         ["--sink-mode", "rw-r-----"], ["--sink-mode", "0750"], ["--sink-mode", "0660"], ["--sink-mode", "0642"], ["--sink-mode", "1640"],
+        ["--sink-mode", "0644"], ["--sink-mode", "0604"],
         ["--sink-mode", "0640", "--once"],
     ])
     func badSinkFlags(_ arguments: [String]) async throws {

@@ -68,7 +68,7 @@ extension AgentSettings {
         }
         if self.once && self.sink != nil { throw UsageError("\(origins.name("sink")) keeps files fresh while the agent runs: it does not go with --once") }
         guard sinkModeValue != nil else {
-            throw UsageError("\(origins.name("sink-mode")) \(self.sinkMode): give an octal mode such as 0640 or 0600 (no execute bits; only the owner may write)")
+            throw UsageError("\(origins.name("sink-mode")) \(self.sinkMode): give an octal mode such as 0640 or 0600 (no execute bits; only the owner may write; nothing for others, who would be every user on the host)")
         }
     }
 
@@ -167,6 +167,11 @@ extension AgentSettings {
                 throw UsageError("\(origins.name("allow-client")) grants tokens per caller, and a caller over TCP (\(origins.name(key)) \(tcp)) cannot be identified: listen on a Unix socket only")
             }
         }
+        // The sink's files are the agent's group's to read, and that is the group the socket's
+        // callers join: every one of them would read every subject's token, whatever the rules.
+        if !policy.isEmpty, self.sink != nil, let mode = sinkModeValue, mode & 0o070 != 0 {
+            throw UsageError("\(origins.name("allow-client")) grants tokens per caller, but \(origins.name("sink"))'s files (\(origins.name("sink-mode")) \(self.sinkMode)) are readable by the agent's group, which the socket's callers join, whatever the rules: give --sink-mode 0600 (files for the agent's user alone), or drop --sink")
+        }
         return policy
     }
 
@@ -179,7 +184,9 @@ extension AgentSettings {
     }
 
     var sinkModeValue: mode_t? {
-        mode_t(self.sinkMode, radix: 8).flatMap { $0 <= 0o777 && $0 & 0o133 == 0 ? $0 : nil }
+        // Token files: no execute bits, no writer but the owner, and, as for the socket, nothing
+        // for "others" (every user and service on the host).
+        mode_t(self.sinkMode, radix: 8).flatMap { $0 <= 0o777 && $0 & 0o137 == 0 ? $0 : nil }
     }
 
     /// The POST body, or a usage error naming the option.
