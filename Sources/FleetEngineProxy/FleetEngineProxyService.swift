@@ -21,11 +21,13 @@ public import Glibc
 /// preface) and REST callers (HTTP/1.1). Connections past the caps are answered `503` and closed,
 /// as the token API's; a connection idle for ``idleTimeout`` is closed.
 public struct FleetEngineProxyService: Service, CustomStringConvertible {
-    /// How long a connection may stay idle (nothing read or written): 90 s, longer than a call's
-    /// longest wait for Fleet Engine.
+    /// How long a connection may stay idle by default: 90 s with nothing read or written and no
+    /// call waiting for its answer (a call may wait longer: a rejected token's retry takes two
+    /// upstream attempts and a fetch).
     public static let idleTimeout: TimeAmount = .seconds(90)
 
     let proxy: FleetEngineProxy
+    let idleTimeout: TimeAmount
     let addresses: [ListenAddress]
     let socketMode: mode_t
     let gate: ConnectionGate
@@ -34,11 +36,13 @@ public struct FleetEngineProxyService: Service, CustomStringConvertible {
 
     /// The proxy on `addresses`; Unix sockets get `socketMode` (default 0660). `onListening` is
     /// called once per address when it accepts connections (a port 0 is reported with the port
-    /// bound). `connectionLimits` caps this service's connections, as the token API's.
+    /// bound). `connectionLimits` caps this service's connections, as the token API's; a
+    /// connection with no call waiting for its answer is closed once idle for `idleTimeout`.
     public init(proxy: FleetEngineProxy, addresses: [ListenAddress], socketMode: mode_t = 0o660,
-                connectionLimits: APIConnectionLimits = APIConnectionLimits(),
+                connectionLimits: APIConnectionLimits = APIConnectionLimits(), idleTimeout: TimeAmount = Self.idleTimeout,
                 logger: Logger, onListening: @escaping @Sendable (ListenAddress) -> Void = { _ in }) {
         self.proxy = proxy
+        self.idleTimeout = idleTimeout
         self.addresses = addresses
         self.socketMode = socketMode
         self.gate = ConnectionGate(limits: connectionLimits, component: "Fleet Engine proxy", logger: logger)
@@ -99,14 +103,14 @@ public struct FleetEngineProxyService: Service, CustomStringConvertible {
         case .unix: (unixSocket, transport) = (true, .unix)
         case .tcp(let host, _): (unixSocket, transport) = (false, .tcp(host: host))
         }
-        let (proxy, gate) = (proxy, gate)
+        let (proxy, gate, idleTimeout) = (proxy, gate, idleTimeout)
         let bootstrap = ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
             .serverChannelOption(.backlog, value: 1024)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     try Self.setUp(channel, unixSocket: unixSocket, transport: transport, proxy: proxy, calls: calls,
-                                   gate: gate, connections: connections)
+                                   gate: gate, connections: connections, idleTimeout: idleTimeout)
                 }
             }
         switch address {
@@ -138,7 +142,7 @@ public struct FleetEngineProxyService: Service, CustomStringConvertible {
 
     /// A new connection: through the gate, then the protocol sniffer; on its event loop.
     private static func setUp(_ channel: any Channel, unixSocket: Bool, transport: ProxyTransport, proxy: FleetEngineProxy,
-                              calls: ProxyCallQueue, gate: ConnectionGate, connections: OpenConnections) throws {
+                              calls: ProxyCallQueue, gate: ConnectionGate, connections: OpenConnections, idleTimeout: TimeAmount) throws {
         let identity = unixSocket ? ConnectionPeer.identity(channel) : nil
         let peer = ConnectionPeer.of(channel, unixSocket: unixSocket, identity: identity)
         let admission = gate.admit(peer)
@@ -155,10 +159,11 @@ public struct FleetEngineProxyService: Service, CustomStringConvertible {
             gate.release(peer)
             connections.remove(channel)
         }
-        let context = ProxyCallContext(calls: calls, proxy: proxy, transport: transport, peer: identity)
+        let waiting = CallsAwaitingAnswers()
+        let context = ProxyCallContext(calls: calls, proxy: proxy, transport: transport, peer: identity, waiting: waiting)
         let pipeline = channel.pipeline.syncOperations
         try pipeline.addHandler(IdleStateHandler(allTimeout: idleTimeout))
-        try pipeline.addHandler(IdleConnectionCloser())
+        try pipeline.addHandler(IdleConnectionCloser(waiting))
         try pipeline.addHandler(ProtocolSniffer(context))
     }
 }

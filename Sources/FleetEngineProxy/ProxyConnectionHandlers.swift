@@ -7,20 +7,37 @@ import NIOCore
 import NIOHPACK
 import NIOHTTP1
 import NIOHTTP2
+import Synchronization
 
-/// What a connection's handlers need: how to run a call, and where it came from.
+/// What a connection's handlers need: how to run a call, where it came from, and the count of
+/// its calls still waiting for their answers.
 struct ProxyCallContext: Sendable {
     let calls: ProxyCallQueue
     let proxy: FleetEngineProxy
     let transport: ProxyTransport
     let peer: PeerIdentity?
+    let waiting: CallsAwaitingAnswers
 
     /// Answers `request`, read on `loop`, and gives the answer to `reply` (any thread): on `loop`
-    /// when its token is in memory, else in a child task of the service.
+    /// when its token is in memory, else in a child task of the service. The call counts as
+    /// waiting until its answer is written (the writer calls ``CallsAwaitingAnswers/answered()``).
     func run(_ request: ProxyRequest, on loop: any EventLoop, reply: @escaping @Sendable (ProxyResponse) -> Void) {
         let calls = calls
+        waiting.started()
         proxy.handle(request, transport: transport, peer: peer, on: loop, inTask: { calls.submit($0) }, reply: reply)
     }
+}
+
+/// A connection's calls between their request and their answer's write: while one waits (for a
+/// fetch, for Fleet Engine, for a retry), nothing moves on the connection, and it is not idle.
+final class CallsAwaitingAnswers: Sendable {
+    private let count = Atomic<Int>(0)
+
+    func started() { count.add(1, ordering: .relaxed) }
+
+    func answered() { count.subtract(1, ordering: .relaxed) }
+
+    var any: Bool { count.load(ordering: .relaxed) > 0 }
 }
 
 /// Reads a connection's first bytes: the HTTP/2 connection preface sets up HTTP/2, anything
@@ -141,7 +158,10 @@ final class HTTP2CallHandler: ChannelInboundHandler {
         dispatched = true
         self.request = nil
         let channel = context.channel
-        calls.run(request, on: context.eventLoop) { response in Self.write(response, to: channel) }
+        let waiting = calls.waiting
+        calls.run(request, on: context.eventLoop) { response in
+            Self.write(response, to: channel).whenComplete { _ in waiting.answered() }
+        }
     }
 
     private func refuse(_ context: ChannelHandlerContext, _ refusal: ProxyRefusal) {
@@ -150,22 +170,26 @@ final class HTTP2CallHandler: ChannelInboundHandler {
         request = nil
     }
 
-    static func write(_ response: ProxyResponse, to channel: any Channel) {
+    /// Writes `response` on the stream `channel`; the future completes with the last frame's write.
+    @discardableResult
+    static func write(_ response: ProxyResponse, to channel: any Channel) -> EventLoopFuture<Void> {
         var head = HPACKHeaders()
         head.add(name: ":status", value: "\(response.status)")
         for field in response.headers { head.add(name: field.name, value: field.value) }
         let hasBody = response.body.readableBytes > 0
         let trailers = response.trailers
-        channel.write(HTTP2Frame.FramePayload.headers(.init(headers: head, endStream: !hasBody && trailers == nil)), promise: nil)
+        var frames = [HTTP2Frame.FramePayload.headers(.init(headers: head, endStream: !hasBody && trailers == nil))]
         if hasBody {
-            channel.write(HTTP2Frame.FramePayload.data(.init(data: .byteBuffer(response.body), endStream: trailers == nil)), promise: nil)
+            frames.append(.data(.init(data: .byteBuffer(response.body), endStream: trailers == nil)))
         }
         if let trailers {
             var fields = HPACKHeaders()
             for field in trailers { fields.add(name: field.name, value: field.value) }
-            channel.write(HTTP2Frame.FramePayload.headers(.init(headers: fields, endStream: true)), promise: nil)
+            frames.append(.headers(.init(headers: fields, endStream: true)))
         }
-        channel.flush()
+        let last = frames.removeLast()
+        for frame in frames { channel.write(frame, promise: nil) }
+        return channel.writeAndFlush(last)
     }
 }
 
@@ -209,8 +233,11 @@ final class HTTP1CallHandler: ChannelInboundHandler, RemovableChannelHandler {
             // Written in a later turn of the loop, never inside this read: an answer written at
             // once (a refusal) makes NIO's pipelining helper hand over the next request from
             // inside that write, so a burst of refused requests would nest one call per request.
+            let waiting = calls.waiting
             calls.run(request, on: loop) { response in
-                loop.execute { Self.write(response, version: version, keepAlive: keepAlive, to: channel) }
+                loop.execute {
+                    Self.write(response, version: version, keepAlive: keepAlive, to: channel).whenComplete { _ in waiting.answered() }
+                }
             }
         }
     }
@@ -223,7 +250,9 @@ final class HTTP1CallHandler: ChannelInboundHandler, RemovableChannelHandler {
         Self.write(refusal.response(for: .rest), version: head?.version ?? .http1_1, keepAlive: false, to: context.channel)
     }
 
-    static func write(_ response: ProxyResponse, version: HTTPVersion, keepAlive: Bool, to channel: any Channel) {
+    /// Writes `response`; the future completes with the write of its end.
+    @discardableResult
+    static func write(_ response: ProxyResponse, version: HTTPVersion, keepAlive: Bool, to channel: any Channel) -> EventLoopFuture<Void> {
         var headers = HTTPHeaders(response.headers.map { ($0.name, $0.value) })
         headers.replaceOrAdd(name: "content-length", value: "\(response.body.readableBytes)")
         if !keepAlive { headers.replaceOrAdd(name: "connection", value: "close") }
@@ -232,16 +261,22 @@ final class HTTP1CallHandler: ChannelInboundHandler, RemovableChannelHandler {
         if response.body.readableBytes > 0 { channel.write(HTTPServerResponsePart.body(.byteBuffer(response.body)), promise: nil) }
         let done = channel.writeAndFlush(HTTPServerResponsePart.end(nil))
         if !keepAlive { done.whenComplete { _ in channel.close(promise: nil) } }
+        return done
     }
 }
 
-/// Closes a connection idle (nothing read or written) for the idle timeout.
+/// Closes a connection idle (nothing read or written) for the idle timeout, unless a call of
+/// its own is still waiting for its answer (the idle handler asks again a timeout later).
 final class IdleConnectionCloser: ChannelInboundHandler {
     typealias InboundIn = NIOAny
 
+    private let waiting: CallsAwaitingAnswers
+
+    init(_ waiting: CallsAwaitingAnswers) { self.waiting = waiting }
+
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
         if event is IdleStateHandler.IdleStateEvent {
-            context.close(promise: nil)
+            if !waiting.any { context.close(promise: nil) }
             return
         }
         context.fireUserInboundEventTriggered(event)
