@@ -44,12 +44,23 @@ package final class FleetEngineUpstream: Sendable {
     private struct Connection: Sendable {
         let channel: any Channel
         let multiplexer: NIOHTTP2Handler.StreamMultiplexer
+        /// Completes when Fleet Engine sends GOAWAY (or the connection closes): from then on
+        /// new calls go on a new connection while this one finishes the calls it has.
+        let goneAway: EventLoopFuture<Void>
+        /// The last stream Fleet Engine serves once it sent GOAWAY.
+        let drain: ConnectionDrain
     }
 
     /// A stream could not be opened on the connection (closed, or told to go away): nothing
     /// reached Fleet Engine, so the call may go on another connection.
-    private struct StreamNotOpened: Error {
+    fileprivate struct StreamNotOpened: Error {
         let underlying: any Error
+    }
+
+    /// The call's stream was opened after the last stream a GOAWAY said Fleet Engine would
+    /// serve (RFC 9113 §6.8: such streams were not processed, and may be retried).
+    fileprivate struct OpenedAfterGoAway: Error, CustomStringConvertible {
+        var description: String { "Fleet Engine told the connection to go away before this call's stream" }
     }
 
     let endpoint: FleetEngineEndpoint
@@ -160,7 +171,11 @@ package final class FleetEngineUpstream: Sendable {
                     // Engine, so the call goes on a new connection, once.
                     guard first else { return loop.makeFailedFuture(UpstreamFailure.unreachable(Self.describe(notOpened.underlying))) }
                     self.logger.debug("Fleet Engine connection unusable; connecting again", metadata: ["error": "\(Self.describe(notOpened.underlying))"])
-                    self.drop(connection, on: loop)
+                    // A connection told to go away is left to finish its calls (it is no
+                    // longer the loop's); any other is closed.
+                    if !(notOpened.underlying is NIOHTTP2Errors.CreatedStreamAfterGoaway || notOpened.underlying is OpenedAfterGoAway) {
+                        self.drop(connection, on: loop)
+                    }
                     return self.attempt(request, token: token, deadline: deadline, on: loop, first: false)
                 default:
                     return loop.makeFailedFuture(UpstreamFailure.cutShort(Self.describe(error)))
@@ -207,7 +222,8 @@ package final class FleetEngineUpstream: Sendable {
                 switch result {
                 case .failure: self?.clear(future, of: id)
                 case .success(let connection):
-                    connection.channel.closeFuture.whenComplete { [weak self] _ in self?.clear(future, of: id) }
+                    // At GOAWAY (a server draining the connection, e.g. at its age limit) or close.
+                    connection.goneAway.whenComplete { [weak self] _ in self?.clear(future, of: id) }
                 }
             }
         }
@@ -289,10 +305,17 @@ package final class FleetEngineUpstream: Sendable {
                         let multiplexer = try operations.configureHTTP2Pipeline(
                             mode: .client, connectionConfiguration: .init(), streamConfiguration: .init()
                         ) { stream in stream.close() }  // Fleet Engine pushes nothing
-                        try operations.addHandler(ConnectionErrorCloser(settingsDeadline: deadline))
+                        let goneAway = channel.eventLoop.makePromise(of: Void.self)
+                        let drain = ConnectionDrain()
+                        do {
+                            try operations.addHandler(ConnectionErrorCloser(settingsDeadline: deadline, goneAway: goneAway, drain: drain))
+                        } catch {
+                            goneAway.succeed(())
+                            throw error
+                        }
                         // HTTP/2 is in place: what the server sent meanwhile goes to it now.
                         operations.removeHandler(try operations.handler(type: InboundHolder.self), promise: nil)
-                        return Connection(channel: channel, multiplexer: multiplexer)
+                        return Connection(channel: channel, multiplexer: multiplexer, goneAway: goneAway.futureResult, drain: drain)
                     }.futureResult
                 }.flatMapErrorThrowing { error in
                     deadline.cancel()
@@ -360,9 +383,16 @@ package final class FleetEngineUpstream: Sendable {
         let headers = fields
         let body = request.body
         let answer = AnswerSlot(connection.channel.eventLoop.makePromise(of: ProxyResponse.self))
+        let drain = connection.drain
+        let channel = connection.channel
+        // A drained connection closes after its last call (Fleet Engine may leave it open).
+        drain.callStarted()
+        answer.future.whenComplete { _ in if drain.callEnded() { channel.close(promise: nil) } }
         connection.multiplexer.createStreamChannel { stream in
             stream.eventLoop.makeCompletedFuture {
-                try stream.pipeline.syncOperations.addHandler(UpstreamStreamHandler(answer: answer, timeout: timeout))
+                try stream.pipeline.syncOperations.addHandler(UpstreamStreamHandler(answer: answer, timeout: timeout, refused: {
+                    drain.refused(stream) ? StreamNotOpened(underlying: OpenedAfterGoAway()) : nil
+                }))
             }
         }.whenComplete { result in
             switch result {
@@ -370,7 +400,13 @@ package final class FleetEngineUpstream: Sendable {
                 answer.complete(.failure(StreamNotOpened(underlying: error)))
             case .success(let stream):
                 let hasBody = body.readableBytes > 0
-                stream.write(HTTP2Frame.FramePayload.headers(.init(headers: headers, endStream: !hasBody)), promise: nil)
+                // HTTP/2 refuses to open a stream on a connection Fleet Engine has told to go away
+                // (a GOAWAY that came after this call took the connection): nothing was sent.
+                let opened = stream.eventLoop.makePromise(of: Void.self)
+                opened.futureResult.whenFailure { error in
+                    if error is NIOHTTP2Errors.CreatedStreamAfterGoaway { answer.complete(.failure(StreamNotOpened(underlying: error))) }
+                }
+                stream.write(HTTP2Frame.FramePayload.headers(.init(headers: headers, endStream: !hasBody)), promise: opened)
                 if hasBody { stream.write(HTTP2Frame.FramePayload.data(.init(data: .byteBuffer(body), endStream: true)), promise: nil) }
                 stream.flush()
             }
@@ -411,24 +447,81 @@ final class InboundHolder: ChannelInboundHandler, RemovableChannelHandler {
 /// A stream's own errors close the connection too; Fleet Engine does not send such streams, and
 /// the calls in flight that end with it are answered `UNAVAILABLE`, which clients retry. It also
 /// ends the set-up's deadline when the server's first SETTINGS frame arrives.
+///
+/// A GOAWAY from Fleet Engine is a drain, not a failure (a server sends one at a connection's age
+/// limit, or before a restart): `goneAway` completes, so that new calls connect again, and the
+/// calls in flight finish here; the connection closes when the last of them ends (``ConnectionDrain``).
+/// A stream refused because the GOAWAY came first is not the connection's failure either.
 final class ConnectionErrorCloser: ChannelInboundHandler {
     typealias InboundIn = HTTP2Frame
 
     /// Cancelled by the server's first SETTINGS frame: until then the connection is not set up.
     private var settingsDeadline: Scheduled<Void>?
+    private let goneAway: EventLoopPromise<Void>
+    private let drain: ConnectionDrain
 
-    init(settingsDeadline: Scheduled<Void>) { self.settingsDeadline = settingsDeadline }
+    init(settingsDeadline: Scheduled<Void>, goneAway: EventLoopPromise<Void>, drain: ConnectionDrain) {
+        self.settingsDeadline = settingsDeadline
+        self.goneAway = goneAway
+        self.drain = drain
+    }
 
-    /// The connection's own frames (stream 0): the first SETTINGS ends the set-up's deadline.
+    /// The connection's own frames (stream 0): the first SETTINGS ends the set-up's deadline; a
+    /// GOAWAY starts the drain.
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        if case .settings(.settings) = unwrapInboundIn(data).payload, let deadline = settingsDeadline {
-            deadline.cancel()
+        switch unwrapInboundIn(data).payload {
+        case .settings(.settings):
+            settingsDeadline?.cancel()
             settingsDeadline = nil
+        case .goAway(let lastStreamID, _, _):
+            goneAway.succeed(())
+            if drain.goneAway(lastServed: Int(lastStreamID)) { context.close(promise: nil) }
+        default:
+            break
         }
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        // The call whose stream was refused goes on a new connection; this one serves its own.
+        if error is NIOHTTP2Errors.CreatedStreamAfterGoaway { return }
         context.close(promise: nil)
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        goneAway.succeed(())
+        context.fireChannelInactive()
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        goneAway.succeed(())
+    }
+}
+
+/// A connection's calls, and what a GOAWAY from Fleet Engine said (the last stream it serves).
+/// Changed on the connection's loop, where its calls' streams and answers are too.
+final class ConnectionDrain: Sendable {
+    private let lastServed = Atomic<Int>(Int.max)
+    private let calls = Atomic<Int>(0)
+
+    /// A call took the connection.
+    func callStarted() { calls.add(1, ordering: .relaxed) }
+
+    /// A call's answer (or failure) came; true when the connection drains and this was its last.
+    func callEnded() -> Bool {
+        calls.subtract(1, ordering: .relaxed).newValue == 0 && lastServed.load(ordering: .relaxed) != Int.max
+    }
+
+    /// Fleet Engine sent GOAWAY serving streams up to `id`; true when no call is left on it.
+    func goneAway(lastServed id: Int) -> Bool {
+        lastServed.store(min(id, lastServed.load(ordering: .relaxed)), ordering: .relaxed)
+        return calls.load(ordering: .relaxed) == 0
+    }
+
+    /// True when the stream `channel` was opened after the last stream Fleet Engine serves.
+    func refused(_ channel: any Channel) -> Bool {
+        let last = lastServed.load(ordering: .relaxed)
+        guard last != Int.max, let id = try? channel.syncOptions?.getOption(HTTP2StreamChannelOptions.streamID) else { return false }
+        return Int(id) > last
     }
 }
 
@@ -497,9 +590,13 @@ final class UpstreamStreamHandler: ChannelInboundHandler {
     private var trailers: [(name: String, value: String)]?
     private var timer: Scheduled<Void>?
 
-    init(answer: AnswerSlot, timeout: TimeAmount) {
+    /// Why the stream ended unanswered and unprocessed (a GOAWAY came before it), or nil.
+    private let refused: () -> (any Error)?
+
+    init(answer: AnswerSlot, timeout: TimeAmount, refused: @escaping () -> (any Error)? = { nil }) {
         self.answer = answer
         self.timeout = timeout
+        self.refused = refused
     }
 
     func handlerAdded(context: ChannelHandlerContext) {
@@ -541,11 +638,17 @@ final class UpstreamStreamHandler: ChannelInboundHandler {
 
     func channelInactive(context: ChannelHandlerContext) {
         timer?.cancel()
-        answer.complete(.failure(UpstreamFailure.cutShort("the stream closed before the answer ended")))
+        answer.complete(.failure(refused() ?? UpstreamFailure.cutShort("the stream closed before the answer ended")))
         context.fireChannelInactive()
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        if let refusal = refused() {
+            timer?.cancel()
+            answer.complete(.failure(refusal))
+            context.close(promise: nil)
+            return
+        }
         fail(context, .cutShort(FleetEngineUpstream.describe(error)))
     }
 

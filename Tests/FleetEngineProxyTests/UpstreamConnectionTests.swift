@@ -42,6 +42,40 @@ struct UpstreamConnectionTests {
         #expect(fake.traffic.connections == 1)
     }
 
+    // Google's servers drain a connection at its age limit or before a restart: GOAWAY, then
+    // the streams already open are answered. The proxy took the next call's refused stream for a
+    // connection failure and closed the connection, cutting short the call Fleet Engine was about
+    // to answer, and failed the next call as well.
+    @Test("a GOAWAY from Fleet Engine (a drain): the call in flight is answered on its connection, the next call goes on a new one, and the drained connection closes after its last answer")
+    func goAwayDrains() async throws {
+        let fake = try await Self.fake()
+        defer { fake.close() }
+        let upstream = try FleetEngineUpstream(endpoint: try FleetEngineEndpoint(parsing: fake.url), caFile: nil, logger: Logger(label: "test"))
+        defer { upstream.close() }
+        let loop = MultiThreadedEventLoopGroup.singleton.next()
+        let warm = try await upstream.start(Self.request(.rest, "providers/p/vehicles/v-0"), token: "not-a-jwt", timeout: .seconds(10), on: loop).get()
+        #expect(warm.status == 401, "answered (the fake refuses tokens that are not JWTs)")
+
+        fake.goAwayAtNextCall(answeringAfter: .milliseconds(800))
+        let inFlight = upstream.start(Self.request(.rest, "providers/p/vehicles/v-1"), token: "not-a-jwt", timeout: .seconds(10), on: loop)
+        for _ in 0..<1_000 where fake.traffic.goAwaysSent == 0 { try await Task.sleep(for: .milliseconds(5)) }
+        try #require(fake.traffic.goAwaysSent == 1, "\(fake.traffic)")
+        let next: Int
+        do { next = try await upstream.start(Self.request(.rest, "providers/p/vehicles/v-2"), token: "not-a-jwt", timeout: .seconds(10), on: loop).get().status } catch {
+            next = -1
+            Issue.record("next: \(error) \(fake.traffic)")
+        }
+        #expect(next == 401, "the call after the GOAWAY was answered")
+        let drained: Int
+        do { drained = try await inFlight.get().status } catch { drained = -1; Issue.record("in flight: \(error) \(fake.traffic)") }
+        #expect(drained == 401, "the call in flight at the GOAWAY was answered on its connection")
+        #expect(fake.traffic.connections == 2, "one new connection, for the call after the GOAWAY: \(fake.traffic)")
+        // (The fake counts an answer sent when its write completes, a moment after it left.)
+        for _ in 0..<1_000 where fake.traffic.connectionsClosed == 0 || fake.traffic.answersSent < 3 { try await Task.sleep(for: .milliseconds(5)) }
+        #expect(fake.traffic.answersSent == 3, "\(fake.traffic)")
+        #expect(fake.traffic.connectionsClosed == 1, "the drained connection closes once its last call is answered: \(fake.traffic)")
+    }
+
     @Test("a connection whose HTTP/2 layer fails ends its call at once and is made again for the next")
     func connectionErrorEndsTheCall() async throws {
         // A server that skips its SETTINGS preface: a protocol error for the client.

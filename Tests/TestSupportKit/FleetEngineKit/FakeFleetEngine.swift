@@ -41,6 +41,8 @@ package final class FakeFleetEngine: Sendable {
         var rejectIssuedBefore: Double?
         var deniedResources: Set<String> = []
         var delay: Duration = .zero
+        /// The next call's answer waits this long, after a GOAWAY on its connection.
+        var goAwayThenAnswerAfter: Duration?
         var traffic = FakeFleetEngineTraffic()
     }
 
@@ -90,6 +92,20 @@ package final class FakeFleetEngine: Sendable {
     /// Each answer waits this long first.
     package func delayAnswers(by delay: Duration) {
         state.withLock { $0.delay = delay }
+    }
+
+    /// At the next call, the fake drains its connection as a server at its age limit does: a
+    /// GOAWAY (`NO_ERROR`, that call's stream the last it serves) at once, that call's answer
+    /// `delay` later. The connection stays open until its client closes it.
+    package func goAwayAtNextCall(answeringAfter delay: Duration) {
+        state.withLock { $0.goAwayThenAnswerAfter = delay }
+    }
+
+    fileprivate func takeGoAway() -> Duration? {
+        state.withLock { state in
+            defer { state.goAwayThenAnswerAfter = nil }
+            return state.goAwayThenAnswerAfter
+        }
     }
 
     /// Serves plain HTTP/2 (prior knowledge), or with `identity` TLS offering only `h2` by ALPN,
@@ -280,9 +296,10 @@ package struct FakeFleetEngineTraffic: Sendable, CustomStringConvertible {
     package var requests = 0
     package var answersSent = 0
     package var answersFailed: [String] = []
+    package var goAwaysSent = 0
 
     package var description: String {
-        "connections \(connections) (closed \(connectionsClosed)), streams \(streams), requests read \(requests), answers sent \(answersSent), failed \(answersFailed.prefix(3))"
+        "connections \(connections) (closed \(connectionsClosed)), streams \(streams), requests read \(requests), answers sent \(answersSent), failed \(answersFailed.prefix(3)), GOAWAYs \(goAwaysSent)"
     }
 }
 
@@ -319,7 +336,13 @@ private final class FakeStreamHandler: ChannelInboundHandler {
         self.headers = nil
         fake.note { $0.requests += 1 }
         let (fake, body, channel) = (fake, body, context.channel)
-        let delay = fake.answerDelay
+        var delay = fake.answerDelay
+        if let drain = fake.takeGoAway(), let parent = channel.parent,
+           let stream = try? channel.syncOptions?.getOption(HTTP2StreamChannelOptions.streamID) {
+            delay = drain
+            parent.writeAndFlush(HTTP2Frame(streamID: .rootStream, payload: .goAway(lastStreamID: stream, errorCode: .noError, opaqueData: nil)), promise: nil)
+            fake.note { $0.goAwaysSent += 1 }
+        }
         let nanoseconds = delay.components.seconds * 1_000_000_000 + delay.components.attoseconds / 1_000_000_000
         context.eventLoop.scheduleTask(in: .nanoseconds(nanoseconds)) {
             let answer = fake.answer(headers: headers, body: body)
