@@ -36,16 +36,18 @@ public struct FleetEngineProxyService: Service, CustomStringConvertible {
 
     /// The proxy on `addresses`; Unix sockets get `socketMode` (default 0660). `onListening` is
     /// called once per address when it accepts connections (a port 0 is reported with the port
-    /// bound). `connectionLimits` caps this service's connections, as the token API's; a
-    /// connection with no call waiting for its answer is closed once idle for `idleTimeout`.
+    /// bound). `connectionLimits` caps this service's connections, as the token API's, or
+    /// `sharedCaps` when given (one budget with the token API of the same process); a connection
+    /// with no call waiting for its answer is closed once idle for `idleTimeout`.
     public init(proxy: FleetEngineProxy, addresses: [ListenAddress], socketMode: mode_t = 0o660,
-                connectionLimits: APIConnectionLimits = APIConnectionLimits(), idleTimeout: TimeAmount = Self.idleTimeout,
+                connectionLimits: APIConnectionLimits = APIConnectionLimits(), sharedCaps: SharedConnectionCaps? = nil,
+                idleTimeout: TimeAmount = Self.idleTimeout,
                 logger: Logger, onListening: @escaping @Sendable (ListenAddress) -> Void = { _ in }) {
         self.proxy = proxy
         self.idleTimeout = idleTimeout
         self.addresses = addresses
         self.socketMode = socketMode
-        self.gate = ConnectionGate(limits: connectionLimits, component: "Fleet Engine proxy", logger: logger)
+        self.gate = sharedCaps?.gate ?? ConnectionGate(limits: connectionLimits, component: "Fleet Engine proxy", logger: logger)
         self.logger = logger
         self.onListening = onListening
     }

@@ -4,6 +4,7 @@
 // GET timing out and SQLite failing with "unable to open database file" (issue 26 item 5).
 // The gate that enforces them is ConnectionGate.swift.
 
+public import Logging
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -108,5 +109,21 @@ enum ProcessDescriptors {
             if name != "." && name != ".." { count += 1 }
         }
         return max(0, count - 1)
+    }
+}
+
+/// One set of connection caps for every service of a process that takes ``APIConnectionLimits``
+/// (the token API and the Fleet Engine proxy): the open-files limit is the process's, and its
+/// reserve for the store, the provider client and the logs holds only when every listener draws
+/// on one budget. Services given separate limits would each count the descriptors free as theirs.
+///
+/// The caps in force (overall and per peer) apply to the connections of all of them together.
+public final class SharedConnectionCaps: Sendable {
+    package let gate: ConnectionGate
+
+    /// Caps `limits` over every listener of the services given this value; `component` names
+    /// them in the log lines about the caps.
+    public init(limits: APIConnectionLimits = APIConnectionLimits(), component: String = "token API and Fleet Engine proxy", logger: Logger) {
+        gate = ConnectionGate(limits: limits, component: component, logger: logger)
     }
 }

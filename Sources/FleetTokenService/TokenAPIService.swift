@@ -115,9 +115,10 @@ public struct TokenAPIService: Service {
     /// A service for `api` on `addresses`; Unix sockets get `socketMode` (default 0660).
     /// `onListening` is called once per address when it accepts connections (a port 0 is
     /// reported with the port bound). `connectionLimits` caps the connections open at once, over
-    /// every address and per peer (see ``APIConnectionLimits``).
+    /// every address and per peer (see ``APIConnectionLimits``); `sharedCaps`, when given, instead
+    /// (caps drawn on with another service of the process, such as the Fleet Engine proxy).
     public init(api: TokenAPI, engine: TokenSyncEngine, addresses: [ListenAddress], socketMode: mode_t = 0o660,
-                connectionLimits: APIConnectionLimits = APIConnectionLimits(),
+                connectionLimits: APIConnectionLimits = APIConnectionLimits(), sharedCaps: SharedConnectionCaps? = nil,
                 logger: Logger, onListening: @escaping @Sendable (ListenAddress) -> Void = { _ in }) {
         self.api = api
         self.engine = engine
@@ -125,7 +126,7 @@ public struct TokenAPIService: Service {
         self.socketMode = socketMode
         self.logger = logger
         self.onListening = onListening
-        self.connectionGate = ConnectionGate(limits: connectionLimits, logger: logger)
+        self.connectionGate = sharedCaps?.gate ?? ConnectionGate(limits: connectionLimits, logger: logger)
     }
 
     /// Checks every Unix socket path before anything listens: the directory, and no live agent

@@ -75,6 +75,45 @@ struct ConnectionLimitTests {
         #expect(await agent.stop() == 0, "\(agent.process.stderr.suffix(2000))")
     }
 
+    // Each listener's gate once took "open-files limit minus open descriptors minus the reserve"
+    // for its own: together the token API and the Fleet Engine proxy could hold twice what is
+    // free, and the store's reserve went with it.
+    @Test("the token API and the Fleet Engine proxy draw on one set of caps: from one peer, connections to both together stop at the per-peer cap, and the caps are logged once")
+    func oneBudgetForBothListeners() async throws {
+        let scratch = Scratch()
+        let issuer = try await IssuerProcess(scratch: scratch)
+        let agent = try await CappedAgent.start(scratch, provider: issuer.template, [
+            "--vehicle", "v-1", "--fleet-engine-listen", "127.0.0.1:0", "--fleet-engine-url", "http://127.0.0.1:9",
+        ], openFiles: 128)
+        let log = { agent.process.stderr }
+        #expect(await eventually(within: 30) { log().contains("Fleet Engine proxy listening") }, "\(log().suffix(2000))")
+        // Each listener's port from its own line (CappedAgent's is the first TCP address logged).
+        func port(_ listener: String) throws -> Int {
+            let line = try #require(log().split(separator: "\n").first { $0.contains(listener) && $0.contains("127.0.0.1:") })
+            return try #require(line.range(of: #"127\.0\.0\.1:\d+"#, options: .regularExpression).flatMap { Int(line[$0].split(separator: ":").last!) })
+        }
+        let (apiPort, proxyPort) = (try port("token API listening"), try port("Fleet Engine proxy listening"))
+        #expect(apiPort != proxyPort)
+        let caps = try #require(CappedAgent.caps(in: log()), "\(log().suffix(2000))")
+        #expect(log().components(separatedBy: "connection caps in force").count - 1 == 1, "one set of caps: \(log().suffix(3000))")
+        #expect(log().contains("token API and Fleet Engine proxy connection caps in force"))
+
+        // As many idle connections to each listener as the per-peer cap (all from 127.0.0.1).
+        var idle: [Int32] = []
+        defer { for descriptor in idle where descriptor >= 0 { close(descriptor) } }
+        for _ in 0..<caps.perPeer {
+            idle.append(RawHTTP.openIdle(.tcp(port: apiPort)))
+            idle.append(RawHTTP.openIdle(.tcp(port: proxyPort)))
+        }
+        #expect(idle.allSatisfy { $0 >= 0 })
+        let outcome = await refusals(idle, expected: caps.perPeer)
+        #expect(outcome.refused == caps.perPeer, "half of them refused, the per-peer cap counting both listeners: \(outcome), caps \(caps)")
+        #expect(outcome.unanswered == 0, "\(outcome)")
+        for descriptor in idle where descriptor >= 0 { close(descriptor) }
+        idle = []
+        #expect(await agent.stop() == 0, "\(log().suffix(2000))")
+    }
+
     @Test("--max-api-connections 6, --max-api-connections-per-peer 4: a fifth connection from one user on the Unix socket is answered 503, a TCP client (another peer) still gets in, the seventh overall is refused, and a closed connection frees its slot")
     func configuredCaps() async throws {
         let scratch = Scratch()

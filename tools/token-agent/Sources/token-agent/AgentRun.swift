@@ -209,11 +209,14 @@ struct AgentRun {
         }
         let api = TokenAPI(engine: engine, configuration: configuration, logger: logger)
         let limits = APIConnectionLimits(maxConnections: settings.maxAPIConnections, maxConnectionsPerPeer: settings.maxAPIConnectionsPerPeer)
+        // Both listeners draw on one budget: each counting the free descriptors as its own
+        // would let them take the store's reserve between them.
+        let shared = !addresses.isEmpty && proxySettings != nil ? SharedConnectionCaps(limits: limits, logger: logger) : nil
         var service: TokenAPIService?
         if !addresses.isEmpty {
             service = TokenAPIService(
                 api: api, engine: engine, addresses: addresses, socketMode: settings.socketModeValue ?? 0o660,
-                connectionLimits: limits, logger: logger,
+                connectionLimits: limits, sharedCaps: shared, logger: logger,
                 onListening: { address in logger.notice("token API listening", metadata: ["address": "\(address)"]) })
             try service?.prepare()
         }
@@ -224,7 +227,7 @@ struct AgentRun {
                 throw fleetEngineCAFileRefused(error)
             }
             proxyService = FleetEngineProxyService(proxy: proxy, addresses: proxySettings.addresses, socketMode: settings.socketModeValue ?? 0o660,
-                                                   connectionLimits: limits, logger: logger)
+                                                   connectionLimits: limits, sharedCaps: shared, logger: logger)
             try proxyService?.prepare()
         }
         FileDescriptorLimit.raise()
