@@ -161,7 +161,7 @@ public struct FleetEngineProxy: Sendable {
     /// The metrics and the access log of a call answered with `response`; returns `response`.
     private func finish(_ request: ProxyRequest, _ response: ProxyResponse, _ outcome: Outcome, peer: PeerIdentity?,
                         since started: ContinuousClock.Instant) -> ProxyResponse {
-        let code = request.wire == .grpc ? ProxyRefusal.statusName(response.grpcStatus ?? 2) : "\(response.status)"
+        let code = request.wire == .grpc ? ProxyRefusal.statusName(response.effectiveGRPCStatus) : "\(response.status)"
         Counter(label: FleetTokenMetric.proxyRequests.name,
                 dimensions: [("protocol", request.wire.rawValue), ("method", outcome.method), ("code", code)], factory: metrics).increment()
         logger.info("Fleet Engine call", metadata: Self.accessLog(request, outcome, code: code, peer: peer, since: started))
@@ -175,10 +175,21 @@ public struct FleetEngineProxy: Sendable {
         // The invalidation limiter forgets old entries a few at a time, on every call.
         api.limiter.sweep(now: .now)
         if let refusal = ProxyRequestRules.refusal(request, transport: transport) { throw refusal }
+        // A REST path in the token API's normal form, so that the path the proxy reads the
+        // resource from is the path Fleet Engine acts on (no `%2D` for `-`, no `.` segment).
+        if request.wire == .rest, let problem = RequestTarget.problem(request.target) {
+            throw .badRequest("the request target \(problem): send the path in normal form, e.g. /v1/providers/p/vehicles/truck-7")
+        }
         let call: FleetEngineCall
         do {
             switch request.wire {
-            case .grpc: call = try FleetEngineCall(grpcPath: request.target, message: GRPCUnaryFrame.message(in: request.body))
+            case .grpc:
+                // The method first: an unknown one (answered as soon as its headers come, with no
+                // body) is refused as unknown, not for its missing message.
+                guard FleetEngineMethod.grpc(path: request.target) != nil else {
+                    throw FleetEngineCallRefusal.unknownGRPCMethod(request.target)
+                }
+                call = try FleetEngineCall(grpcPath: request.target, message: GRPCUnaryFrame.message(in: request.body))
             case .rest: call = try FleetEngineCall(httpMethod: request.method, target: request.target)
             }
         } catch let refusal as FleetEngineCallRefusal {
@@ -217,7 +228,7 @@ public struct FleetEngineProxy: Sendable {
         guard fresh.fingerprint != token.fingerprint else { return first }
         logger.notice("Fleet Engine rejected the token; sending the call once more with a new one", metadata: [
             "method": "\(prepared.call.method.name)", "subject": "\(key)", "fingerprint_old": "\(token.fingerprint)",
-            "fingerprint_new": "\(fresh.fingerprint)", "status": "\(request.wire == .grpc ? "\(first.grpcStatus ?? 0)" : "\(first.status)")",
+            "fingerprint_new": "\(fresh.fingerprint)", "status": "\(request.wire == .grpc ? "\(first.effectiveGRPCStatus)" : "\(first.status)")",
         ])
         Counter(label: FleetTokenMetric.proxyRetries.name,
                 dimensions: [("protocol", request.wire.rawValue), ("method", prepared.call.method.name)], factory: metrics).increment()

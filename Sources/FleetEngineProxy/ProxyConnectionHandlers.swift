@@ -119,7 +119,12 @@ final class HTTP2CallHandler: ChannelInboundHandler {
         switch unwrapInboundIn(data) {
         case .headers(let frame):
             if request == nil {
-                request = Self.request(from: frame.headers)
+                let read = Self.request(from: frame.headers)
+                request = read
+                // A gRPC method the proxy does not know (a streaming one among them: every
+                // Fleet Engine method is unary) is answered now, not after a body that a
+                // streaming client may never end.
+                if read.wire == .grpc && FleetEngineMethod.grpc(path: read.target) == nil { return dispatch(context) }
             }
             // A second HEADERS frame is the request's trailers: nothing of them is forwarded.
             if frame.endStream { dispatch(context) }

@@ -68,4 +68,19 @@ package struct ProxyResponse: Sendable {
         let field = trailers?.first { $0.name == "grpc-status" } ?? headers.first { $0.name == "grpc-status" }
         return field.flatMap { Int($0.value) }
     }
+
+    /// The gRPC status a client reads from this answer: ``grpcStatus``, or without one the code
+    /// gRPC maps its HTTP status to (400 `INTERNAL`, 401 `UNAUTHENTICATED`, 403
+    /// `PERMISSION_DENIED`, 404 `UNIMPLEMENTED`, 429, 502, 503, 504 `UNAVAILABLE`, else `UNKNOWN`).
+    package var effectiveGRPCStatus: Int {
+        if let grpcStatus { return grpcStatus }
+        switch status {
+        case 400: return 13
+        case 401: return 16
+        case 403: return 7
+        case 404: return 12
+        case 429, 502, 503, 504: return 14
+        default: return 2
+        }
+    }
 }

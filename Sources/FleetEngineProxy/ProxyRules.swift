@@ -97,11 +97,12 @@ package enum GRPCUnaryFrame {
 /// Which answers from Fleet Engine reject the token put on a call (and only those): the only
 /// answers after which the proxy fetches a new token and sends the call once more.
 package enum TokenRejection {
-    /// True for `UNAUTHENTICATED` (16) and `PERMISSION_DENIED` (7) on gRPC, 401 and 403 on REST.
-    /// Fleet Engine applies nothing when it refuses a call for its token.
+    /// True for `UNAUTHENTICATED` (16) and `PERMISSION_DENIED` (7) on gRPC (a gRPC answer
+    /// without `grpc-status` has the code its HTTP status maps to: 401 and 403 are these two), 401
+    /// and 403 on REST. Fleet Engine applies nothing when it refuses a call for its token.
     package static func rejectsToken(_ response: ProxyResponse, wire: ProxyWire) -> Bool {
         switch wire {
-        case .grpc: response.grpcStatus == 16 || response.grpcStatus == 7
+        case .grpc: response.effectiveGRPCStatus == 16 || response.effectiveGRPCStatus == 7
         case .rest: response.status == 401 || response.status == 403
         }
     }

@@ -123,9 +123,9 @@ struct TokenRequestHeaderRule: RouterMiddleware {
 
 /// What a request target must look like to be routed: origin form (`/path?query`), no empty,
 /// `.` or `..` segment, no percent-encoded unreserved character, well-formed escapes. A pure rule.
-enum RequestTarget {
+package enum RequestTarget {
     /// Why `target` (the path with its query, as received) is not in normal form, or nil.
-    static func problem(_ target: String) -> String? {
+    package static func problem(_ target: String) -> String? {
         // Every request meets this rule: one pass over the bytes, nothing allocated.
         if let answer = target.utf8.withContiguousStorageIfAvailable(problem(in:)) { return answer }
         return Array(target.utf8).withUnsafeBufferPointer(problem(in:))

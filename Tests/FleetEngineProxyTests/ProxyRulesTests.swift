@@ -106,6 +106,14 @@ struct ProxyRulesTests {
         for other in ["0", "5", "14", "4", "3", "13"] { #expect(!TokenRejection.rejectsToken(grpc(other), wire: .grpc)) }
         for status in [401, 403] { #expect(TokenRejection.rejectsToken(ProxyResponse(status: status, headers: [], body: ByteBuffer()), wire: .rest)) }
         for status in [200, 400, 404, 429, 500, 503] { #expect(!TokenRejection.rejectsToken(ProxyResponse(status: status, headers: [], body: ByteBuffer()), wire: .rest)) }
+        // A gRPC answer without grpc-status (from a front end before the service): the code its
+        // HTTP status maps to, as a gRPC client reads it.
+        for status in [401, 403] { #expect(TokenRejection.rejectsToken(ProxyResponse(status: status, headers: [], body: ByteBuffer()), wire: .grpc)) }
+        for status in [200, 400, 404, 429, 500, 503] { #expect(!TokenRejection.rejectsToken(ProxyResponse(status: status, headers: [], body: ByteBuffer()), wire: .grpc)) }
+        #expect(!TokenRejection.rejectsToken(ProxyResponse(status: 401, headers: [("grpc-status", "0")], body: ByteBuffer()), wire: .grpc),
+                "a grpc-status present decides")
+        let mapped = [400: 13, 401: 16, 403: 7, 404: 12, 429: 14, 502: 14, 503: 14, 504: 14, 500: 2, 200: 2]
+        for (status, code) in mapped { #expect(ProxyResponse(status: status, headers: [], body: ByteBuffer()).effectiveGRPCStatus == code, "\(status)") }
     }
 
     @Test("grpc-timeout: every unit, and malformed values ignored", arguments: [

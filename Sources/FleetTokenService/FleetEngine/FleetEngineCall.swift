@@ -24,7 +24,7 @@ public struct FleetEngineCall: Sendable, Hashable {
     ///   method's.
     public init(grpcPath path: String, message: [UInt8]) throws(FleetEngineCallRefusal) {
         guard let method = FleetEngineMethod.grpc(path: path) else {
-            throw FleetEngineCallRefusal(.unknownMethod, method: path, detail: "not a Fleet Engine method the proxy knows")
+            throw .unknownGRPCMethod(path)
         }
         guard case .named(let fieldPath, let collection) = method.resource else {
             self.init(method: method, resource: nil)

@@ -36,6 +36,11 @@ public struct FleetEngineCallRefusal: Error, Sendable, Equatable, CustomStringCo
         self.detail = detail
     }
 
+    /// The refusal of the gRPC `path`, a method the proxy does not know.
+    public static func unknownGRPCMethod(_ path: String) -> FleetEngineCallRefusal {
+        FleetEngineCallRefusal(.unknownMethod, method: path, detail: "not a Fleet Engine method the proxy knows")
+    }
+
     /// The gRPC status code the caller gets: `UNIMPLEMENTED` (12) for an unknown method,
     /// `PERMISSION_DENIED` (7) when no subject's token may be put on the call, and
     /// `INVALID_ARGUMENT` (3) for a request that cannot be read.

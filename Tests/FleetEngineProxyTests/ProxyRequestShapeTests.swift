@@ -1,0 +1,131 @@
+// What the proxy answers from a request's shape alone, through the service on a real listener:
+// a gRPC method it does not know (a streaming one among them) at once, without waiting for a body
+// a streaming client may never end; a REST path not in the token API's normal form, refused as
+// the token API refuses it, before anything is fetched or sent.
+
+import _CryptoExtras
+@testable import FleetEngineProxy
+import FleetTokenService
+import FleetTokenStore
+import FleetTokenStoreTesting
+import Foundation
+import Logging
+import NIOCore
+import NIOHPACK
+import NIOHTTP2
+import NIOPosix
+import Synchronization
+import TestSupportKit
+import Testing
+
+@Suite("Fleet Engine proxy: answers from the request's shape", .paced)
+struct ProxyRequestShapeTests {
+    /// The proxy's service on 127.0.0.1 (a fake Fleet Engine behind it, a scripted provider),
+    /// running while `body` runs with its port, the fake and the fetcher.
+    static func withService(_ body: @Sendable (Int, FakeFleetEngine, ScriptedFetcher) async throws -> Void) async throws {
+        let scratch = Scratch()
+        var logger = Logger(label: "proxy-shape-test")
+        logger.logLevel = .warning
+        let signing = try _RSA.Signing.PrivateKey(keySize: .bits2048)
+        let fetcher = ScriptedFetcher { key, _ in
+            FetchedToken(value: try! ProxyCallPathTests.signed(TestJWT.make(for: key, issuedAt: Date()), with: signing))
+        }
+        let store = try SQLiteTokenRepository(path: scratch.file("tokens.sqlite"), logger: logger)
+        defer { store.close() }
+        let engine = TokenSyncEngine(repository: store, fetcher: fetcher, logger: logger)
+        let api = TokenAPI(engine: engine, configuration: .init(allowList: .init(patterns: [try SubjectAllowList.Pattern(parsing: "vehicle:*")]),
+                                                                readinessSubjects: []), logger: logger)
+        let fake = try FakeFleetEngine(publicKeyPEM: signing.publicKey.pemRepresentation)
+        try await fake.start()
+        defer { fake.close() }
+        let proxy = try FleetEngineProxy(api: api, configuration: .init(endpoint: try FleetEngineEndpoint(parsing: fake.url)), logger: logger)
+        let port = Mutex(0)
+        let service = FleetEngineProxyService(proxy: proxy, addresses: [.tcp(host: "127.0.0.1", port: 0)], logger: logger,
+                                              onListening: { address in
+                                                  if case .tcp(_, let bound) = address { port.withLock { $0 = bound } }
+                                              })
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { try await engine.run() }
+            group.addTask { try await service.run() }
+            var bound = 0
+            for _ in 0..<1_000 where bound == 0 {
+                try await Task.sleep(for: .milliseconds(10))
+                bound = port.withLock { $0 }
+            }
+            try #require(bound != 0, "the proxy did not listen")
+            try await body(bound, fake, fetcher)
+            group.cancelAll()
+        }
+    }
+
+    @Test("a gRPC method the proxy does not know is answered UNIMPLEMENTED at its headers, while the caller's stream is still open")
+    func unknownMethodAnsweredAtHeaders() async throws {
+        try await Self.withService { port, fake, _ in
+            let group = MultiThreadedEventLoopGroup.singleton
+            let answer = group.any().makePromise(of: HPACKHeaders.self)
+            let channel = try await ClientBootstrap(group: group).connect(host: "127.0.0.1", port: port).flatMap { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.configureHTTP2Pipeline(mode: .client, connectionConfiguration: .init(),
+                                                                              streamConfiguration: .init()) { $0.close() }
+                }.map { (channel, $0) }
+            }.get()
+            defer { channel.0.close(promise: nil) }
+            let stream = try await channel.1.createStreamChannel { stream in
+                stream.eventLoop.makeCompletedFuture { try stream.pipeline.syncOperations.addHandler(FirstHeaders(answer)) }
+            }.get()
+            var headers = HPACKHeaders()
+            for (name, value) in [(":method", "POST"), (":scheme", "http"), (":authority", "127.0.0.1:\(port)"),
+                                  (":path", "/maps.fleetengine.v1.VehicleService/StreamVehicleLocations"),
+                                  ("content-type", "application/grpc"), ("te", "trailers")] {
+                headers.add(name: name, value: value)
+            }
+            // The request's headers, and no end: a streaming caller sends messages as it goes.
+            try await stream.writeAndFlush(HTTP2Frame.FramePayload.headers(.init(headers: headers, endStream: false))).get()
+            let timer = stream.eventLoop.scheduleTask(in: .seconds(5)) { answer.fail(ChannelError.ioOnClosedChannel) }
+            let got = try await answer.futureResult.get()
+            timer.cancel()
+            #expect(got.first(name: "grpc-status") == "12", "UNIMPLEMENTED: \(got)")
+            #expect(got.first(name: "grpc-message")?.contains("StreamVehicleLocations") == true, "\(got)")
+            #expect(fake.calls.isEmpty)
+        }
+    }
+
+    @Test("a REST path not in normal form is refused 400 before any fetch or call, as the token API refuses it", arguments: [
+        "/v1/providers/p/vehicles/truck%2D7", "/v1/providers/p/vehicles/./truck-7", "/v1/providers/p//vehicles/truck-7",
+        "/v1/providers/p/vehicles/truck-7%zz",
+    ])
+    func restTargetInNormalForm(target: String) async throws {
+        try await Self.withService { port, fake, fetcher in
+            // Off the cooperative pool: the proxy's fetch on a miss runs a task there.
+            let answer = try await offCooperativePool {
+                try RawHTTP.send(.tcp(port: port), "GET", target, host: "127.0.0.1:\(port)", headers: [("x-goog-api-client", "gl-python/3.11")], timeout: 10)
+            }
+            #expect(answer.status == 400, "\(answer)")
+            #expect(answer.body.contains("normal form"), "\(answer.body)")
+            #expect(fake.calls.isEmpty && fetcher.total == 0)
+            // The same call in normal form goes through.
+            let normal = try await offCooperativePool {
+                try RawHTTP.send(.tcp(port: port), "GET", "/v1/providers/p/vehicles/truck-7", host: "127.0.0.1:\(port)",
+                                 headers: [("x-goog-api-client", "gl-python/3.11")], timeout: 10)
+            }
+            #expect(normal.status == 200, "\(normal)")
+        }
+    }
+}
+
+/// Completes `answer` with the first HEADERS frame of the stream's answer.
+private final class FirstHeaders: ChannelInboundHandler {
+    typealias InboundIn = HTTP2Frame.FramePayload
+
+    private let answer: EventLoopPromise<HPACKHeaders>
+
+    init(_ answer: EventLoopPromise<HPACKHeaders>) { self.answer = answer }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        if case .headers(let frame) = unwrapInboundIn(data) { answer.succeed(frame.headers) }
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        answer.fail(ChannelError.ioOnClosedChannel)
+    }
+}
