@@ -222,7 +222,10 @@ package final class FleetEngineUpstream: Sendable {
                 switch result {
                 case .failure: self?.clear(future, of: id)
                 case .success(let connection):
-                    // At GOAWAY (a server draining the connection, e.g. at its age limit) or close.
+                    // At close, and at GOAWAY (a server draining the connection, e.g. at its age
+                    // limit), whichever comes first: the close's own future, not the handler's
+                    // later removal, so that the next call never finds a closed connection.
+                    connection.channel.closeFuture.whenComplete { [weak self] _ in self?.clear(future, of: id) }
                     connection.goneAway.whenComplete { [weak self] _ in self?.clear(future, of: id) }
                 }
             }
