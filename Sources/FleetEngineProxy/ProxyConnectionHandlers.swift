@@ -183,18 +183,21 @@ final class HTTP2CallHandler: ChannelInboundHandler {
         for field in response.headers { head.add(name: field.name, value: field.value) }
         let hasBody = response.body.readableBytes > 0
         let trailers = response.trailers
-        var frames = [HTTP2Frame.FramePayload.headers(.init(headers: head, endStream: !hasBody && trailers == nil))]
+        // The promise goes with the frame that ends the stream.
+        let written = channel.eventLoop.makePromise(of: Void.self)
+        let headEnds = !hasBody && trailers == nil
+        channel.write(HTTP2Frame.FramePayload.headers(.init(headers: head, endStream: headEnds)), promise: headEnds ? written : nil)
         if hasBody {
-            frames.append(.data(.init(data: .byteBuffer(response.body), endStream: trailers == nil)))
+            channel.write(HTTP2Frame.FramePayload.data(.init(data: .byteBuffer(response.body), endStream: trailers == nil)),
+                          promise: trailers == nil ? written : nil)
         }
         if let trailers {
             var fields = HPACKHeaders()
             for field in trailers { fields.add(name: field.name, value: field.value) }
-            frames.append(.headers(.init(headers: fields, endStream: true)))
+            channel.write(HTTP2Frame.FramePayload.headers(.init(headers: fields, endStream: true)), promise: written)
         }
-        let last = frames.removeLast()
-        for frame in frames { channel.write(frame, promise: nil) }
-        return channel.writeAndFlush(last)
+        channel.flush()
+        return written.futureResult
     }
 }
 

@@ -73,18 +73,25 @@ extension TokenAPI {
     /// `2026-11-23T12:53:27Z` (UTC, whole seconds), as `Date.ISO8601FormatStyle` writes it,
     /// without a formatter per call.
     static func timestamp(_ date: Date) -> String {
+        var buffer = ByteBuffer()
+        writeTimestamp(date, to: &buffer)
+        return String(buffer: buffer)
+    }
+
+    /// ``timestamp(_:)``'s text through the C library's calendar: for a year outside 1000 to 9999.
+    static func calendarTimestamp(_ date: Date) -> String {
         guard let parts = UTCTime.parts(time_t(date.timeIntervalSince1970.rounded(.down))) else { return date.formatted(.iso8601) }
         let two = UTCTime.twoDigits
         return "\(parts.tm_year + 1900)-\(two(parts.tm_mon + 1))-\(two(parts.tm_mday))T\(two(parts.tm_hour)):\(two(parts.tm_min)):\(two(parts.tm_sec))Z"
     }
 
-    /// Writes ``timestamp(_:)``'s text for `date` to `buffer` for the years 1000 to 9999, from
+    /// Writes ``timestamp(_:)``'s text for `date` to `buffer`: for the years 1000 to 9999 from
     /// the seconds by arithmetic alone (no `gmtime_r`, no string on the way: every held token's
     /// answer writes one).
     static func writeTimestamp(_ date: Date, to buffer: inout ByteBuffer) {
         let interval = date.timeIntervalSince1970.rounded(.down)
         guard (-30_610_224_000...253_402_300_799).contains(interval) else {
-            buffer.writeString(timestamp(date))
+            buffer.writeString(calendarTimestamp(date))
             return
         }
         let seconds = Int(interval)

@@ -28,24 +28,10 @@ struct ProxyCallPathTests {
     @Test("a held token: answered on the caller's event loop, on that loop's own connection, without a task; a miss and a rejected token run in one task each",
           arguments: [ProxyWire.rest, .grpc])
     func hitStaysOnItsLoop(wire: ProxyWire) async throws {
-        let scratch = Scratch()
-        var logger = Logger(label: "proxy-call-path-test")
-        logger.logLevel = .warning
-        let signing = try _RSA.Signing.PrivateKey(keySize: .bits2048)
         // Each fetch's token is issued 2 s after the one before, so a rotation can fall between them.
-        let fetcher = ScriptedFetcher { key, number in
-            FetchedToken(value: try! Self.signed(TestJWT.make(for: key, issuedAt: Date().addingTimeInterval(Double(number - 1) * 2)), with: signing))
-        }
-        let store = try SQLiteTokenRepository(path: scratch.file("tokens.sqlite"), logger: logger)
-        defer { store.close() }
-        let engine = TokenSyncEngine(repository: store, fetcher: fetcher, logger: logger)
-        let api = TokenAPI(engine: engine, configuration: .init(allowList: .init(patterns: [try SubjectAllowList.Pattern(parsing: "vehicle:*")]),
-                                                                readinessSubjects: []), logger: logger)
-        let fake = try FakeFleetEngine(publicKeyPEM: signing.publicKey.pemRepresentation)
-        try await fake.start()
-        defer { fake.close() }
-        let proxy = try FleetEngineProxy(api: api, configuration: .init(endpoint: try FleetEngineEndpoint(parsing: fake.url)), logger: logger)
-        defer { proxy.upstream.close() }
+        let rig = try await InProcessProxy.make(label: "proxy-call-path-test") { number in Date().addingTimeInterval(Double(number - 1) * 2) }
+        defer { rig.close() }
+        let (engine, fake, fetcher, proxy) = (rig.engine, rig.fake, rig.fetcher, rig.proxy)
         // Every loop of the group the listeners use: one upstream connection each.
         let loops: [any EventLoop] = Array(MultiThreadedEventLoopGroup.singleton.makeIterator())
 

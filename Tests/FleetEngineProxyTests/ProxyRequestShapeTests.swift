@@ -3,18 +3,14 @@
 // a streaming client may never end; a REST path not in the token API's normal form, refused as
 // the token API refuses it, before anything is fetched or sent.
 
-import _CryptoExtras
 @testable import FleetEngineProxy
 import FleetTokenService
-import FleetTokenStore
 import FleetTokenStoreTesting
 import Foundation
-import Logging
 import NIOCore
 import NIOHPACK
 import NIOHTTP2
 import NIOPosix
-import Synchronization
 import TestSupportKit
 import Testing
 
@@ -23,39 +19,9 @@ struct ProxyRequestShapeTests {
     /// The proxy's service on 127.0.0.1 (a fake Fleet Engine behind it, a scripted provider),
     /// running while `body` runs with its port, the fake and the fetcher.
     static func withService(_ body: @Sendable (Int, FakeFleetEngine, ScriptedFetcher) async throws -> Void) async throws {
-        let scratch = Scratch()
-        var logger = Logger(label: "proxy-shape-test")
-        logger.logLevel = .warning
-        let signing = try _RSA.Signing.PrivateKey(keySize: .bits2048)
-        let fetcher = ScriptedFetcher { key, _ in
-            FetchedToken(value: try! ProxyCallPathTests.signed(TestJWT.make(for: key, issuedAt: Date()), with: signing))
-        }
-        let store = try SQLiteTokenRepository(path: scratch.file("tokens.sqlite"), logger: logger)
-        defer { store.close() }
-        let engine = TokenSyncEngine(repository: store, fetcher: fetcher, logger: logger)
-        let api = TokenAPI(engine: engine, configuration: .init(allowList: .init(patterns: [try SubjectAllowList.Pattern(parsing: "vehicle:*")]),
-                                                                readinessSubjects: []), logger: logger)
-        let fake = try FakeFleetEngine(publicKeyPEM: signing.publicKey.pemRepresentation)
-        try await fake.start()
-        defer { fake.close() }
-        let proxy = try FleetEngineProxy(api: api, configuration: .init(endpoint: try FleetEngineEndpoint(parsing: fake.url)), logger: logger)
-        let port = Mutex(0)
-        let service = FleetEngineProxyService(proxy: proxy, addresses: [.tcp(host: "127.0.0.1", port: 0)], logger: logger,
-                                              onListening: { address in
-                                                  if case .tcp(_, let bound) = address { port.withLock { $0 = bound } }
-                                              })
-        try await withThrowingTaskGroup(of: Void.self) { group in
-            group.addTask { try await engine.run() }
-            group.addTask { try await service.run() }
-            var bound = 0
-            for _ in 0..<1_000 where bound == 0 {
-                try await Task.sleep(for: .milliseconds(10))
-                bound = port.withLock { $0 }
-            }
-            try #require(bound != 0, "the proxy did not listen")
-            try await body(bound, fake, fetcher)
-            group.cancelAll()
-        }
+        let rig = try await InProcessProxy.make(label: "proxy-shape-test")
+        defer { rig.close() }
+        try await rig.withService { port in try await body(port, rig.fake, rig.fetcher) }
     }
 
     @Test("a gRPC method the proxy does not know is answered UNIMPLEMENTED at its headers, while the caller's stream is still open")

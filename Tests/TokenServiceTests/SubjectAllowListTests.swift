@@ -144,7 +144,7 @@ struct SubjectAllowListTests {
             let date = Date(timeIntervalSince1970: seconds)
             var buffer = ByteBuffer()
             TokenAPI.writeTimestamp(date, to: &buffer)
-            let expected = TokenAPI.timestamp(date)
+            let expected = TokenAPI.calendarTimestamp(date)
             if String(buffer: buffer) != expected {
                 Issue.record("\(seconds): \(String(buffer: buffer)) against \(expected)")
                 return
