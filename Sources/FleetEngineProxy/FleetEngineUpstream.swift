@@ -57,8 +57,8 @@ package final class FleetEngineUpstream: Sendable {
         let underlying: any Error
     }
 
-    /// The call's stream was opened after the last stream a GOAWAY said Fleet Engine would
-    /// serve (RFC 9113 §6.8: such streams were not processed, and may be retried).
+    /// The call's stream came after a GOAWAY: refused by HTTP/2, or opened after the last stream
+    /// the GOAWAY said Fleet Engine would serve (RFC 9113 §6.8: not processed, may be retried).
     fileprivate struct OpenedAfterGoAway: Error, CustomStringConvertible {
         var description: String { "Fleet Engine told the connection to go away before this call's stream" }
     }
@@ -173,9 +173,7 @@ package final class FleetEngineUpstream: Sendable {
                     self.logger.debug("Fleet Engine connection unusable; connecting again", metadata: ["error": "\(Self.describe(notOpened.underlying))"])
                     // A connection told to go away is left to finish its calls (it is no
                     // longer the loop's); any other is closed.
-                    if !(notOpened.underlying is NIOHTTP2Errors.CreatedStreamAfterGoaway || notOpened.underlying is OpenedAfterGoAway) {
-                        self.drop(connection, on: loop)
-                    }
+                    if !(notOpened.underlying is OpenedAfterGoAway) { self.drop(connection, on: loop) }
                     return self.attempt(request, token: token, deadline: deadline, on: loop, first: false)
                 default:
                     return loop.makeFailedFuture(UpstreamFailure.cutShort(Self.describe(error)))
@@ -407,7 +405,7 @@ package final class FleetEngineUpstream: Sendable {
                 // (a GOAWAY that came after this call took the connection): nothing was sent.
                 let opened = stream.eventLoop.makePromise(of: Void.self)
                 opened.futureResult.whenFailure { error in
-                    if error is NIOHTTP2Errors.CreatedStreamAfterGoaway { answer.complete(.failure(StreamNotOpened(underlying: error))) }
+                    if error is NIOHTTP2Errors.CreatedStreamAfterGoaway { answer.complete(.failure(StreamNotOpened(underlying: OpenedAfterGoAway()))) }
                 }
                 stream.write(HTTP2Frame.FramePayload.headers(.init(headers: headers, endStream: !hasBody)), promise: opened)
                 if hasBody { stream.write(HTTP2Frame.FramePayload.data(.init(data: .byteBuffer(body), endStream: true)), promise: nil) }
