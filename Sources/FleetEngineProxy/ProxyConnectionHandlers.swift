@@ -84,11 +84,19 @@ final class ProtocolSniffer: ChannelInboundHandler, RemovableChannelHandler {
         do {
             let pipeline = context.pipeline.syncOperations
             if http2 {
-                _ = try pipeline.configureHTTP2Pipeline(mode: .server, connectionConfiguration: .init(), streamConfiguration: .init()) { stream in
+                // At a graceful shutdown, HTTP/2 callers are told to go (GOAWAY, a PING, GOAWAY
+                // naming the last stream served) and the connection closes once its calls are
+                // answered: without it a caller kept an idle connection until the shutdown's
+                // 10 s limit. Idle and dead connections are the idle handler's, as for HTTP/1.1.
+                let manager = NIOHTTP2ServerConnectionManagementHandler(eventLoop: context.eventLoop, configuration: .init(
+                    maxIdleTime: nil, maxAge: nil, maxGraceTime: nil, keepalive: nil))
+                _ = try pipeline.configureHTTP2Pipeline(mode: .server, connectionConfiguration: .init(), streamConfiguration: .init(),
+                                                        streamDelegate: manager.http2StreamDelegate) { stream in
                     stream.eventLoop.makeCompletedFuture {
                         try stream.pipeline.syncOperations.addHandler(HTTP2CallHandler(calls))
                     }
                 }
+                try pipeline.addHandler(manager)
             } else {
                 try pipeline.configureHTTPServerPipeline(withPipeliningAssistance: true, withErrorHandling: true)
                 try pipeline.addHandler(HTTP1CallHandler(calls))
