@@ -158,6 +158,18 @@ public struct FleetEngineProxy: Sendable {
         }
     }
 
+    /// The answer to a call refused before it was read whole (its body past the cap), counted
+    /// and access-logged as every other call is, under its method when its path names one.
+    package func refusedUnread(_ request: ProxyRequest, _ refusal: ProxyRefusal, peer: PeerIdentity?) -> ProxyResponse {
+        var outcome = Outcome()
+        let method = switch request.wire {
+        case .grpc: FleetEngineMethod.grpc(path: request.target)?.name
+        case .rest: (try? FleetEngineCall(httpMethod: request.method, target: request.target))?.method.name
+        }
+        if let method { outcome.method = method }
+        return finish(request, refusal.response(for: request.wire), outcome, peer: peer, since: .now)
+    }
+
     /// The metrics and the access log of a call answered with `response`; returns `response`.
     private func finish(_ request: ProxyRequest, _ response: ProxyResponse, _ outcome: Outcome, peer: PeerIdentity?,
                         since started: ContinuousClock.Instant) -> ProxyResponse {

@@ -179,8 +179,9 @@ final class HTTP2CallHandler: ChannelInboundHandler {
 
     private func refuse(_ context: ChannelHandlerContext, _ refusal: ProxyRefusal) {
         dispatched = true
-        Self.write(refusal.response(for: request?.wire ?? .rest), to: context.channel)
-        request = nil
+        guard let request else { return }
+        Self.write(calls.proxy.refusedUnread(request, refusal, peer: calls.peer), to: context.channel)
+        self.request = nil
     }
 
     /// Writes `response` on the stream `channel`; the future completes with the last frame's write.
@@ -260,10 +261,13 @@ final class HTTP1CallHandler: ChannelInboundHandler, RemovableChannelHandler {
 
     /// 413 and close: the rest of the body is not read.
     private func refuseTooLarge(_ context: ChannelHandlerContext) {
+        guard let head, !refused else { return }
         refused = true
         let refusal = ProxyRefusal(grpcStatus: 8, httpStatus: 413, message:
             "token-agent's Fleet Engine proxy refused the call: the request body is larger than \(ProxyRequestRules.maxBodyBytes) bytes")
-        Self.write(refusal.response(for: .rest), version: head?.version ?? .http1_1, keepAlive: false, to: context.channel)
+        let request = ProxyRequest(wire: .rest, method: head.method.rawValue, target: head.uri, authority: head.headers.first(name: "host"),
+                                   headers: head.headers.map { ($0.name.lowercased(), $0.value) }, body: ByteBuffer())
+        Self.write(calls.proxy.refusedUnread(request, refusal, peer: calls.peer), version: head.version, keepAlive: false, to: context.channel)
     }
 
     /// Writes `response`; the future completes with the write of its end.

@@ -9,6 +9,7 @@ import FleetTokenService
 import FleetTokenStore
 import FleetTokenStoreTesting
 import Foundation
+import CoreMetrics
 import Logging
 import NIOCore
 import Synchronization
@@ -24,11 +25,13 @@ struct InProcessProxy: Sendable {
     let fake: FakeFleetEngine
     let proxy: FleetEngineProxy
 
-    /// A rig whose `number`th fetch (from 1) mints a token issued at `issuedAt(number)`.
-    static func make(label: String, issuedAt: @escaping @Sendable (Int) -> Date = { _ in Date() }) async throws -> InProcessProxy {
+    /// A rig whose `number`th fetch (from 1) mints a token issued at `issuedAt(number)`; the
+    /// proxy counts through `metrics` and, given `log`, logs there from `info` on.
+    static func make(label: String, issuedAt: @escaping @Sendable (Int) -> Date = { _ in Date() },
+                     metrics: any MetricsFactory = MetricsSystem.factory, log: RecordedLog? = nil) async throws -> InProcessProxy {
         let scratch = Scratch()
-        var logger = Logger(label: label)
-        logger.logLevel = .warning
+        var logger = log.map { log in Logger(label: label) { _ in log } } ?? Logger(label: label)
+        logger.logLevel = log == nil ? .warning : .info
         let signing = try _RSA.Signing.PrivateKey(keySize: .bits2048)
         let fetcher = ScriptedFetcher { key, number in
             FetchedToken(value: try! ProxyCallPathTests.signed(TestJWT.make(for: key, issuedAt: issuedAt(number)), with: signing))
@@ -40,7 +43,8 @@ struct InProcessProxy: Sendable {
         let fake = try FakeFleetEngine(publicKeyPEM: signing.publicKey.pemRepresentation)
         do {
             try await fake.start()
-            let proxy = try FleetEngineProxy(api: api, configuration: .init(endpoint: try FleetEngineEndpoint(parsing: fake.url)), logger: logger)
+            let proxy = try FleetEngineProxy(api: api, configuration: .init(endpoint: try FleetEngineEndpoint(parsing: fake.url)), logger: logger,
+                                             metricsFactory: metrics)
             return InProcessProxy(scratch: scratch, logger: logger, fetcher: fetcher, store: store, engine: engine, fake: fake, proxy: proxy)
         } catch {
             fake.close()
@@ -78,5 +82,38 @@ struct InProcessProxy: Sendable {
             try await body(bound)
             group.cancelAll()
         }
+    }
+}
+
+/// A log handler keeping each line's message and metadata, for tests that read what was logged.
+final class RecordedLog: LogHandler, Sendable {
+    struct Line: Sendable {
+        let level: Logger.Level
+        let message: String
+        let metadata: [String: String]
+    }
+
+    private let recorded = Mutex<[Line]>([])
+
+    var lines: [Line] { recorded.withLock { $0 } }
+
+    var logLevel: Logger.Level {
+        get { .trace }
+        set {}
+    }
+
+    var metadata: Logger.Metadata {
+        get { [:] }
+        set {}
+    }
+
+    subscript(metadataKey _: String) -> Logger.Metadata.Value? {
+        get { nil }
+        set {}
+    }
+
+    func log(event: LogEvent) {
+        let line = Line(level: event.level, message: event.message.description, metadata: (event.metadata ?? [:]).mapValues { "\($0)" })
+        recorded.withLock { $0.append(line) }
     }
 }

@@ -7,6 +7,7 @@
 import FleetTokenService
 import FleetTokenStoreTesting
 import Foundation
+import MetricsTestKit
 import NIOCore
 import NIOHPACK
 import NIOHTTP2
@@ -76,6 +77,68 @@ struct ProxyRequestShapeTests {
             }
             #expect(normal.status == 200, "\(normal)")
         }
+    }
+}
+
+extension ProxyRequestShapeTests {
+    @Test("a body past the 16 MiB cap is refused (REST 413 at its Content-Length, gRPC RESOURCE_EXHAUSTED as its DATA passes the cap), counted in the metric and access-logged under its method like every other call")
+    func oversizedBodiesCountedAndLogged() async throws {
+        let metrics = TestMetrics()
+        let log = RecordedLog()
+        let rig = try await InProcessProxy.make(label: "proxy-oversize-test", metrics: metrics, log: log)
+        defer { rig.close() }
+        try await rig.withService { port in
+            // REST: refused at the head, by its Content-Length, before any of the body is read.
+            let rest = try await offCooperativePool {
+                try RawHTTP.send(.tcp(port: port), "PUT", "/v1/providers/p/vehicles/truck-7", host: "127.0.0.1:\(port)",
+                                 headers: [("x-goog-api-client", "gl-python/3.11"), ("Content-Length", "\(ProxyRequestRules.maxBodyBytes + 1)")],
+                                 timeout: 10)
+            }
+            #expect(rest.status == 413, "\(rest)")
+
+            // gRPC: refused when the DATA frames pass the cap.
+            let group = MultiThreadedEventLoopGroup.singleton
+            let answer = group.any().makePromise(of: HPACKHeaders.self)
+            let channel = try await ClientBootstrap(group: group).connect(host: "127.0.0.1", port: port).flatMap { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.configureHTTP2Pipeline(mode: .client, connectionConfiguration: .init(),
+                                                                              streamConfiguration: .init()) { $0.close() }
+                }.map { (channel, $0) }
+            }.get()
+            defer { channel.0.close(promise: nil) }
+            let stream = try await channel.1.createStreamChannel { stream in
+                stream.eventLoop.makeCompletedFuture { try stream.pipeline.syncOperations.addHandler(FirstHeaders(answer)) }
+            }.get()
+            var headers = HPACKHeaders()
+            for (name, value) in [(":method", "POST"), (":scheme", "http"), (":authority", "127.0.0.1:\(port)"),
+                                  (":path", "/maps.fleetengine.v1.VehicleService/UpdateVehicle"),
+                                  ("content-type", "application/grpc"), ("te", "trailers")] {
+                headers.add(name: name, value: value)
+            }
+            stream.write(HTTP2Frame.FramePayload.headers(.init(headers: headers, endStream: false)), promise: nil)
+            let chunk = ByteBuffer(repeating: 0x41, count: 1 << 20)
+            // 17 MiB in 1 MiB frames, as flow control lets them go; the answer may come before the last.
+            for index in 0..<17 {
+                let frame = HTTP2Frame.FramePayload.data(.init(data: .byteBuffer(chunk), endStream: index == 16))
+                do { try await stream.writeAndFlush(frame).get() } catch { break }
+            }
+            let timer = stream.eventLoop.scheduleTask(in: .seconds(10)) { answer.fail(ChannelError.ioOnClosedChannel) }
+            let got = try await answer.futureResult.get()
+            timer.cancel()
+            #expect(got.first(name: "grpc-status") == "8", "RESOURCE_EXHAUSTED: \(got)")
+        }
+        #expect(rig.fake.calls.isEmpty && rig.fetcher.total == 0, "nothing was fetched or sent")
+        let counted = { (wire: String, code: String) in
+            (try? metrics.expectCounter("fleet_tokens_proxy_requests_total",
+                                        [("protocol", wire), ("method", "UpdateVehicle"), ("code", code)]).totalValue) ?? 0
+        }
+        #expect(counted("rest", "413") == 1)
+        #expect(counted("grpc", "RESOURCE_EXHAUSTED") == 1)
+        let calls = log.lines.filter { $0.message == "Fleet Engine call" }
+        #expect(calls.contains { $0.metadata["code"] == "413" && $0.metadata["method"] == "UpdateVehicle" && $0.metadata["protocol"] == "rest" },
+                "\(calls.map(\.metadata))")
+        #expect(calls.contains { $0.metadata["code"] == "RESOURCE_EXHAUSTED" && $0.metadata["method"] == "UpdateVehicle" },
+                "\(calls.map(\.metadata))")
     }
 }
 
