@@ -19,7 +19,8 @@ public import Glibc
 ///
 /// One address serves gRPC callers (HTTP/2 with prior knowledge, told by the connection
 /// preface) and REST callers (HTTP/1.1). Connections past the caps are answered `503` and closed,
-/// as the token API's; a connection idle for ``idleTimeout`` is closed.
+/// as the token API's; a connection idle for ``idleTimeout`` is closed (after 5 s when it was
+/// accepted while half the overall cap or more was open, as the token API's).
 public struct FleetEngineProxyService: Service, CustomStringConvertible {
     /// How long a connection may stay idle by default: 90 s with nothing read or written and no
     /// call waiting for its answer (a call may wait longer: a rejected token's retry takes two
@@ -148,7 +149,7 @@ public struct FleetEngineProxyService: Service, CustomStringConvertible {
         let identity = unixSocket ? ConnectionPeer.identity(channel) : nil
         let peer = ConnectionPeer.of(channel, unixSocket: unixSocket, identity: identity)
         let admission = gate.admit(peer)
-        guard case .admitted = admission else {
+        guard case .admitted(let busy) = admission else {
             let message = "token-agent's Fleet Engine proxy has as many connections open as its caps allow (per client or overall): reuse a connection, or retry shortly"
             let body = "{\"error\":{\"code\":503,\"message\":\"\(message)\",\"status\":\"UNAVAILABLE\"}}"
             // gRPC callers speak HTTP/2 from the first byte: they get a GOAWAY with the message.
@@ -164,7 +165,10 @@ public struct FleetEngineProxyService: Service, CustomStringConvertible {
         let waiting = CallsAwaitingAnswers()
         let context = ProxyCallContext(calls: calls, proxy: proxy, transport: transport, peer: identity, waiting: waiting)
         let pipeline = channel.pipeline.syncOperations
-        try pipeline.addHandler(IdleStateHandler(allTimeout: idleTimeout))
+        // Accepted while half the overall cap or more is open: the token API's short idle
+        // timeout, so that idle connections cannot keep the last slots for long.
+        let busyTimeout = TimeAmount.seconds(APIConnectionLimits.busyIdleTimeout.components.seconds)
+        try pipeline.addHandler(IdleStateHandler(allTimeout: busy ? min(idleTimeout, busyTimeout) : idleTimeout))
         try pipeline.addHandler(IdleConnectionCloser(waiting))
         try pipeline.addHandler(ProtocolSniffer(context))
     }

@@ -173,6 +173,34 @@ struct ConnectionLimitTests {
         #expect(await agent.stop() == 0, "\(agent.process.stderr.suffix(2000))")
     }
 
+    @Test("the Fleet Engine proxy keeps the same rule: a connection accepted while half the overall cap or more is in use is closed after 5 s idle, not 90 s")
+    func proxyBusyIdleTimeout() async throws {
+        let scratch = Scratch()
+        let issuer = try await IssuerProcess(scratch: scratch)
+        let agent = try await CappedAgent.start(scratch, provider: issuer.template, [
+            "--vehicle", "v-1", "--max-api-connections", "4", "--max-api-connections-per-peer", "4",
+            "--fleet-engine-listen", "127.0.0.1:0", "--fleet-engine-url", "http://127.0.0.1:9",
+        ])
+        let log = { agent.process.stderr }
+        #expect(await eventually(within: 30) { log().contains("Fleet Engine proxy listening") }, "\(log().suffix(2000))")
+        let line = try #require(log().split(separator: "\n").first { $0.contains("Fleet Engine proxy listening") })
+        let proxyPort = try #require(line.range(of: #"127\.0\.0\.1:\d+"#, options: .regularExpression).flatMap { Int(line[$0].split(separator: ":").last!) })
+        let unix = RawHTTP.Endpoint.unix(agent.socket)
+        var open: [Int32] = []
+        defer { for descriptor in open { close(descriptor) } }
+        // Two kept-alive token API connections: half the overall cap of 4 (one budget for both listeners).
+        #expect(await keptAlive(2, unix, into: &open), "\(log().suffix(2000))")
+        let late = RawHTTP.openIdle(.tcp(port: proxyPort))
+        try #require(late >= 0)
+        open.append(late)
+        let accepted = Date()
+        #expect(await eventually(within: 15) { isClosedByPeer(late) }, "the proxy's busy connection is closed")
+        let idleFor = Date().timeIntervalSince(accepted)
+        #expect(idleFor > 2, "closed for being idle (about 5 s), not at once: \(idleFor)")
+        #expect(!isClosedByPeer(open[0]) && !isClosedByPeer(open[1]), "connections accepted before the threshold stay")
+        #expect(await agent.stop() == 0, "\(log().suffix(2000))")
+    }
+
     @Test("the caps in force: the configured ones, or what the open-files limit leaves after the open descriptors and the reserve; per peer half the overall unless set; never below 1")
     func capsInForce() {
         let plenty = APIConnectionLimits().caps(openFilesLimit: 1_048_576, openDescriptors: 40)
