@@ -26,12 +26,12 @@ struct InProcessProxy: Sendable {
     let proxy: FleetEngineProxy
 
     /// A rig whose `number`th fetch (from 1) mints a token issued at `issuedAt(number)`; the
-    /// proxy counts through `metrics` and, given `log`, logs there from `info` on.
+    /// proxy counts through `metrics` and, given `log`, logs there.
     static func make(label: String, issuedAt: @escaping @Sendable (Int) -> Date = { _ in Date() },
-                     metrics: any MetricsFactory = MetricsSystem.factory, log: RecordedLog? = nil) async throws -> InProcessProxy {
+                     metrics: any MetricsFactory = MetricsSystem.factory, log: LogRecorder? = nil) async throws -> InProcessProxy {
         let scratch = Scratch()
-        var logger = log.map { log in Logger(label: label) { _ in log } } ?? Logger(label: label)
-        logger.logLevel = log == nil ? .warning : .info
+        var logger = log?.logger ?? Logger(label: label)
+        if log == nil { logger.logLevel = .warning }
         let signing = try _RSA.Signing.PrivateKey(keySize: .bits2048)
         let fetcher = ScriptedFetcher { key, number in
             FetchedToken(value: try! ProxyCallPathTests.signed(TestJWT.make(for: key, issuedAt: issuedAt(number)), with: signing))
@@ -82,38 +82,5 @@ struct InProcessProxy: Sendable {
             try await body(bound)
             group.cancelAll()
         }
-    }
-}
-
-/// A log handler keeping each line's message and metadata, for tests that read what was logged.
-final class RecordedLog: LogHandler, Sendable {
-    struct Line: Sendable {
-        let level: Logger.Level
-        let message: String
-        let metadata: [String: String]
-    }
-
-    private let recorded = Mutex<[Line]>([])
-
-    var lines: [Line] { recorded.withLock { $0 } }
-
-    var logLevel: Logger.Level {
-        get { .trace }
-        set {}
-    }
-
-    var metadata: Logger.Metadata {
-        get { [:] }
-        set {}
-    }
-
-    subscript(metadataKey _: String) -> Logger.Metadata.Value? {
-        get { nil }
-        set {}
-    }
-
-    func log(event: LogEvent) {
-        let line = Line(level: event.level, message: event.message.description, metadata: (event.metadata ?? [:]).mapValues { "\($0)" })
-        recorded.withLock { $0.append(line) }
     }
 }

@@ -84,7 +84,7 @@ extension ProxyRequestShapeTests {
     @Test("a body past the 16 MiB cap is refused (REST 413 at its Content-Length, gRPC RESOURCE_EXHAUSTED as its DATA passes the cap), counted in the metric and access-logged under its method like every other call")
     func oversizedBodiesCountedAndLogged() async throws {
         let metrics = TestMetrics()
-        let log = RecordedLog()
+        let log = LogRecorder(level: .info)
         let rig = try await InProcessProxy.make(label: "proxy-oversize-test", metrics: metrics, log: log)
         defer { rig.close() }
         try await rig.withService { port in
@@ -134,11 +134,9 @@ extension ProxyRequestShapeTests {
         }
         #expect(counted("rest", "413") == 1)
         #expect(counted("grpc", "RESOURCE_EXHAUSTED") == 1)
-        let calls = log.lines.filter { $0.message == "Fleet Engine call" }
-        #expect(calls.contains { $0.metadata["code"] == "413" && $0.metadata["method"] == "UpdateVehicle" && $0.metadata["protocol"] == "rest" },
-                "\(calls.map(\.metadata))")
-        #expect(calls.contains { $0.metadata["code"] == "RESOURCE_EXHAUSTED" && $0.metadata["method"] == "UpdateVehicle" },
-                "\(calls.map(\.metadata))")
+        let calls = log.entries.filter { $0.message.description == "Fleet Engine call" }.map { $0.metadata.mapValues { "\($0)" } }
+        #expect(calls.contains { $0["code"] == "413" && $0["method"] == "UpdateVehicle" && $0["protocol"] == "rest" }, "\(calls)")
+        #expect(calls.contains { $0["code"] == "RESOURCE_EXHAUSTED" && $0["method"] == "UpdateVehicle" }, "\(calls)")
     }
 }
 
