@@ -235,7 +235,7 @@ public struct FleetEngineProxy: Sendable {
         // Rejected: a token fetched after the rejection, once. The per-key limit of
         // POST /v1/invalidate holds; when another call invalidated the key meanwhile, the token
         // it fetched is the new one.
-        if case .allowed = api.limiter.admit(key, now: .now) { await api.engine.invalidate(key) }
+        if api.invalidationRefusal(key) == nil, case .allowed = api.limiter.admit(key, now: .now) { await api.engine.invalidate(key) }
         let fresh = try await self.token(for: key)
         guard fresh.fingerprint != token.fingerprint else { return first }
         logger.notice("Fleet Engine rejected the token; sending the call once more with a new one", metadata: [

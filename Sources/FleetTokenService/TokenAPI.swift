@@ -19,7 +19,8 @@ import Glibc
 ///   or the bare token with `Accept: text/plain`; `400` bad id, `403` not allowed, `404` unknown
 ///   kind, `503` unavailable (with `Retry-After` and the last provider error's kind).
 /// - `POST /v1/invalidate/{kind}/{id}`: `204`; `429` with `Retry-After` within
-///   ``Configuration/invalidateInterval`` of the key's last one.
+///   ``Configuration/invalidateInterval`` of the key's last one; `503` for a subject neither held
+///   nor tracked while ``Configuration/maxDynamicSubjects`` such removals wait for the store.
 /// - `GET /v1/subjects`: what the engine holds, without token values.
 /// - `GET /healthz`, `GET /readyz`, `GET /metrics`.
 ///
@@ -216,6 +217,9 @@ public struct TokenAPI: Sendable {
         case .failure(let refusal): return refusal.response
         case .success(let found): key = found
         }
+        if let refusal = invalidationRefusal(key) {
+            return Self.json(.serviceUnavailable, ["error": refusal], headers: [.retryAfter: "10"])
+        }
         switch limiter.admit(key, now: .now) {
         case .allowed:
             await engine.invalidate(key)
@@ -226,6 +230,17 @@ public struct TokenAPI: Sendable {
                 "error": "\(key) was invalidated less than \(Int(configuration.invalidateInterval)) s ago; the token served now is the one fetched since",
             ], headers: [.retryAfter: "\(max(1, Int(retryAfter.rounded(.up))))"])
         }
+    }
+
+    /// Why an invalidation of `key` is not taken now, or nil. The invalidation of a subject the
+    /// agent neither holds nor tracks keeps a slot in memory until its removal reaches the store;
+    /// while the store takes no writes (a full disk, a failover) those slots stay, so they are
+    /// capped as the subjects asked for through patterns are (``Configuration/maxDynamicSubjects``):
+    /// a caller allowed `trip:*` cannot grow memory by invalidating made-up ids meanwhile.
+    package func invalidationRefusal(_ key: TokenKey) -> String? {
+        let waiting = engine.removalsWaitingForUnheldSubjects
+        guard waiting >= configuration.maxDynamicSubjects, !engine.holds(key), !engine.isTracked(key) else { return nil }
+        return "\(waiting) invalidated subjects the agent does not hold are waiting for the store to take their removal (it may not be taking writes: see /readyz); retry later"
     }
 
     /// `503` when `key` would be one more pattern-allowed subject than

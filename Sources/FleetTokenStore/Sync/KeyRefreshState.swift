@@ -57,6 +57,10 @@ struct KeyRefreshState: Sendable {
 
     /// Whether nothing is known of the key: memory keeps no state for it.
     var isEmpty: Bool { held == nil && flight == nil && !invalidationPending }
+
+    /// Whether the key's slot is kept for its removal from the store alone: memory holds no
+    /// entry for it (an invalidation of a key never loaded, or evicted).
+    var waitsOnlyForRemoval: Bool { held == nil && invalidationPending }
 }
 
 /// An optional value kept in an immutable box of its own: a struct holding it stays small while

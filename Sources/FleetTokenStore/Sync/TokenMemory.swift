@@ -11,6 +11,10 @@ final class TokenMemory: Sendable {
         /// How many slots hold an entry (the others keep only a flight phase or a pending
         /// invalidation): ``TokenMemory/count`` without walking the table.
         var heldCount = 0
+        /// How many slots are kept only for a removal waiting for the store
+        /// (``KeyRefreshState/waitsOnlyForRemoval``): what invalidations of keys memory does not
+        /// hold cost while the store takes no writes.
+        var removalOnlyCount = 0
 
         /// The held entry of `key` by value; setting nil lets the token state go (the key's
         /// slot too, unless a flight or an invalidation still needs it).
@@ -24,9 +28,12 @@ final class TokenMemory: Sendable {
         mutating func update<R>(_ key: TokenKey, _ change: (inout KeyRefreshState) -> R) -> R {
             if let slot = slots[key] {
                 let wasHeld = slot.keyState.held != nil
+                let wasRemovalOnly = slot.keyState.waitsOnlyForRemoval
                 let result = change(&slot.keyState)
                 let isHeld = slot.keyState.held != nil
                 if wasHeld != isHeld { heldCount += isHeld ? 1 : -1 }
+                let isRemovalOnly = slot.keyState.waitsOnlyForRemoval
+                if wasRemovalOnly != isRemovalOnly { removalOnlyCount += isRemovalOnly ? 1 : -1 }
                 if slot.keyState.isEmpty { slots.removeValue(forKey: key) }
                 return result
             }
@@ -35,6 +42,7 @@ final class TokenMemory: Sendable {
             if !state.isEmpty {
                 slots[key] = MemorySlot(state)
                 if state.held != nil { heldCount += 1 }
+                if state.waitsOnlyForRemoval { removalOnlyCount += 1 }
             }
             return result
         }
@@ -282,6 +290,9 @@ final class TokenMemory: Sendable {
 
     /// How many keys have an entry.
     var count: Int { state.withLock { $0.heldCount } }
+
+    /// How many keys memory keeps only for a removal waiting for the store.
+    var removalOnlyCount: Int { state.withLock { $0.removalOnlyCount } }
 
     /// True when `key` has an entry.
     func holds(_ key: TokenKey) -> Bool { state.withLock { $0.slots[key]?.keyState.held != nil } }

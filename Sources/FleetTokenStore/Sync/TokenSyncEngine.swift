@@ -225,6 +225,11 @@ public final class TokenSyncEngine: Service, Sendable {
     /// window. No I/O.
     package var heldCount: Int { memory.count }
 
+    /// How many invalidated subjects memory holds no entry for but keeps while the removal of
+    /// their stored token waits for the store: near 0 while the store takes writes, growing
+    /// with each such invalidation while it does not. No I/O.
+    package var removalsWaitingForUnheldSubjects: Int { memory.removalOnlyCount }
+
     /// The status of one subject from memory; `.unavailable` when nothing is held for it.
     package func status(of key: TokenKey) -> SubjectStatus {
         memory.status(key, tracked: false, localNow: wallClock())

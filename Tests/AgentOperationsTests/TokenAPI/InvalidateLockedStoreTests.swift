@@ -1,6 +1,7 @@
 // Issue 27 item 4 through the real token-agent: POST /v1/invalidate answers at once while
 // another process holds the store's write lock, and the invalidated tokens leave the store once
-// the lock is gone.
+// the lock is gone; invalidations of subjects the agent does not hold cannot grow its memory
+// without bound meanwhile.
 
 import AsyncHTTPClient
 import Foundation
@@ -54,6 +55,50 @@ struct InvalidateLockedStoreTests {
             #expect(await shell.wait(upTo: 10) == 0, "sqlite3: \(shell.stderr)")
             let replaced = await eventually(within: 60) { stored("v-1") != rejected["v-1"] && stored("v-2") != rejected["v-2"] }
             #expect(replaced, "an invalidated token is still in the store after the lock was let go")
+        }
+        #expect(await agent.stop() == 0, "\(agent.process.stderr.suffix(2000))")
+    }
+
+    @Test("while the store takes no writes, invalidations of subjects the agent does not hold are taken up to --max-dynamic-subjects, then answered 503 with Retry-After; held subjects are still invalidated; once the store takes writes again, so are new ones")
+    func unheldInvalidationsBounded() async throws {
+        let scratch = Scratch()
+        let issuer = try await IssuerProcess(scratch: scratch)
+        let agent = try await APIAgent.start(scratch, provider: issuer.template,
+                                             ["--vehicle", "v-1", "--allow", "trip:*", "--max-dynamic-subjects", "5"])
+        let db = scratch.file("tokens.sqlite")
+        try await withAPIClient { client in
+            let api = APIClient.unix(agent.socket, client)
+            #expect(try await eventually(within: 60) { try await api.send("/readyz").status == 200 })
+
+            let locked = scratch.file("locked"), released = scratch.file("released")
+            let shell = try RunningProcess(sqlite3Path, [
+                db, ".timeout 5000", "BEGIN IMMEDIATE;", ".shell touch \(locked)", ".shell sleep 15", "COMMIT;",
+                ".shell touch \(released)",
+            ], in: scratch)
+            #expect(await eventually(within: 30) { FileManager.default.fileExists(atPath: locked) })
+
+            var statuses: [Int] = []
+            for index in 0..<8 {
+                let answer = try await api.send("/v1/invalidate/trip/made-up-\(index)", method: .POST)
+                statuses.append(answer.status)
+                if answer.status == 503 {
+                    #expect(answer.headers.first(name: "Retry-After") == "10", "\(answer.headers)")
+                    #expect(answer.body.contains("waiting for the store"), "\(answer.body)")
+                }
+            }
+            #expect(statuses == [204, 204, 204, 204, 204, 503, 503, 503], "\(statuses)")
+            // A subject the agent holds is invalidated as ever.
+            let held = try await api.send("/v1/invalidate/vehicle/v-1", method: .POST)
+            #expect(held.status == 204, "\(held.body)")
+            #expect(!FileManager.default.fileExists(atPath: released), "the lock was let go before the invalidations were checked")
+
+            #expect(await eventually(within: 30) { FileManager.default.fileExists(atPath: released) })
+            #expect(await shell.wait(upTo: 10) == 0, "sqlite3: \(shell.stderr)")
+            // The removals reach the store; then the refused subjects are taken too.
+            let taken = try await eventually(within: 60) {
+                try await api.send("/v1/invalidate/trip/made-up-6", method: .POST).status == 204
+            }
+            #expect(taken, "\(agent.process.stderr.suffix(2000))")
         }
         #expect(await agent.stop() == 0, "\(agent.process.stderr.suffix(2000))")
     }

@@ -116,6 +116,37 @@ struct StoreLockTests {
         _ = try? await running.value
     }
 
+    @Test("the removals of keys memory holds no entry for are counted while they wait for the store, and the count falls back to 0 once they are written; a held key's does not count")
+    func unheldRemovalsCounted() async throws {
+        let h = try LockedStoreHarness(busyTimeout: 0.5)
+        defer { h.store.close() }
+        let running = h.start()
+        #expect(await eventually(within: 30) { await h.engine.isRunning })
+        _ = try await h.engine.token(for: held)
+        #expect(await eventually(within: 30) { await h.stored(held) != nil })
+        #expect(h.engine.removalsWaitingForUnheldSubjects == 0)
+
+        let shell = try SQLiteShell(path: h.path)
+        defer { shell.quit() }
+        _ = try shell.execute("BEGIN IMMEDIATE;")
+        let unheld = try (0..<3).map { try TokenKey.trip("never-held-\($0)") }
+        for key in unheld { await h.engine.invalidate(key) }
+        #expect(h.engine.removalsWaitingForUnheldSubjects == 3, "\(h.engine.removalsWaitingForUnheldSubjects)")
+        // A held key's entry stays (without its token) while its removal waits: not counted.
+        await h.engine.invalidate(held)
+        #expect(h.engine.holds(held))
+        #expect(h.engine.removalsWaitingForUnheldSubjects == 3, "\(h.engine.removalsWaitingForUnheldSubjects)")
+
+        _ = try shell.execute("COMMIT;")
+        let drained = await eventually(within: 30) {
+            await h.time.advance(by: 2) // the commit's retry
+            return h.engine.removalsWaitingForUnheldSubjects == 0
+        }
+        #expect(drained, "still waiting: \(h.engine.removalsWaitingForUnheldSubjects)")
+        running.cancel()
+        _ = try? await running.value
+    }
+
     @Test("a token whose commit is under way when its key is invalidated never reaches the store after the removal")
     func invalidationAfterCommitUnderWay() async throws {
         // Without run(): the commit is written by a task of its own, and nothing refetches the key.
