@@ -217,8 +217,9 @@ public struct TokenAPIService: Service {
 
 /// The rules for a Unix socket path.
 package enum SocketPath {
-    /// The directory must exist, belong to this user (or root) and not be writable by others;
-    /// an existing file must be a socket nobody answers on.
+    /// The directory must exist, belong to this user (or root) and not be writable by others,
+    /// nor may any directory above it (sticky ones of this user or root excepted, as for the
+    /// files that steer the agent); an existing file must be a socket nobody answers on.
     package static func check(_ path: String) throws(TokenAPIError) {
         let directory = (path as NSString).deletingLastPathComponent.isEmpty ? "." : (path as NSString).deletingLastPathComponent
         var info = stat()
@@ -233,6 +234,17 @@ package enum SocketPath {
         guard info.st_mode & (S_IWOTH | S_IWGRP) == 0 || info.st_mode & S_ISVTX != 0 && info.st_uid == geteuid() else {
             let who = info.st_mode & S_IWOTH != 0 ? "everyone" : "its group"
             throw TokenAPIError(.socketDirectoryUnsafe, path, "the socket's directory \(directory) is writable by \(who), who could replace the socket: use a directory only this user can write (chmod go-w \(directory), mode 0750)")
+        }
+        // Whoever may write a directory above could move the socket's directory away and put
+        // their own in its place.
+        let absolute = directory.hasPrefix("/") ? directory : FileManager.default.currentDirectoryPath + "/" + directory
+        for ancestor in SteeringFileCheck.ancestors(of: absolute + "/") where ancestor != absolute {
+            var above = stat()
+            guard stat(ancestor, &above) == 0 else { continue }
+            let check = SteeringFileCheck(mode: UInt32(above.st_mode), ownerID: UInt32(above.st_uid), userID: UInt32(geteuid()))
+            if let reason = check.directoryReason(directory: ancestor) {
+                throw TokenAPIError(.socketDirectoryUnsafe, path, "the socket \(path) \(reason.replacingOccurrences(of: "the file", with: "the socket"))")
+            }
         }
         var existing = stat()
         guard lstat(path, &existing) == 0 else { return }

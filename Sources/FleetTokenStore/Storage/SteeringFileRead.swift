@@ -123,7 +123,7 @@ extension SteeringFileCheck {
     }
 
     /// The directories above an absolute `path`, nearest first, ending with `/`.
-    static func ancestors(of path: String) -> [String] {
+    package static func ancestors(of path: String) -> [String] {
         var components = path.split(separator: "/").map(String.init)
         guard !components.isEmpty else { return [] }
         components.removeLast()

@@ -132,6 +132,30 @@ struct EdgeAccessTests {
         }
     }
 
+    @Test("a socket directory under a directory others may write (not sticky) is refused, as a steering file's would be: they could put their own directory, and socket, in its place; under a sticky one it is fine")
+    func socketDirectoryAncestors() async throws {
+        let scratch = Scratch()
+        let issuer = try await IssuerProcess(scratch: scratch)
+        for (mode, refused) in [(mode_t(0o777), true), (0o775, true), (0o1777, false)] {
+            let shared = scratch.file("shared-\(String(mode, radix: 8))")
+            #expect(mkdir(shared, 0o700) == 0 && chmod(shared, mode) == 0)
+            let directory = shared + "/run"
+            #expect(mkdir(directory, 0o750) == 0)
+            let arguments = ["--db", scratch.file("t-\(mode).sqlite"), "--provider-url", issuer.template, "--vehicle", "v",
+                             "--listen", "unix:\(directory)/api.sock"]
+            if refused {
+                let result = try await AgentFixture.run(arguments, in: scratch, timeout: 30)
+                #expect(result.status == 1, "mode \(String(mode, radix: 8)): \(result.stderr)")
+                #expect(result.stderr.contains("is under \(shared)") && result.stderr.contains("could replace the socket"), "\(result.stderr)")
+                #expect(!FileManager.default.fileExists(atPath: directory + "/api.sock"))
+            } else {
+                let agent = try await APIAgent.start(scratch, provider: issuer.template, ["--vehicle", "v"], socket: "\(directory)/api.sock")
+                #expect(fileMode("\(directory)/api.sock") == 0o660)
+                #expect(await agent.stop() == 0)
+            }
+        }
+    }
+
     @Test("the socket is never reachable with another mode than --socket-mode, even with umask 0")
     func socketModeBeforeReachable() async throws {
         let scratch = Scratch()
