@@ -44,7 +44,9 @@ struct PostgresAvailabilityHostSearchTests {
             #expect(first < .seconds(8), "the first call after the server stopped took \(first)")
             #expect(failure?.code == .databaseUnavailable, "\(String(describing: failure))")
             let next = await clock.measure { _ = try? await store.acquireRefreshLease(for: key, holder: "h", now: Date(), duration: 30) }
-            #expect(next < .seconds(1), "a call while the search runs took \(next)")
+            // At once on an idle machine; 2.65 s was seen with the whole suite running on two
+            // cores. What must not happen is a wait for the search (30 s).
+            #expect(next < .seconds(5), "a call while the search runs took \(next)")
             return clock.now
         }
         // Closing does not wait for the search either.
