@@ -12,6 +12,7 @@ import Foundation
 import CoreMetrics
 import Logging
 import NIOCore
+import ServiceLifecycle
 import Synchronization
 import TestSupportKit
 import Testing
@@ -64,22 +65,28 @@ struct InProcessProxy: Sendable {
     /// while `body` runs with the port bound.
     func withService(idleTimeout: TimeAmount = FleetEngineProxyService.idleTimeout,
                      _ body: @Sendable (Int) async throws -> Void) async throws {
+        try await withServiceGroup(idleTimeout: idleTimeout) { port, _ in try await body(port) }
+    }
+
+    /// As ``withService(idleTimeout:_:)``, the engine and the service in a `ServiceGroup` that
+    /// `body` gets too (to start a graceful shutdown); cancelled after `body` unless it ended.
+    func withServiceGroup(idleTimeout: TimeAmount = FleetEngineProxyService.idleTimeout,
+                          _ body: @Sendable (Int, ServiceGroup) async throws -> Void) async throws {
         let port = Mutex(0)
         let service = FleetEngineProxyService(proxy: proxy, addresses: [.tcp(host: "127.0.0.1", port: 0)], idleTimeout: idleTimeout,
                                               logger: logger, onListening: { address in
                                                   if case .tcp(_, let bound) = address { port.withLock { $0 = bound } }
                                               })
-        let engine = engine
+        let services = ServiceGroup(configuration: .init(services: [engine, service], logger: logger))
         try await withThrowingTaskGroup(of: Void.self) { group in
-            group.addTask { try await engine.run() }
-            group.addTask { try await service.run() }
+            group.addTask { try await services.run() }
             var bound = 0
             for _ in 0..<1_000 where bound == 0 {
                 try await Task.sleep(for: .milliseconds(10))
                 bound = port.withLock { $0 }
             }
             try #require(bound != 0, "the proxy did not listen")
-            try await body(bound)
+            try await body(bound, services)
             group.cancelAll()
         }
     }

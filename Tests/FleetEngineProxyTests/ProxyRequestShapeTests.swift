@@ -28,29 +28,12 @@ struct ProxyRequestShapeTests {
     @Test("a gRPC method the proxy does not know is answered UNIMPLEMENTED at its headers, while the caller's stream is still open")
     func unknownMethodAnsweredAtHeaders() async throws {
         try await Self.withService { port, fake, _ in
-            let group = MultiThreadedEventLoopGroup.singleton
-            let answer = group.any().makePromise(of: HPACKHeaders.self)
-            let channel = try await ClientBootstrap(group: group).connect(host: "127.0.0.1", port: port).flatMap { channel in
-                channel.eventLoop.makeCompletedFuture {
-                    try channel.pipeline.syncOperations.configureHTTP2Pipeline(mode: .client, connectionConfiguration: .init(),
-                                                                              streamConfiguration: .init()) { $0.close() }
-                }.map { (channel, $0) }
-            }.get()
-            defer { channel.0.close(promise: nil) }
-            let stream = try await channel.1.createStreamChannel { stream in
-                stream.eventLoop.makeCompletedFuture { try stream.pipeline.syncOperations.addHandler(FirstHeaders(answer)) }
-            }.get()
-            var headers = HPACKHeaders()
-            for (name, value) in [(":method", "POST"), (":scheme", "http"), (":authority", "127.0.0.1:\(port)"),
-                                  (":path", "/maps.fleetengine.v1.VehicleService/StreamVehicleLocations"),
-                                  ("content-type", "application/grpc"), ("te", "trailers")] {
-                headers.add(name: name, value: value)
-            }
+            let connection = try await HTTP2TestConnection.open(port: port)
+            defer { connection.close() }
+            let answer = connection.channel.eventLoop.makePromise(of: HPACKHeaders.self)
             // The request's headers, and no end: a streaming caller sends messages as it goes.
-            try await stream.writeAndFlush(HTTP2Frame.FramePayload.headers(.init(headers: headers, endStream: false))).get()
-            let timer = stream.eventLoop.scheduleTask(in: .seconds(5)) { answer.fail(ChannelError.ioOnClosedChannel) }
-            let got = try await answer.futureResult.get()
-            timer.cancel()
+            _ = try await connection.startCall("VehicleService", "StreamVehicleLocations", answer: answer, atEnd: false)
+            let got = try await HTTP2TestConnection.awaitAnswer(answer, within: 5)
             #expect(got.first(name: "grpc-status") == "12", "UNIMPLEMENTED: \(got)")
             #expect(got.first(name: "grpc-message")?.contains("StreamVehicleLocations") == true, "\(got)")
             #expect(fake.calls.isEmpty)
@@ -97,34 +80,17 @@ extension ProxyRequestShapeTests {
             #expect(rest.status == 413, "\(rest)")
 
             // gRPC: refused when the DATA frames pass the cap.
-            let group = MultiThreadedEventLoopGroup.singleton
-            let answer = group.any().makePromise(of: HPACKHeaders.self)
-            let channel = try await ClientBootstrap(group: group).connect(host: "127.0.0.1", port: port).flatMap { channel in
-                channel.eventLoop.makeCompletedFuture {
-                    try channel.pipeline.syncOperations.configureHTTP2Pipeline(mode: .client, connectionConfiguration: .init(),
-                                                                              streamConfiguration: .init()) { $0.close() }
-                }.map { (channel, $0) }
-            }.get()
-            defer { channel.0.close(promise: nil) }
-            let stream = try await channel.1.createStreamChannel { stream in
-                stream.eventLoop.makeCompletedFuture { try stream.pipeline.syncOperations.addHandler(FirstHeaders(answer)) }
-            }.get()
-            var headers = HPACKHeaders()
-            for (name, value) in [(":method", "POST"), (":scheme", "http"), (":authority", "127.0.0.1:\(port)"),
-                                  (":path", "/maps.fleetengine.v1.VehicleService/UpdateVehicle"),
-                                  ("content-type", "application/grpc"), ("te", "trailers")] {
-                headers.add(name: name, value: value)
-            }
-            stream.write(HTTP2Frame.FramePayload.headers(.init(headers: headers, endStream: false)), promise: nil)
+            let connection = try await HTTP2TestConnection.open(port: port)
+            defer { connection.close() }
+            let answer = connection.channel.eventLoop.makePromise(of: HPACKHeaders.self)
+            let stream = try await connection.startCall("VehicleService", "UpdateVehicle", answer: answer, atEnd: false)
             let chunk = ByteBuffer(repeating: 0x41, count: 1 << 20)
             // 17 MiB in 1 MiB frames, as flow control lets them go; the answer may come before the last.
             for index in 0..<17 {
                 let frame = HTTP2Frame.FramePayload.data(.init(data: .byteBuffer(chunk), endStream: index == 16))
                 do { try await stream.writeAndFlush(frame).get() } catch { break }
             }
-            let timer = stream.eventLoop.scheduleTask(in: .seconds(10)) { answer.fail(ChannelError.ioOnClosedChannel) }
-            let got = try await answer.futureResult.get()
-            timer.cancel()
+            let got = try await HTTP2TestConnection.awaitAnswer(answer, within: 10)
             #expect(got.first(name: "grpc-status") == "8", "RESOURCE_EXHAUSTED: \(got)")
         }
         #expect(rig.fake.calls.isEmpty && rig.fetcher.total == 0, "nothing was fetched or sent")
@@ -137,22 +103,5 @@ extension ProxyRequestShapeTests {
         let calls = log.entries.filter { $0.message.description == "Fleet Engine call" }.map { $0.metadata.mapValues { "\($0)" } }
         #expect(calls.contains { $0["code"] == "413" && $0["method"] == "UpdateVehicle" && $0["protocol"] == "rest" }, "\(calls)")
         #expect(calls.contains { $0["code"] == "RESOURCE_EXHAUSTED" && $0["method"] == "UpdateVehicle" }, "\(calls)")
-    }
-}
-
-/// Completes `answer` with the first HEADERS frame of the stream's answer.
-private final class FirstHeaders: ChannelInboundHandler {
-    typealias InboundIn = HTTP2Frame.FramePayload
-
-    private let answer: EventLoopPromise<HPACKHeaders>
-
-    init(_ answer: EventLoopPromise<HPACKHeaders>) { self.answer = answer }
-
-    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        if case .headers(let frame) = unwrapInboundIn(data) { answer.succeed(frame.headers) }
-    }
-
-    func channelInactive(context: ChannelHandlerContext) {
-        answer.fail(ChannelError.ioOnClosedChannel)
     }
 }
