@@ -30,12 +30,7 @@ struct InvalidateLockedStoreTests {
             let rejected = ["v-1": stored("v-1"), "v-2": stored("v-2")]
             let servedBefore = ["v-1": try await fingerprint("v-1"), "v-2": try await fingerprint("v-2")]
 
-            let locked = scratch.file("locked"), released = scratch.file("released")
-            let shell = try RunningProcess(sqlite3Path, [
-                db, ".timeout 5000", "BEGIN IMMEDIATE;", ".shell touch \(locked)", ".shell sleep 40", "COMMIT;",
-                ".shell touch \(released)",
-            ], in: scratch)
-            #expect(await eventually(within: 30) { FileManager.default.fileExists(atPath: locked) })
+            let (shell, released) = try await Self.lock(db, forSeconds: 40, in: scratch)
 
             // v-2 first: the agent refetches it (configured) and its commit then waits for the lock.
             // Each GET takes seconds: the fetch's lease, a write, waits out the agent's busy
@@ -70,12 +65,7 @@ struct InvalidateLockedStoreTests {
             let api = APIClient.unix(agent.socket, client)
             #expect(try await eventually(within: 60) { try await api.send("/readyz").status == 200 })
 
-            let locked = scratch.file("locked"), released = scratch.file("released")
-            let shell = try RunningProcess(sqlite3Path, [
-                db, ".timeout 5000", "BEGIN IMMEDIATE;", ".shell touch \(locked)", ".shell sleep 15", "COMMIT;",
-                ".shell touch \(released)",
-            ], in: scratch)
-            #expect(await eventually(within: 30) { FileManager.default.fileExists(atPath: locked) })
+            let (shell, released) = try await Self.lock(db, forSeconds: 15, in: scratch)
 
             var statuses: [Int] = []
             for index in 0..<8 {
@@ -101,5 +91,17 @@ struct InvalidateLockedStoreTests {
             #expect(taken, "\(agent.process.stderr.suffix(2000))")
         }
         #expect(await agent.stop() == 0, "\(agent.process.stderr.suffix(2000))")
+    }
+
+    /// sqlite3 holding the store's write lock (`BEGIN IMMEDIATE`) for `seconds`, once it holds
+    /// it; `released` exists once it let go.
+    static func lock(_ db: String, forSeconds seconds: Int, in scratch: Scratch) async throws -> (shell: RunningProcess, released: String) {
+        let locked = scratch.file("locked"), released = scratch.file("released")
+        let shell = try RunningProcess(sqlite3Path, [
+            db, ".timeout 5000", "BEGIN IMMEDIATE;", ".shell touch \(locked)", ".shell sleep \(seconds)", "COMMIT;",
+            ".shell touch \(released)",
+        ], in: scratch)
+        #expect(await eventually(within: 30) { FileManager.default.fileExists(atPath: locked) })
+        return (shell, released)
     }
 }
