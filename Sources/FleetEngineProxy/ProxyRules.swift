@@ -32,6 +32,11 @@ package enum ProxyRequestRules {
         if request.headers.contains(where: { $0.name == "forwarded" || $0.name.hasPrefix("x-forwarded-") }) {
             return .forbidden("requests that went through another proxy (Forwarded or X-Forwarded-* present) are refused")
         }
+        // RFC 9112 (3.2): a request with two Host headers is refused; which one names the
+        // listener is unclear.
+        if request.headers.lazy.filter({ $0.name == "host" }).count > 1 {
+            return ProxyRefusal(grpcStatus: 3, httpStatus: 400, message: "token-agent's Fleet Engine proxy refused the call: it has more than one Host header")
+        }
         if case .tcp(let listenHost) = transport {
             // A page from a name an attacker's DNS points at 127.0.0.1 is same-origin with the
             // listener: its Host still names the attacker's host, and a page always sends

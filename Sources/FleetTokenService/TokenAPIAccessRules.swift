@@ -54,6 +54,7 @@ struct TokenAPIAccessRules: RouterMiddleware {
 
     static let forwardedFor = HTTPField.Name("X-Forwarded-For")!
     static let forwarded = HTTPField.Name("Forwarded")!
+    static let host = HTTPField.Name("Host")!
 
     /// The answer refusing the request with `head` before routing, or nil when it may be routed.
     func refusal(_ head: HTTPRequest) -> Response? {
@@ -63,6 +64,11 @@ struct TokenAPIAccessRules: RouterMiddleware {
         }
         if let problem = RequestTarget.problem(head.path ?? "") {
             return TokenAPI.json(.badRequest, ["error": "the request target \(problem): send the path in normal form, e.g. /v1/token/vehicle/truck-7"])
+        }
+        // The first Host is the request's authority; a second one is left among the fields, and
+        // RFC 9112 (3.2) has a request with two refused: which one names the listener is unclear.
+        if head.headerFields.contains(Self.host) {
+            return TokenAPI.json(.badRequest, ["error": "the request has more than one Host header: send one"])
         }
         guard case .tcp(let listenHost) = transport else { return nil }
         // A page a browser loaded from a name that an attacker's DNS then points at 127.0.0.1

@@ -26,7 +26,7 @@ struct ProxyRulesTests {
         #expect(refusal?.grpcStatus == 7)
     }
 
-    @Test("Host must name loopback or the listener on TCP; any Host on a Unix socket")
+    @Test("Host must name loopback or the listener on TCP; any Host on a Unix socket; never two Host headers")
     func hostRule() {
         #expect(ProxyRequestRules.refusal(Self.request(authority: "evil.example:8788"), transport: .tcp(host: "127.0.0.1"))?.httpStatus == 421)
         #expect(ProxyRequestRules.refusal(Self.request(authority: nil), transport: .tcp(host: "127.0.0.1"))?.httpStatus == 421)
@@ -34,6 +34,11 @@ struct ProxyRulesTests {
         #expect(ProxyRequestRules.refusal(Self.request(authority: "localhost:8788"), transport: .tcp(host: "127.0.0.1")) == nil)
         #expect(ProxyRequestRules.refusal(Self.request(authority: "[::1]:8788"), transport: .tcp(host: "::1")) == nil)
         #expect(ProxyRequestRules.refusal(Self.request(authority: "evil.example"), transport: .unix) == nil)
+        // Two Host headers: refused on every listener (RFC 9112, 3.2), one is fine.
+        let twice = Self.request(authority: "127.0.0.1:8788", [("host", "127.0.0.1:8788"), ("host", "evil.example")])
+        #expect(ProxyRequestRules.refusal(twice, transport: .tcp(host: "127.0.0.1"))?.httpStatus == 400)
+        #expect(ProxyRequestRules.refusal(twice, transport: .unix)?.httpStatus == 400)
+        #expect(ProxyRequestRules.refusal(Self.request(authority: "127.0.0.1:8788", [("host", "127.0.0.1:8788")]), transport: .tcp(host: "127.0.0.1")) == nil)
     }
 
     @Test("a REST call needs x-goog-api-client or Fleet-Token-Request: true, on every listener; gRPC does not")

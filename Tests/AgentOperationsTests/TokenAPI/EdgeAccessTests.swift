@@ -57,7 +57,7 @@ struct EdgeAccessTests {
         #expect(await agent.stop() == 0, "\(agent.process.stderr)")
     }
 
-    @Test("DNS rebinding: on TCP only a loopback Host is served (421 otherwise), any Origin is 403; the Unix socket ignores Host")
+    @Test("DNS rebinding: on TCP only a loopback Host is served (421 otherwise), any Origin is 403; the Unix socket ignores Host; two Host headers are 400 on both")
     func hostAndOrigin() async throws {
         let scratch = Scratch()
         let issuer = try await IssuerProcess(scratch: scratch)
@@ -77,6 +77,15 @@ struct EdgeAccessTests {
         }
         let noHost = try RawHTTP.send(.tcp(port: port), "GET", "/v1/token/vehicle/v-1", host: nil, headers: marked)
         #expect([421, 400].contains(noHost.status), "no Host: \(noHost)")
+        // Two Host headers (RFC 9112, 3.2), whichever comes first, on TCP and on the Unix socket.
+        for (first, second) in [("localhost:\(port)", "rebind.attacker.example"), ("rebind.attacker.example", "localhost:\(port)"),
+                                ("localhost:\(port)", "localhost:\(port)")] {
+            let answer = try RawHTTP.send(.tcp(port: port), "GET", "/v1/token/vehicle/v-1", host: first, headers: marked + [("Host", second)])
+            #expect(answer.status == 400, "Host: \(first), Host: \(second): \(answer)")
+            #expect(answer.body.contains("more than one Host"), "\(answer)")
+        }
+        let twiceOnUnix = try RawHTTP.send(.unix(agent.socket), "GET", "/v1/token/vehicle/v-1", host: "localhost", headers: marked + [("Host", "localhost")])
+        #expect(twiceOnUnix.status == 400, "\(twiceOnUnix)")
         for origin in ["http://localhost:\(port)", "http://rebind.attacker.example:\(port)", "null"] {
             let answer = try RawHTTP.send(.tcp(port: port), "GET", "/v1/token/vehicle/v-1", host: "localhost:\(port)", headers: marked + [("Origin", origin)])
             #expect(answer.status == 403, "Origin: \(origin): \(answer)")
