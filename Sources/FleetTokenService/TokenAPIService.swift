@@ -238,12 +238,10 @@ package enum SocketPath {
         // Whoever may write a directory above could move the socket's directory away and put
         // their own in its place.
         let absolute = directory.hasPrefix("/") ? directory : FileManager.default.currentDirectoryPath + "/" + directory
-        for ancestor in SteeringFileCheck.ancestors(of: absolute + "/") where ancestor != absolute {
-            var above = stat()
-            guard stat(ancestor, &above) == 0 else { continue }
-            let check = SteeringFileCheck(mode: UInt32(above.st_mode), ownerID: UInt32(above.st_uid), userID: UInt32(geteuid()))
-            if let reason = check.directoryReason(directory: ancestor) {
-                throw TokenAPIError(.socketDirectoryUnsafe, path, "the socket \(path) \(reason.replacingOccurrences(of: "the file", with: "the socket"))")
+        for ancestor in SteeringFileCheck.ancestors(of: absolute + "/") {
+            guard let (check, _) = SteeringFileCheck.examineDirectory(ancestor, userID: UInt32(geteuid())) else { continue }
+            if let reason = check.directoryReason(directory: ancestor, thing: "the socket") {
+                throw TokenAPIError(.socketDirectoryUnsafe, path, "the socket \(path) \(reason)")
             }
         }
         var existing = stat()

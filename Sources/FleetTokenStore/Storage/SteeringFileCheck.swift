@@ -85,18 +85,19 @@ package struct SteeringFileCheck: Sendable, Equatable {
     /// What is wrong with this directory on the way to a file, and how to fix it, for a message
     /// that names the file before it: `is under /srv/shared, a directory writable by group or
     /// others (mode 0777) and not sticky: … run `chmod go-w /srv/shared`…`. Nil when sound.
-    package func directoryReason(directory: String) -> String? {
+    /// `thing` names what another user could replace (`the socket` for a Unix socket).
+    package func directoryReason(directory: String, thing: String = "the file") -> String? {
         guard !isSafeDirectory else { return nil }
         let shown = Self.shellQuoted(directory)
         let owner = ownership
         let open = "writable by group or others (mode \(String(format: "%04o", mode))) and not sticky"
         switch (ownedByAnotherUser, writableByGroupOrOthers && !isSticky) {
         case (true, true):
-            return "is under \(directory), a directory that \(owner), and is \(open): other users could replace the file; run `chown \(userID) \(shown) && chmod go-w \(shown)` as root, or keep the file in a directory only this user or root can write"
+            return "is under \(directory), a directory that \(owner), and is \(open): other users could replace \(thing); run `chown \(userID) \(shown) && chmod go-w \(shown)` as root, or keep \(thing) in a directory only this user or root can write"
         case (true, false):
-            return "is under \(directory), a directory that \(owner): that user could replace the file; run `chown \(userID) \(shown)` as root, or keep the file in a directory this user or root owns"
+            return "is under \(directory), a directory that \(owner): that user could replace \(thing); run `chown \(userID) \(shown)` as root, or keep \(thing) in a directory this user or root owns"
         default:
-            return "is under \(directory), a directory \(open): another user could replace the file; run `chmod go-w \(shown)`, or keep the file in a directory only this user or root can write"
+            return "is under \(directory), a directory \(open): another user could replace \(thing); run `chmod go-w \(shown)`, or keep \(thing) in a directory only this user or root can write"
         }
     }
 

@@ -112,14 +112,23 @@ extension SteeringFileCheck {
 
     private static func judgeDirectory(_ directory: String, path: String, role: String, userID: UInt32,
                                        judged: inout Set<[UInt64]>) throws(SteeringFileReadError) {
-        var info = stat()
         // It was just traversed: failing now means the path changed meanwhile.
-        guard stat(directory, &info) == 0 else { throw SteeringFileReadError(code: .changed, path: path, role: role) }
-        guard judged.insert([UInt64(info.st_dev), UInt64(info.st_ino)]).inserted else { return }
-        let check = SteeringFileCheck(mode: UInt32(info.st_mode), ownerID: UInt32(info.st_uid), userID: userID)
+        guard let (check, identity) = examineDirectory(directory, userID: userID) else {
+            throw SteeringFileReadError(code: .changed, path: path, role: role)
+        }
+        guard judged.insert(identity).inserted else { return }
         guard check.isSafeDirectory else {
             throw SteeringFileReadError(refusal: SteeringFileError(path: path, role: role, check: check, directory: directory))
         }
+    }
+
+    /// The owner and mode of the directory at `directory`, judged for `userID`, and its device
+    /// and inode (to judge a directory reached twice once); nil when it cannot be examined.
+    package static func examineDirectory(_ directory: String, userID: UInt32) -> (check: SteeringFileCheck, identity: [UInt64])? {
+        var info = stat()
+        guard stat(directory, &info) == 0 else { return nil }
+        return (SteeringFileCheck(mode: UInt32(info.st_mode), ownerID: UInt32(info.st_uid), userID: userID),
+                [UInt64(info.st_dev), UInt64(info.st_ino)])
     }
 
     /// The directories above an absolute `path`, nearest first, ending with `/`.

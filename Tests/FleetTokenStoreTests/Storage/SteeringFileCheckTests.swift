@@ -65,6 +65,7 @@ struct SteeringFileCheckTests {
             #expect(check.directoryReason(directory: "/srv/d")?.contains("run `chown 1000 /srv/d") == true)
         } else if !sound {
             #expect(check.directoryReason(directory: "/srv/d")?.contains("and not sticky: another user could replace the file; run `chmod go-w /srv/d`") == true)
+            #expect(check.directoryReason(directory: "/srv/d", thing: "the socket")?.contains("another user could replace the socket; run `chmod go-w /srv/d`, or keep the socket in") == true)
         }
     }
 
