@@ -42,6 +42,7 @@ struct ConfigFileTests {
         retention: 7d
         once: false
         json: true
+        max-event-lines: 200
         log-level: debug
         log-format: json
         listen: ["unix:\(scratch.file("api.sock"))"]
@@ -65,6 +66,7 @@ struct ConfigFileTests {
         lease-duration: 10
         idle-window: 30
         failure-backoff: 2
+        event-line-window: 5
         """
     }
 

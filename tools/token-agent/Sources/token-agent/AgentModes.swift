@@ -104,6 +104,8 @@ struct LongLivedRun {
         list.append(.init(service: reload))
         // Memory back after many idle subjects were dropped (IdleMemoryRelease.swift).
         list.append(.init(service: IdleMemoryRelease(engine: engine, releaseStoreMemory: releaseStoreMemory)))
+        // A window's withheld event lines are reported when it ends, also when no event follows.
+        list.append(.init(service: EventLineReports(output: output)))
         if let sink = services.sink { list.append(.init(service: sink)) }
         if let watch = services.permanentErrors { list.append(.init(service: watch, failureTerminationBehavior: .gracefullyShutdownGroup)) }
         if let reports = services.reports { list.append(.init(service: reports)) }
@@ -114,19 +116,101 @@ struct LongLivedRun {
             try await group.run()
         } catch {
             await printer.value
+            output.reportRemainingWithheldLines(at: Date())
             throw error
         }
         await printer.value
+        output.reportRemainingWithheldLines(at: Date())
     }
 }
 
 /// What the agent prints on stdout: a readable line per event, or JSON.
+///
+/// Per-subject lines (`reused`, `refreshed`, `failed`, `removed`, `tracked`, `untracked`) are
+/// within `--max-event-lines` per window (``EventLineBudget``); the store's state and reload
+/// summaries always print.
 struct AgentOutput: Sendable {
     let json: Bool
+    /// The per-subject lines' budget, shared by every copy of this output.
+    let gate: EventLineGate
+
+    /// An output of `maxEventLines` per-subject lines (0: no limit) per `eventLineWindow` seconds.
+    init(json: Bool, maxEventLines: Int = 0, eventLineWindow: TimeInterval = 30) {
+        self.json = json
+        gate = EventLineGate(limit: maxEventLines, window: eventLineWindow)
+    }
 
     func print(_ event: TokenSyncEvent) {
+        let now = Date()
         var stamps = TimestampCache()
-        emit(line(for: event, now: Date(), stamps: &stamps))
+        guard let name = Self.subjectEventName(event) else {
+            emit(line(for: event, now: now, stamps: &stamps))
+            return
+        }
+        writeSubjectLines(name, count: 1, at: now) { _, block in block.append(line(for: event, now: now, stamps: &stamps)) }
+    }
+
+    /// The budget's name of a per-subject event; nil for the store's state, always printed.
+    static func subjectEventName(_ event: TokenSyncEvent) -> String? {
+        switch event {
+        case .refreshed(_, _, _, let source): source == .store ? "reused" : "refreshed"
+        case .refreshFailed: "failed"
+        case .removedExternally: "removed"
+        case .storeDegraded, .storeRecovered: nil
+        }
+    }
+
+    /// Writes as many of `count` lines of event `name` as the budget allows at `now` (`lines`
+    /// appends the first `allowed` of them), after the report of a window that ended and before
+    /// the notice that the next are counted, in one write under the budget's lock.
+    func writeSubjectLines(_ name: String, count: Int, at now: Date, _ lines: (_ allowed: Int, inout StdoutBlock) -> Void) {
+        gate.withBudget { budget in
+            let admission = budget.admit(count, of: name, at: now)
+            var block = StdoutBlock()
+            if let ended = admission.ended { block.append(withheldLine(ended, limit: budget.limit, at: now)) }
+            if admission.allowed > 0 { lines(admission.allowed, &block) }
+            if let until = admission.withholdingUntil {
+                block.append(json
+                    ? Self.encode(["event": "withholding", "limit": String(budget.limit), "until": Self.timestamp(until)])
+                    : "\(Self.timestamp(now)) withheld  more than \(budget.limit) event lines in \(Self.seconds(budget.window)): the next are counted, not printed, until \(Self.timestamp(until)) (--max-event-lines)")
+            }
+            block.flush()
+        }
+    }
+
+    /// Prints the report of a window that has ended with lines withheld (``EventLineReports``).
+    func reportWithheldLines(at now: Date) {
+        gate.withBudget { budget in
+            guard let ended = budget.due(at: now) else { return }
+            emit(withheldLine(ended, limit: budget.limit, at: now))
+        }
+    }
+
+    /// Prints what the current window has withheld so far: the agent stops.
+    func reportRemainingWithheldLines(at now: Date) {
+        gate.withBudget { budget in
+            guard let withheld = budget.remaining(at: now) else { return }
+            emit(withheldLine(withheld, limit: budget.limit, at: now))
+        }
+    }
+
+    /// `withheld  1500 event lines from … to … past --max-event-lines 1000: refreshed 500, reused 1000`,
+    /// or `{"event":"withheld","count":"1500","reused":"1000",…}`.
+    private func withheldLine(_ withheld: EventLineBudget.Withheld, limit: Int, at now: Date) -> String {
+        let names = withheld.counts.keys.sorted()
+        if json {
+            var object = ["event": "withheld", "count": String(withheld.total), "limit": String(limit),
+                          "since": Self.timestamp(withheld.since), "until": Self.timestamp(withheld.until)]
+            for name in names { object[name] = String(withheld.counts[name] ?? 0) }
+            return Self.encode(object)
+        }
+        let counts = names.map { "\($0) \(withheld.counts[$0] ?? 0)" }.joined(separator: ", ")
+        return "\(Self.timestamp(now)) withheld  \(withheld.total) event lines from \(Self.timestamp(withheld.since)) to \(Self.timestamp(withheld.until)) past --max-event-lines \(limit): \(counts); tokenctl list shows every subject"
+    }
+
+    /// `30 s`, `1.5 s`.
+    private static func seconds(_ interval: TimeInterval) -> String {
+        interval == interval.rounded() ? "\(Int(interval)) s" : "\(interval) s"
     }
 
     /// The line of `event` at `now`, without its newline.
@@ -167,25 +251,19 @@ struct AgentOutput: Sendable {
     }
 
     /// A `reused` line (or JSON object) for each of `keys` whose token `engine` took from the
-    /// store, as ``print(_:)`` writes it, written in blocks rather than line by line: at start-up
-    /// this is a line per subject, and the API listens only after it (a 100,000-subject start
-    /// spent 0.75 s here, a write and a formatter per line).
+    /// store, as ``print(_:)`` writes it, within the budget, written in blocks rather than line by
+    /// line: at start-up this is a line per subject, and the API listens only after it (a
+    /// 100,000-subject start spent 0.75 s here, a write and a formatter per line).
     func printReused(_ keys: [TokenKey], engine: TokenSyncEngine) {
-        var block = ""
-        var lines = 0
-        var stamps = TimestampCache()
-        for key in keys {
-            guard let held = engine.heldToken(for: key), held.source == .store else { continue }
-            let event = TokenSyncEvent.refreshed(key: key, fingerprint: held.token.fingerprint, expiresAt: held.token.expiresAt, source: .store)
-            block += line(for: event, now: Date(), stamps: &stamps)
-            block += "\n"
-            lines += 1
-            if lines == 1024 {
-                write(block)
-                (block, lines) = ("", 0)
+        let reused = keys.compactMap { key in engine.heldToken(for: key).flatMap { $0.source == .store ? (key, $0.token) : nil } }
+        let now = Date()
+        writeSubjectLines("reused", count: reused.count, at: now) { allowed, block in
+            var stamps = TimestampCache()
+            for (key, token) in reused.prefix(allowed) {
+                let event = TokenSyncEvent.refreshed(key: key, fingerprint: token.fingerprint, expiresAt: token.expiresAt, source: .store)
+                block.append(line(for: event, now: now, stamps: &stamps))
             }
         }
-        if !block.isEmpty { write(block) }
     }
 
     /// `--once`'s result: a line per served subject (failures went to stderr as they came), or
@@ -210,11 +288,7 @@ struct AgentOutput: Sendable {
     }
 
     private func emit(_ line: String) {
-        write(line + "\n")
-    }
-
-    private func write(_ text: String) {
-        FileHandle.standardOutput.write(Data(text.utf8))
+        FileHandle.standardOutput.write(Data((line + "\n").utf8))
     }
 
     static func object(for event: TokenSyncEvent, now: Date) -> [String: String] {
@@ -247,6 +321,27 @@ struct AgentOutput: Sendable {
 
     static func relative(_ date: Date, now: Date) -> String {
         RelativeTime.describe(date, now: now)
+    }
+}
+
+/// Lines gathered for stdout and written 1,024 at a time: a write per line cost a
+/// 100,000-subject start half a second.
+struct StdoutBlock {
+    private var text = ""
+    private var lines = 0
+
+    mutating func append(_ line: String) {
+        text += line
+        text += "\n"
+        lines += 1
+        if lines == 1024 { flush() }
+    }
+
+    /// Writes what was gathered.
+    mutating func flush() {
+        guard !text.isEmpty else { return }
+        FileHandle.standardOutput.write(Data(text.utf8))
+        (text, lines) = ("", 0)
     }
 }
 

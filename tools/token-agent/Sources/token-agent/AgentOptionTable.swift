@@ -70,6 +70,7 @@ struct AgentOptionTable: Sendable {
                                                                  help: "Delete rows of subjects nobody here tracks or uses once expired this long: 90s, 30m, 24h (default 1d), 7d; 0 keeps everything.")
     let once: AgentOptionSpec<Bool> = .toggle("once", help: "Make sure each subject has a usable token, print it, and exit.")
     let json: AgentOptionSpec<Bool> = .toggle("json", help: "Print JSON: with --once an array, otherwise one object per event.")
+    let maxEventLines: AgentOptionSpec<Int> = .integer("max-event-lines", default: 1000, help: "Most per-subject event lines on stdout in 30 s (default 1000; 0: no limit); past it they are counted, and a line says how many of each were withheld, so a large fleet's start cannot use up journald's rate limit and lose the agent's warnings.")
     let logLevel: AgentOptionSpec<Logger.Level> = .choice("log-level", default: .info, expected: "trace, debug, info, notice, warning, error or critical",
                                                          help: "Log level on stderr: trace, debug, info (default), notice, warning, error, critical; a reload applies a change.")
         .reloadable()
@@ -100,6 +101,9 @@ struct AgentOptionTable: Sendable {
     let leaseDuration: AgentOptionSpec<Double> = .seconds("lease-duration", default: 30, help: "Seconds a cross-process refresh lease lasts between renewals (default 30); keep the clocks of hosts sharing a store within two thirds of it.")
 
     // Test and tuning knobs the help hides.
+    /// The --max-event-lines window, in seconds (shorter in tests).
+    let eventLineWindow: AgentOptionSpec<Double> = .seconds("event-line-window", default: 30, help: "Seconds of the --max-event-lines window (default 30).")
+        .hiddenFromHelp()
     let demoLifetime: AgentOptionSpec<Int> = .integer("demo-lifetime", default: 120, expected: "a whole number of seconds", help: "Token lifetime of the demo issuer, in seconds.")
         .hiddenFromHelp()
     /// Seconds an untracked subject is kept fresh after its last use (RefreshPolicy.idleWindow).

@@ -140,7 +140,7 @@ struct AgentRun {
             // requests read the key's entry too).
             let repository: any TokenRepository & RefreshLeaseStore = keyring.map { EncryptedTokenRepository(base: store, keyring: $0, logger: logger) } ?? store
             let engine = TokenSyncEngine(repository: repository, leases: repository, fetcher: client, policy: settings.policy, logger: logger)
-            let output = AgentOutput(json: settings.json)
+            let output = AgentOutput(json: settings.json, maxEventLines: settings.maxEventLines, eventLineWindow: settings.eventLineWindow)
             /// Releases what was opened, for every way out of the run.
             func close() async {
                 await client.shutdown()

@@ -41,6 +41,10 @@ extension AgentSettings {
         if let failureBackoff = self.failureBackoff, !(0.1...3600).contains(failureBackoff) {
             throw UsageError("\(origins.name("failure-backoff")) must be between 0.1 and 3600 seconds")
         }
+        guard (0...10_000_000).contains(self.maxEventLines) else {
+            throw UsageError("\(origins.name("max-event-lines")) must be between 0 (no limit) and 10000000")
+        }
+        guard (1...3600).contains(self.eventLineWindow) else { throw UsageError("\(origins.name("event-line-window")) must be between 1 and 3600 seconds") }
         guard (1...10_000_000).contains(self.maxDynamicSubjects) else {
             throw UsageError("\(origins.name("max-dynamic-subjects")) must be between 1 and 10000000")
         }

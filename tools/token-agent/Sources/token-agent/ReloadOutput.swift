@@ -11,16 +11,19 @@ extension AgentOutput {
     /// lines, or JSON objects `{"event":"tracked","kind":…,"id":…}` and
     /// `{"event":"subjects_reloaded","added":"1","removed":"1","subjects":"3"}`.
     /// The summary line only with a subjects file (without one, `config-reloaded` says it).
+    /// The `tracked` and `untracked` lines are per-subject lines, within `--max-event-lines`.
     func printReload(_ change: SubjectListChange, subjects: Int, subjectsFile: Bool) {
         let now = Date()
         let stamp = now.formatted(.iso8601)
-        var lines: [String] = []
-        for (event, keys) in [("tracked", change.added), ("untracked", change.removed)] {
-            for key in keys {
-                lines.append(json ? Self.encode(["event": event, "kind": key.kind.rawValue, "id": key.subjectID])
-                             : "\(stamp) \(event.padding(toLength: 9, withPad: " ", startingAt: 0)) \(key)\(event == "untracked" ? " (still served while in use)" : "")")
+        for (event, keys) in [("tracked", change.added), ("untracked", change.removed)] where !keys.isEmpty {
+            writeSubjectLines(event, count: keys.count, at: now) { allowed, block in
+                for key in keys.prefix(allowed) {
+                    block.append(json ? Self.encode(["event": event, "kind": key.kind.rawValue, "id": key.subjectID])
+                                 : "\(stamp) \(event.padding(toLength: 9, withPad: " ", startingAt: 0)) \(key)\(event == "untracked" ? " (still served while in use)" : "")")
+                }
             }
         }
+        var lines: [String] = []
         if subjectsFile {
             lines.append(json
             ? Self.encode(["event": "subjects_reloaded", "added": String(change.added.count), "removed": String(change.removed.count),
