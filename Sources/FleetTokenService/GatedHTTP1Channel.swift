@@ -5,6 +5,7 @@
 import HummingbirdCore
 import Logging
 import NIOCore
+import NIOHTTPTypesHTTP1
 
 /// Hummingbird's HTTP/1 child channel behind a ``ConnectionGate``: an admitted connection is
 /// set up as usual and released when it closes; a refused one gets a handler in front of the
@@ -42,13 +43,17 @@ struct GatedHTTP1Channel: ServerChildChannel {
             gate.release(peer)
             if identity != nil { gate.forget(connection) }
         }
-        let setUp = (isBusy ? busy : normal).setup(channel: channel, logger: logger)
-        guard let heldTokens else { return setUp }
-        // After the connection state handler, so that it sees every request and answer.
-        return setUp.flatMapThrowing { value in
+        let heldTokens = heldTokens
+        return (isBusy ? busy : normal).setup(channel: channel, logger: logger).flatMapThrowing { value in
             let pipeline = channel.pipeline.syncOperations
-            try pipeline.addHandler(HeldTokenHandler(heldTokens, peer: identity),
-                                    position: .after(try pipeline.handler(type: HTTPConnectionStateHandler.self)))
+            // Before the conversion to HTTPTypes, which keeps an absolute-form target's path
+            // and drops its authority.
+            try pipeline.addHandler(AbsoluteFormTargetHandler(), position: .before(try pipeline.handler(type: HTTP1ToHTTPServerCodec.self)))
+            // After the connection state handler, so that it sees every request and answer.
+            if let heldTokens {
+                try pipeline.addHandler(HeldTokenHandler(heldTokens, peer: identity),
+                                        position: .after(try pipeline.handler(type: HTTPConnectionStateHandler.self)))
+            }
             return value
         }
     }

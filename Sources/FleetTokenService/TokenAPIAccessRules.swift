@@ -130,6 +130,27 @@ struct TokenRequestHeaderRule: RouterMiddleware {
 /// What a request target must look like to be routed: origin form (`/path?query`), no empty,
 /// `.` or `..` segment, no percent-encoded unreserved character, well-formed escapes. A pure rule.
 package enum RequestTarget {
+    /// A target in absolute form (`http://127.0.0.1:8080/v1/…`, RFC 9112 3.2.2) split into its
+    /// authority, which then names the server instead of the Host header, and the rest in origin
+    /// form (`/` when there is no path); nil for a target in any other form.
+    ///
+    /// HTTPTypes' conversion of an HTTP/1.1 request keeps the path of such a target and takes
+    /// the authority from Host, so `GET http://rebind.attacker.example/v1/token/…` with a
+    /// loopback Host passed the Host rule while naming another server.
+    package static func absoluteForm(_ target: String) -> (authority: String, originForm: String)? {
+        // Every request meets this: an origin-form target is told apart by its first byte.
+        guard let first = target.utf8.first, first != UInt8(ascii: "/"), first != UInt8(ascii: "*"),
+              let separator = target.range(of: "://") else { return nil }
+        let scheme = target[..<separator.lowerBound]
+        guard LoopbackHost.equalsIgnoringASCIICase(scheme, "http") || LoopbackHost.equalsIgnoringASCIICase(scheme, "https") else {
+            return nil
+        }
+        let rest = target[separator.upperBound...]
+        let authorityEnd = rest.firstIndex { $0 == "/" || $0 == "?" || $0 == "#" } ?? rest.endIndex
+        let path = rest[authorityEnd...]
+        return (String(rest[..<authorityEnd]), path.first == "/" ? String(path) : "/" + path)
+    }
+
     /// Why `target` (the path with its query, as received) is not in normal form, or nil.
     package static func problem(_ target: String) -> String? {
         // Every request meets this rule: one pass over the bytes, nothing allocated.

@@ -64,6 +64,24 @@ struct ProxyRequestShapeTests {
 }
 
 extension ProxyRequestShapeTests {
+    @Test("a REST call with an absolute-form target is named by the target's authority, not its Host (RFC 9112 3.2.2): another host is refused 421, loopback goes through")
+    func absoluteFormTarget() async throws {
+        try await Self.withService { port, fake, fetcher in
+            let path = "/v1/providers/p/vehicles/truck-7"
+            let google = [("x-goog-api-client", "gl-python/3.11")]
+            let elsewhere = try await offCooperativePool {
+                try RawHTTP.send(.tcp(port: port), "GET", "http://rebind.attacker.example" + path, host: "127.0.0.1:\(port)", headers: google, timeout: 10)
+            }
+            #expect(elsewhere.status == 421, "\(elsewhere)")
+            #expect(fake.calls.isEmpty && fetcher.total == 0)
+            let here = try await offCooperativePool {
+                try RawHTTP.send(.tcp(port: port), "GET", "http://127.0.0.1:\(port)" + path, host: "rebind.attacker.example", headers: google, timeout: 10)
+            }
+            #expect(here.status == 200, "\(here)")
+            #expect(fake.calls.count == 1)
+        }
+    }
+
     @Test("a body past the 16 MiB cap is refused (REST 413 at its Content-Length, gRPC RESOURCE_EXHAUSTED as its DATA passes the cap), counted in the metric and access-logged under its method like every other call")
     func oversizedBodiesCountedAndLogged() async throws {
         let metrics = TestMetrics()

@@ -3,6 +3,7 @@
 
 @testable import FleetTokenService
 import FleetTokenStore
+import NIOHTTP1
 import Testing
 
 @Suite("Edge rules (pure): request targets, loopback hosts, byte-for-byte patterns", .paced)
@@ -25,6 +26,33 @@ struct EdgeRuleTests {
     ])
     func abnormal(target: String) {
         #expect(RequestTarget.problem(target) != nil, "\(target)")
+    }
+
+    @Test("an absolute-form target is split into the authority that names the server and an origin-form target; other forms are not", arguments: [
+        ("http://127.0.0.1:8787/v1/token/vehicle/v?x=1", "127.0.0.1:8787", "/v1/token/vehicle/v?x=1"),
+        ("HTTPS://rebind.attacker.example/v1/subjects", "rebind.attacker.example", "/v1/subjects"),
+        ("http://localhost", "localhost", "/"), ("http://localhost?q", "localhost", "/?q"),
+        ("http://[::1]:8787//v1/token/vehicle/v", "[::1]:8787", "//v1/token/vehicle/v"),
+    ])
+    func absoluteForm(target: String, authority: String, originForm: String) {
+        let split = RequestTarget.absoluteForm(target)
+        #expect(split?.authority == authority && split?.originForm == originForm, "\(target): \(String(describing: split))")
+    }
+
+    @Test("targets in other forms are not split", arguments: ["/v1/token/vehicle/v", "/http://x/y", "*", "localhost:8787", "ftp://h/x", "", "v1/token"])
+    func notAbsoluteForm(target: String) {
+        #expect(RequestTarget.absoluteForm(target) == nil, "\(target)")
+    }
+
+    @Test("a request with an absolute-form target gets its authority as Host and an origin-form target; with two Host headers Host is left for the rule to refuse")
+    func absoluteFormHead() {
+        var head = HTTPRequestHead(version: .http1_1, method: .GET, uri: "http://rebind.attacker.example/v1/token/vehicle/v")
+        head.headers.add(name: "Host", value: "127.0.0.1:8787")
+        let named = AbsoluteFormTargetHandler.named(head)
+        #expect(named?.uri == "/v1/token/vehicle/v" && named?.headers["host"] == ["rebind.attacker.example"])
+        head.headers.add(name: "host", value: "localhost")
+        #expect(AbsoluteFormTargetHandler.named(head)?.headers["host"] == ["127.0.0.1:8787", "localhost"])
+        #expect(AbsoluteFormTargetHandler.named(HTTPRequestHead(version: .http1_1, method: .GET, uri: "/v1/token/vehicle/v")) == nil)
     }
 
     @Test("loopback is parsed: names that merely begin like an address are not", arguments: [

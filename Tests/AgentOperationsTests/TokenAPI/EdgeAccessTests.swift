@@ -57,7 +57,7 @@ struct EdgeAccessTests {
         #expect(await agent.stop() == 0, "\(agent.process.stderr)")
     }
 
-    @Test("DNS rebinding: on TCP only a loopback Host is served (421 otherwise), any Origin is 403; the Unix socket ignores Host; two Host headers are 400 on both")
+    @Test("DNS rebinding: on TCP only a loopback Host is served (421 otherwise), any Origin is 403; an absolute-form target's authority counts as Host; the Unix socket ignores Host; two Host headers are 400 on both")
     func hostAndOrigin() async throws {
         let scratch = Scratch()
         let issuer = try await IssuerProcess(scratch: scratch)
@@ -84,6 +84,11 @@ struct EdgeAccessTests {
             #expect(answer.status == 400, "Host: \(first), Host: \(second): \(answer)")
             #expect(answer.body.contains("more than one Host"), "\(answer)")
         }
+        // An absolute-form target names the server by its authority, not by Host (RFC 9112 3.2.2).
+        let elsewhere = try RawHTTP.send(.tcp(port: port), "GET", "http://rebind.attacker.example/v1/token/vehicle/v-1", host: "localhost:\(port)", headers: marked)
+        #expect(elsewhere.status == 421 && !elsewhere.body.contains("\"token\""), "absolute form naming another host: \(elsewhere)")
+        let here = try RawHTTP.send(.tcp(port: port), "GET", "http://127.0.0.1:\(port)/v1/token/vehicle/v-1", host: "rebind.attacker.example", headers: marked)
+        #expect(here.status == 200, "absolute form naming the listener: \(here)")
         let twiceOnUnix = try RawHTTP.send(.unix(agent.socket), "GET", "/v1/token/vehicle/v-1", host: "localhost", headers: marked + [("Host", "localhost")])
         #expect(twiceOnUnix.status == 400, "\(twiceOnUnix)")
         for origin in ["http://localhost:\(port)", "http://rebind.attacker.example:\(port)", "null"] {
