@@ -44,11 +44,14 @@ struct GatedHTTP1Channel: ServerChildChannel {
             if identity != nil { gate.forget(connection) }
         }
         let heldTokens = heldTokens
+        let unixSocket = unixSocket
         return (isBusy ? busy : normal).setup(channel: channel, logger: logger).flatMapThrowing { value in
             let pipeline = channel.pipeline.syncOperations
             // Before the conversion to HTTPTypes, which keeps an absolute-form target's path
-            // and drops its authority.
-            try pipeline.addHandler(AbsoluteFormTargetHandler(), position: .before(try pipeline.handler(type: HTTP1ToHTTPServerCodec.self)))
+            // and drops its authority; on TCP only, where the Host rule applies.
+            if !unixSocket {
+                try pipeline.addHandler(AbsoluteFormTargetHandler(), position: .before(try pipeline.handler(type: HTTP1ToHTTPServerCodec.self)))
+            }
             // After the connection state handler, so that it sees every request and answer.
             if let heldTokens {
                 try pipeline.addHandler(HeldTokenHandler(heldTokens, peer: identity),
