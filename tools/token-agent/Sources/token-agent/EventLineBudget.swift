@@ -1,7 +1,7 @@
-// token-agent: how many event lines stdout gets. journald keeps at most 10,000 messages of a
-// unit in 30 s by default (RateLimitBurst=, RateLimitIntervalSec=) and drops the rest until the
-// interval ends, stderr's warnings included; a 100,000-subject start printed a `reused` line per
-// subject, and a first start a `refreshed` line per subject.
+// token-agent: how many event lines stdout gets. journald keeps 10,000 messages of a unit in
+// 30 s by default (RateLimitBurst=, RateLimitIntervalSec=; times 1 to 6 by its free disk space)
+// and drops the rest until the interval ends, stderr's warnings included; a 100,000-subject start
+// printed a `reused` line per subject, and a first start a `refreshed` line per subject.
 
 import Foundation
 import ServiceLifecycle
