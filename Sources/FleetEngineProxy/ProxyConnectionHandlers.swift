@@ -99,7 +99,7 @@ final class ProtocolSniffer: ChannelInboundHandler, RemovableChannelHandler {
                 try pipeline.addHandler(manager)
             } else {
                 try pipeline.configureHTTPServerPipeline(withPipeliningAssistance: true, withErrorHandling: true)
-                try pipeline.addHandler(AbsoluteFormTargetHandler())
+                try pipeline.addHandler(makeAbsoluteFormTargetHandler())
                 try pipeline.addHandler(HTTP1CallHandler(calls))
             }
         } catch {

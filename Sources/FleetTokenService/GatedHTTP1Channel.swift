@@ -5,7 +5,8 @@
 import HummingbirdCore
 import Logging
 import NIOCore
-import NIOHTTPTypesHTTP1
+// Implementation-only: see AbsoluteFormTargetHandler.swift.
+@_implementationOnly import NIOHTTPTypesHTTP1
 
 /// Hummingbird's HTTP/1 child channel behind a ``ConnectionGate``: an admitted connection is
 /// set up as usual and released when it closes; a refused one gets a handler in front of the

@@ -215,65 +215,6 @@ public struct TokenAPIService: Service {
     }
 }
 
-/// The rules for a Unix socket path.
-package enum SocketPath {
-    /// The directory must exist, belong to this user (or root) and not be writable by others,
-    /// nor may any directory above it (sticky ones of this user or root excepted, as for the
-    /// files that steer the agent); an existing file must be a socket nobody answers on.
-    package static func check(_ path: String) throws(TokenAPIError) {
-        let directory = (path as NSString).deletingLastPathComponent.isEmpty ? "." : (path as NSString).deletingLastPathComponent
-        var info = stat()
-        guard stat(directory, &info) == 0, info.st_mode & S_IFMT == S_IFDIR else {
-            throw TokenAPIError(.socketDirectoryMissing, path, "the socket's directory \(directory) does not exist: create it (or have the service manager create it, as systemd's RuntimeDirectory= does)")
-        }
-        guard info.st_uid == geteuid() || info.st_uid == 0 else {
-            throw TokenAPIError(.socketDirectoryUnsafe, path, "the socket's directory \(directory) belongs to another user (uid \(info.st_uid)): use a directory this user owns")
-        }
-        // Whoever may write the directory may move the socket away and put their own in its
-        // place; the sticky bit on a directory of this user's forbids that.
-        guard info.st_mode & (S_IWOTH | S_IWGRP) == 0 || info.st_mode & S_ISVTX != 0 && info.st_uid == geteuid() else {
-            let who = info.st_mode & S_IWOTH != 0 ? "everyone" : "its group"
-            throw TokenAPIError(.socketDirectoryUnsafe, path, "the socket's directory \(directory) is writable by \(who), who could replace the socket: use a directory only this user can write (chmod go-w \(directory), mode 0750)")
-        }
-        // Whoever may write a directory above could move the socket's directory away and put
-        // their own in its place.
-        let absolute = directory.hasPrefix("/") ? directory : FileManager.default.currentDirectoryPath + "/" + directory
-        for ancestor in SteeringFileCheck.ancestors(of: absolute + "/") {
-            guard let (check, _) = SteeringFileCheck.examineDirectory(ancestor, userID: UInt32(geteuid())) else { continue }
-            if let reason = check.directoryReason(directory: ancestor, thing: "the socket") {
-                throw TokenAPIError(.socketDirectoryUnsafe, path, "the socket \(path) \(reason)")
-            }
-        }
-        var existing = stat()
-        guard lstat(path, &existing) == 0 else { return }
-        guard existing.st_mode & S_IFMT == S_IFSOCK else {
-            throw TokenAPIError(.notASocket, path, "\(path) exists and is not a socket: remove it or choose another path")
-        }
-        if answers(path) {
-            throw TokenAPIError(.socketInUse, path, "another process is listening on \(path): stop it, or choose another socket path")
-        }
-    }
-
-    /// True when something accepts connections on the socket at `path`.
-    static func answers(_ path: String) -> Bool {
-        let descriptor = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
-        guard descriptor >= 0 else { return false }
-        defer { close(descriptor) }
-        var address = sockaddr_un()
-        address.sun_family = sa_family_t(AF_UNIX)
-        let bytes = Array(path.utf8)
-        guard bytes.count < MemoryLayout.size(ofValue: address.sun_path) else { return false }
-        withUnsafeMutableBytes(of: &address.sun_path) { buffer in
-            for (index, byte) in bytes.enumerated() { buffer[index] = byte }
-        }
-        return withUnsafePointer(to: &address) { pointer in
-            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                connect(descriptor, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) == 0
-            }
-        }
-    }
-}
-
 extension TokenAPIService: CustomStringConvertible {
     /// The listen addresses only: ServiceLifecycle logs services by their description, and the
     /// whole allow list of thousands of subjects does not belong in one log line.
