@@ -103,14 +103,15 @@ struct UpstreamConnectionTests {
         // stayed "being made" for ever, and every call of that loop waited on it.
         let silent = try SilentSocket(listening: true)
         let upstream = try FleetEngineUpstream(endpoint: try FleetEngineEndpoint(parsing: "https://127.0.0.1:\(silent.port)"), caFile: pki.caPath,
-                                               logger: Logger(label: "test"), setUpTimeout: .milliseconds(1500))
+                                               logger: Logger(label: "test"), setUpTimeout: .milliseconds(3000))
         defer { upstream.close() }
         let request = Self.request(.rest, "providers/p/vehicles/v-1")
-        // A call shorter than the set-up deadline: its own timeout.
+        // A call shorter than the set-up deadline: its own timeout. (The deadline is far above the
+        // call's: with 1.5 s, a 0.4 s call reported 1.59 s once in the full suite on 2 cores.)
         let short = try #require(await Self.bounded(10) { await Self.outcome(upstream, request, timeout: .milliseconds(400)) },
                                  "the call did not end within 10 s")
         #expect(short.failure == .timeout, "\(short.failure.map(String.init(describing:)) ?? "answered")")
-        #expect(short.seconds < 1.4, "\(short.seconds) s")
+        #expect(short.seconds < 2.5, "\(short.seconds) s")
         // A longer call: the connection is given up at the deadline, with a message saying so.
         let long = try #require(await Self.bounded(10) { await Self.outcome(upstream, request, timeout: .seconds(8)) },
                                 "the call did not end within 10 s")
@@ -118,11 +119,11 @@ struct UpstreamConnectionTests {
             Issue.record("expected unreachable, got \(long.failure.map(String.init(describing:)) ?? "an answer")")
             return
         }
-        #expect(detail.contains("did not complete the TLS handshake and HTTP/2's set-up within 1500 ms"), "\(detail)")
-        #expect(long.seconds < 4, "\(long.seconds) s")
+        #expect(detail.contains("did not complete the TLS handshake and HTTP/2's set-up within 3 s"), "\(detail)")
+        #expect(long.seconds < 6, "\(long.seconds) s")
         // The failed connection is forgotten: the next call makes a new one and waits its deadline again.
         let again = try #require(await Self.bounded(10) { await Self.outcome(upstream, request, timeout: .seconds(8)) })
-        #expect(again.seconds > 1.2 && again.seconds < 5, "\(again.seconds) s: a connection attempt of its own")
+        #expect(again.seconds > 2.5 && again.seconds < 8, "\(again.seconds) s: a connection attempt of its own")
         guard case .unreachable? = again.failure else { Issue.record("\(String(describing: again.failure))"); return }
     }
 
