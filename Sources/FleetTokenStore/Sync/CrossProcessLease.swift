@@ -22,6 +22,15 @@ final class CrossProcessLease: Sendable {
         var keys: Set<TokenKey> = []
         /// Held keys whose flight is over, waiting for their token's commit.
         var handedOver: Set<TokenKey> = []
+        /// When each held key's lease was taken (wall clock): its first renewal is due a third
+        /// of a lease after that, however late the fetch that renews it starts.
+        var takenAt: [TokenKey: Date] = [:]
+
+        mutating func forget(_ key: TokenKey) {
+            keys.remove(key)
+            handedOver.remove(key)
+            takenAt[key] = nil
+        }
     }
 
     /// Names this process in leases, so others can tell when it died.
@@ -58,9 +67,10 @@ final class CrossProcessLease: Sendable {
     /// One attempt at `key`'s lease.
     func take(_ key: TokenKey) async -> Answer {
         do {
-            let lease = try await store.acquireRefreshLease(for: key, holder: holder, now: now(), duration: duration)
+            let at = now()
+            let lease = try await store.acquireRefreshLease(for: key, holder: holder, now: at, duration: duration)
             storeAnswered()
-            return note(key, lease)
+            return note(key, lease, takenAt: at)
         } catch {
             storeFailed("could not take the refresh lease; fetching without it", key: key, error: error)
             return .unavailable
@@ -92,7 +102,8 @@ final class CrossProcessLease: Sendable {
     /// if it still holds it.
     func takeOver(_ key: TokenKey, from deadHolder: String) async -> Answer {
         do {
-            let answer = try await store.takeOverRefreshLease(for: key, from: deadHolder, holder: holder, now: now(),
+            let at = now()
+            let answer = try await store.takeOverRefreshLease(for: key, from: deadHolder, holder: holder, now: at,
                                                               duration: duration)
             storeAnswered()
             if case .acquired = answer {
@@ -100,19 +111,20 @@ final class CrossProcessLease: Sendable {
                     "key": .string(key.description), "holder": .string(deadHolder),
                 ])
             }
-            return note(key, answer)
+            return note(key, answer, takenAt: at)
         } catch {
             storeFailed("could not take over a dead process's refresh lease; fetching without it", key: key, error: error)
             return .unavailable
         }
     }
 
-    private func note(_ key: TokenKey, _ lease: RefreshLease) -> Answer {
+    private func note(_ key: TokenKey, _ lease: RefreshLease, takenAt: Date) -> Answer {
         switch lease {
         case .acquired(let current):
             held.withLock { held in
                 held.keys.insert(key)
                 held.handedOver.remove(key)
+                held.takenAt[key] = takenAt
             }
             return .granted(current: current)
         case .heldElsewhere(let other, let until, let current):
@@ -128,7 +140,9 @@ final class CrossProcessLease: Sendable {
     }
 
     /// Runs `fetch`, renewing `key`'s lease every third of its duration meanwhile when held (a
-    /// slow provider must not let the lease lapse and another process fetch the same key).
+    /// slow provider must not let the lease lapse and another process fetch the same key). The
+    /// first renewal is due a third of a lease after the lease was taken, not after this call:
+    /// a fetch that starts late (a busy machine, a slow slot) must not push it towards expiry.
     func renewing<T: Sendable>(_ key: TokenKey, _ fetch: @escaping @Sendable () async -> T) async -> T {
         guard holds(key) else { return await fetch() }
         return await withTaskGroup(of: T?.self) { group in
@@ -145,12 +159,16 @@ final class CrossProcessLease: Sendable {
     }
 
     private func renewUntilCancelled(_ key: TokenKey) async {
-        let interval = Duration.milliseconds(Int64(max(duration / 3, 0.01) * 1000))
+        var last = held.withLock { $0.takenAt[key] } ?? now()
         while !Task.isCancelled {
-            do { try await clock.sleep(for: interval) } catch { return }
+            let wait = Self.renewalDelay(after: last, now: now(), leaseDuration: duration)
+            if wait > .zero {
+                do { try await clock.sleep(for: wait) } catch { return }
+            }
+            last = now()
             do {
                 if case .heldElsewhere(let other, _, _) = try await store.acquireRefreshLease(
-                    for: key, holder: holder, now: now(), duration: duration) {
+                    for: key, holder: holder, now: last, duration: duration) {
                     logger.warning("another process took over the refresh lease while this fetch ran", metadata: [
                         "key": .string(key.description), "holder": .string(other),
                     ])
@@ -162,6 +180,15 @@ final class CrossProcessLease: Sendable {
                 ])
             }
         }
+    }
+
+    /// How long to wait before renewing a lease last taken or renewed at `last`: until a third
+    /// of a lease after it, at once when that is past, and never longer than a third of a
+    /// lease (a wall clock stepped back must not delay the renewal past the lease's end).
+    static func renewalDelay(after last: Date, now: Date, leaseDuration: TimeInterval) -> Duration {
+        let interval = max(leaseDuration / 3, 0.01)
+        let seconds = min(max(last.addingTimeInterval(interval).timeIntervalSince(now), 0), interval)
+        return .milliseconds(Int64((seconds * 1000).rounded(.up)))
     }
 
     /// Waits up to `seconds` for the change feed to mention `key` (another process's fetch
@@ -211,8 +238,8 @@ final class CrossProcessLease: Sendable {
     /// Releases the leases of `keys` handed over and not taken again since.
     func releaseHandedOver(_ keys: [TokenKey]) async {
         let released = held.withLock { held in
-            let released = keys.filter { held.handedOver.remove($0) != nil }
-            held.keys.subtract(released)
+            let released = keys.filter { held.handedOver.contains($0) }
+            for key in released { held.forget(key) }
             return released
         }
         guard !released.isEmpty else { return }
@@ -222,8 +249,8 @@ final class CrossProcessLease: Sendable {
     /// Releases `key`'s lease when held.
     func release(_ key: TokenKey) async {
         let had = held.withLock { held in
-            held.handedOver.remove(key)
-            return held.keys.remove(key) != nil
+            defer { held.forget(key) }
+            return held.keys.contains(key)
         }
         guard had else { return }
         await releaseOrKeep([key])
@@ -236,8 +263,7 @@ final class CrossProcessLease: Sendable {
         do {
             try await store.releaseRefreshLeases(for: keys, holder: holder)
             held.withLock { held in
-                held.keys.subtract(keys)
-                held.handedOver.subtract(keys)
+                for key in keys { held.forget(key) }
             }
         } catch {
             logger.debug("could not release refresh leases", metadata: ["error": .string(error.description)])
