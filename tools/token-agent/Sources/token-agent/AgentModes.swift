@@ -116,11 +116,11 @@ struct LongLivedRun {
             try await group.run()
         } catch {
             await printer.value
-            output.reportRemainingWithheldLines(at: Date())
+            output.reportWithheldLines(at: Date(), stopping: true)
             throw error
         }
         await printer.value
-        output.reportRemainingWithheldLines(at: Date())
+        output.reportWithheldLines(at: Date(), stopping: true)
     }
 }
 
@@ -178,19 +178,14 @@ struct AgentOutput: Sendable {
         }
     }
 
-    /// Prints the report of a window that has ended with lines withheld (``EventLineReports``).
-    func reportWithheldLines(at now: Date) {
+    /// Prints the report of a window that has ended with lines withheld (``EventLineReports``),
+    /// or, when `stopping`, what the current window has withheld so far.
+    func reportWithheldLines(at now: Date, stopping: Bool) {
         gate.withBudget { budget in
-            guard let ended = budget.due(at: now) else { return }
-            emit(withheldLine(ended, limit: budget.limit, at: now))
-        }
-    }
-
-    /// Prints what the current window has withheld so far: the agent stops.
-    func reportRemainingWithheldLines(at now: Date) {
-        gate.withBudget { budget in
-            guard let withheld = budget.remaining(at: now) else { return }
-            emit(withheldLine(withheld, limit: budget.limit, at: now))
+            guard let withheld = stopping ? budget.remaining(at: now) : budget.due(at: now) else { return }
+            var block = StdoutBlock()
+            block.append(withheldLine(withheld, limit: budget.limit, at: now))
+            block.flush()
         }
     }
 
@@ -288,7 +283,17 @@ struct AgentOutput: Sendable {
     }
 
     private func emit(_ line: String) {
-        FileHandle.standardOutput.write(Data((line + "\n").utf8))
+        writeLines([line])
+    }
+
+    /// Writes `lines` in one block under the event lines' lock, so they never land inside
+    /// another writer's block (a block of 1,024 lines is more than a pipe writes at once).
+    func writeLines(_ lines: [String]) {
+        gate.withBudget { _ in
+            var block = StdoutBlock()
+            for line in lines { block.append(line) }
+            block.flush()
+        }
     }
 
     static func object(for event: TokenSyncEvent, now: Date) -> [String: String] {

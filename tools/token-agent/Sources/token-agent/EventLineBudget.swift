@@ -53,7 +53,7 @@ struct EventLineBudget: Sendable, Equatable {
         var admission = Admission(ended: nil, allowed: 0, withholdingUntil: nil)
         if windowStart.map({ now >= $0 + window }) ?? true {
             admission.ended = report(endingAt: now)
-            (windowStart, printed, withheld) = (now, 0, [:])
+            reset(startingAt: now)
         }
         let start = windowStart ?? now
         admission.allowed = min(count, limit - printed)
@@ -69,26 +69,33 @@ struct EventLineBudget: Sendable, Equatable {
     /// starts a new window); nil while it lasts or when it withheld nothing.
     mutating func due(at now: Date) -> Withheld? {
         guard let start = windowStart, now >= start + window else { return nil }
-        defer { (windowStart, printed, withheld) = (nil, 0, [:]) }
-        return report(endingAt: start + window)
+        defer { reset(startingAt: nil) }
+        return report(endingAt: now)
     }
 
     /// The report of what the current window has withheld so far, at `now` (the agent stops):
     /// nil when nothing was.
     mutating func remaining(at now: Date) -> Withheld? {
-        defer { (windowStart, printed, withheld) = (nil, 0, [:]) }
-        return report(endingAt: min(now, (windowStart ?? now) + window))
+        defer { reset(startingAt: nil) }
+        return report(endingAt: now)
     }
 
+    /// A new window from `start` (nil: from the next line), nothing printed or withheld in it.
+    private mutating func reset(startingAt start: Date?) {
+        (windowStart, printed, withheld) = (start, 0, [:])
+    }
+
+    /// What the current window withheld, reported at `end` or at the window's end if earlier.
     private func report(endingAt end: Date) -> Withheld? {
         guard let start = windowStart, !withheld.isEmpty else { return nil }
         return Withheld(counts: withheld, since: start, until: min(end, start + window))
     }
 }
 
-/// The event lines' budget, shared by every writer of event lines (the event printer, the
-/// `reused` blocks of start-up and reloads, and ``EventLineReports``). Lines are written under
-/// its lock, so a window's report is never written among the next window's lines.
+/// The event lines' budget, shared by every writer of the running agent's stdout (the event
+/// printer, the `reused` blocks of start-up and reloads, reload summaries and
+/// ``EventLineReports``). Every line is written under its lock, so a window's report is never
+/// written among the next window's lines, and no line lands inside another writer's block.
 final class EventLineGate: Sendable {
     private let budget: Mutex<EventLineBudget>
 
@@ -120,7 +127,7 @@ struct EventLineReports: Service {
             group.addTask {
                 while !Task.isCancelled {
                     do { try await Task.sleep(for: interval) } catch { return }
-                    output.reportWithheldLines(at: Date())
+                    output.reportWithheldLines(at: Date(), stopping: false)
                 }
             }
             try? await gracefulShutdown()

@@ -30,12 +30,12 @@ extension AgentOutput {
                            "subjects": String(subjects)])
             : "\(stamp) reloaded  subjects file: \(change.added.count) added, \(change.removed.count) removed, \(subjects) tracked")
         }
-        if !lines.isEmpty { write(lines) }
+        if !lines.isEmpty { writeLines(lines) }
     }
 
     /// `reload-failed` with the bad lines; JSON `{"event":"reload_failed","error":…,"lines":"3,7"}`.
     func printReloadFailed(path: String, message: String, lines: String, inForce: String) {
-        write([json
+        writeLines([json
             ? Self.encode(["event": "reload_failed", "path": path, "error": message, "lines": lines])
             : "\(Date().formatted(.iso8601)) reload-failed \(message); \(inForce)"])
     }
@@ -45,14 +45,9 @@ extension AgentOutput {
     func printConfigReload(changed: [String], restartNeeded: [String]) {
         let changedText = changed.joined(separator: ",")
         let restartText = restartNeeded.joined(separator: ",")
-        write([json
+        writeLines([json
             ? Self.encode(["event": "config_reloaded", "changed": changedText, "restart_needed": restartText])
             : "\(Date().formatted(.iso8601)) config-reloaded changed: \(changed.isEmpty ? "nothing" : changedText)"
                 + (restartNeeded.isEmpty ? "" : "; needs a restart (old values kept): \(restartText)")])
-    }
-
-    /// One write for the lines (the event printer writes a line at a time beside it).
-    private func write(_ lines: [String]) {
-        FileHandle.standardOutput.write(Data(lines.map { $0 + "\n" }.joined().utf8))
     }
 }
