@@ -1,9 +1,10 @@
 // Service layer: the rules for a Unix socket path of the token API (and of the Fleet Engine
 // proxy): the socket's directory and those above it, and a file already at the path.
 //
-// A file of its own, without NIO's modules: in a file that imports NIOCore, `struct stat` came
-// from NIO's C shim once NIOHTTP1 was among this module's imports (AbsoluteFormTargetHandler),
-// and its fields failed under MemberImportVisibility.
+// `stat` is read through FleetTokenStore's FileFacts, never here: with NIO's modules among this
+// module's imports, `struct stat` resolved to NIO's C shim's copy (in a file importing NIOCore
+// under an incremental debug build, in every file under a whole-module release build), and its
+// fields failed under MemberImportVisibility.
 
 import FleetTokenStore
 import Foundation
@@ -18,17 +19,16 @@ package enum SocketPath {
     /// files that steer the agent); an existing file must be a socket nobody answers on.
     package static func check(_ path: String) throws(TokenAPIError) {
         let directory = (path as NSString).deletingLastPathComponent.isEmpty ? "." : (path as NSString).deletingLastPathComponent
-        var info = stat()
-        guard stat(directory, &info) == 0, info.st_mode & S_IFMT == S_IFDIR else {
+        guard let info = FileFacts.of(directory), info.kind == .directory else {
             throw TokenAPIError(.socketDirectoryMissing, path, "the socket's directory \(directory) does not exist: create it (or have the service manager create it, as systemd's RuntimeDirectory= does)")
         }
-        guard info.st_uid == geteuid() || info.st_uid == 0 else {
-            throw TokenAPIError(.socketDirectoryUnsafe, path, "the socket's directory \(directory) belongs to another user (uid \(info.st_uid)): use a directory this user owns")
+        guard info.ownerID == geteuid() || info.ownerID == 0 else {
+            throw TokenAPIError(.socketDirectoryUnsafe, path, "the socket's directory \(directory) belongs to another user (uid \(info.ownerID)): use a directory this user owns")
         }
         // Whoever may write the directory may move the socket away and put their own in its
         // place; the sticky bit on a directory of this user's forbids that.
-        guard info.st_mode & (S_IWOTH | S_IWGRP) == 0 || info.st_mode & S_ISVTX != 0 && info.st_uid == geteuid() else {
-            let who = info.st_mode & S_IWOTH != 0 ? "everyone" : "its group"
+        guard info.mode & UInt32(S_IWOTH | S_IWGRP) == 0 || info.mode & UInt32(S_ISVTX) != 0 && info.ownerID == geteuid() else {
+            let who = info.mode & UInt32(S_IWOTH) != 0 ? "everyone" : "its group"
             throw TokenAPIError(.socketDirectoryUnsafe, path, "the socket's directory \(directory) is writable by \(who), who could replace the socket: use a directory only this user can write (chmod go-w \(directory), mode 0750)")
         }
         // Whoever may write a directory above could move the socket's directory away and put
@@ -40,9 +40,8 @@ package enum SocketPath {
                 throw TokenAPIError(.socketDirectoryUnsafe, path, "the socket \(path) \(reason)")
             }
         }
-        var existing = stat()
-        guard lstat(path, &existing) == 0 else { return }
-        guard existing.st_mode & S_IFMT == S_IFSOCK else {
+        guard let existing = FileFacts.of(path, followingLinks: false) else { return }
+        guard existing.kind == .socket else {
             throw TokenAPIError(.notASocket, path, "\(path) exists and is not a socket: remove it or choose another path")
         }
         if answers(path) {
