@@ -1,0 +1,100 @@
+// The rules for a Unix socket path (SocketPath.check), on real directories, files and sockets:
+// what each refusal says, and what passes. The agent's process tests cover a few of them end to
+// end; these cover every branch, now that the facts come from FileFacts rather than `stat` here.
+
+import FleetTokenService
+import Foundation
+import Testing
+import TestSupportKit
+#if canImport(Glibc)
+import Glibc
+#endif
+
+@Suite("Unix socket path rules")
+struct SocketPathTests {
+    /// The code and message of the refusal of `path`, or nil when it passes.
+    private func refusal(_ path: String) -> (code: TokenAPIError.Code, message: String)? {
+        do throws(TokenAPIError) {
+            try SocketPath.check(path)
+            return nil
+        } catch {
+            return (error.code, error.description)
+        }
+    }
+
+    private func directory(_ path: String, mode: mode_t) throws {
+        try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+        try #require(chmod(path, mode) == 0)
+    }
+
+    /// A Unix socket bound at `path`; listening when `listening`. Returns its descriptor.
+    private func bindSocket(_ path: String, listening: Bool) throws -> Int32 {
+        let descriptor = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        try #require(descriptor >= 0)
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        withUnsafeMutableBytes(of: &address.sun_path) { buffer in
+            for (index, byte) in path.utf8.enumerated() { buffer[index] = byte }
+        }
+        let bound = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(descriptor, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        try #require(bound == 0)
+        if listening { try #require(listen(descriptor, 4) == 0) }
+        return descriptor
+    }
+
+    @Test("the socket's directory: missing, not a directory, another user's, writable by others or its group are refused; the agent's own (sticky too) passes")
+    func directoryRules() throws {
+        let scratch = Scratch()
+        #expect(refusal(scratch.file("none/agent.sock"))?.code == .socketDirectoryMissing)
+        FileManager.default.createFile(atPath: scratch.file("plain"), contents: Data())
+        #expect(refusal(scratch.file("plain/agent.sock"))?.code == .socketDirectoryMissing)
+
+        try directory(scratch.file("own"), mode: 0o750)
+        #expect(refusal(scratch.file("own/agent.sock")) == nil)
+        try directory(scratch.file("sticky"), mode: 0o1777)
+        #expect(refusal(scratch.file("sticky/agent.sock")) == nil, "a sticky directory of the agent's user")
+
+        try directory(scratch.file("everyone"), mode: 0o777)
+        let everyone = refusal(scratch.file("everyone/agent.sock"))
+        #expect(everyone?.code == .socketDirectoryUnsafe && everyone?.message.contains("writable by everyone") == true, "\(String(describing: everyone))")
+        try directory(scratch.file("group"), mode: 0o770)
+        let group = refusal(scratch.file("group/agent.sock"))
+        #expect(group?.code == .socketDirectoryUnsafe && group?.message.contains("writable by its group") == true, "\(String(describing: group))")
+
+        // Another user's directory: only root can make one here (the CI runs as root).
+        if geteuid() == 0 {
+            try directory(scratch.file("foreign"), mode: 0o755)
+            try #require(chown(scratch.file("foreign"), 65534, 65534) == 0)
+            let foreign = refusal(scratch.file("foreign/agent.sock"))
+            #expect(foreign?.code == .socketDirectoryUnsafe && foreign?.message.contains("belongs to another user (uid 65534)") == true,
+                    "\(String(describing: foreign))")
+            // A sticky directory of another user does not protect the agent's socket.
+            try directory(scratch.file("foreign-sticky"), mode: 0o1777)
+            try #require(chown(scratch.file("foreign-sticky"), 65534, 65534) == 0)
+            #expect(refusal(scratch.file("foreign-sticky/agent.sock"))?.code == .socketDirectoryUnsafe)
+        }
+    }
+
+    @Test("what is already at the path: a file or a symbolic link is refused, a socket someone listens on is in use, a stale socket passes")
+    func existingFile() throws {
+        let scratch = Scratch()
+        try directory(scratch.file("run"), mode: 0o750)
+        let path = scratch.file("run/agent.sock")
+        FileManager.default.createFile(atPath: path, contents: Data("x".utf8))
+        #expect(refusal(path)?.code == .notASocket)
+        try FileManager.default.removeItem(atPath: path)
+
+        let listening = try bindSocket(path, listening: true)
+        let inUse = refusal(path)
+        #expect(inUse?.code == .socketInUse && inUse?.message.contains("another process is listening on \(path)") == true)
+        close(listening)
+        #expect(refusal(path) == nil, "a socket nobody answers on is stale: the agent replaces it")
+
+        // A link to a socket is not a socket at the path (lstat, not stat).
+        try FileManager.default.createSymbolicLink(atPath: scratch.file("run/link.sock"), withDestinationPath: path)
+        #expect(refusal(scratch.file("run/link.sock"))?.code == .notASocket)
+        try FileManager.default.removeItem(atPath: path)
+    }
+}
