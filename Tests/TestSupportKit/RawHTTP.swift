@@ -89,15 +89,7 @@ public enum RawHTTP {
         switch endpoint {
         case .unix(let path):
             fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
-            var address = sockaddr_un()
-            address.sun_family = sa_family_t(AF_UNIX)
-            let bytes = Array(path.utf8)
-            withUnsafeMutableBytes(of: &address.sun_path) { buffer in
-                for (index, byte) in bytes.enumerated() where index < buffer.count - 1 { buffer[index] = byte }
-            }
-            result = withUnsafePointer(to: &address) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
-            }
+            result = withUnixSocketAddress(path) { Glibc.connect(fd, $0, $1) }
         case .tcp(let port):
             fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
             var address = sockaddr_in()

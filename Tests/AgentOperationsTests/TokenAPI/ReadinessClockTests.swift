@@ -96,14 +96,7 @@ struct ReadinessClockTests {
 func connectUnix(_ path: String) throws -> Int32 {
     let descriptor = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
     guard descriptor >= 0 else { throw ProcessFailure(message: "socket() failed: \(errno)") }
-    var address = sockaddr_un()
-    address.sun_family = sa_family_t(AF_UNIX)
-    withUnsafeMutableBytes(of: &address.sun_path) { buffer in
-        for (index, byte) in path.utf8.enumerated() { buffer[index] = byte }
-    }
-    let result = withUnsafePointer(to: &address) {
-        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(descriptor, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
-    }
+    let result = withUnixSocketAddress(path) { connect(descriptor, $0, $1) }
     guard result == 0 else {
         close(descriptor)
         throw ProcessFailure(message: "connect(\(path)) failed: \(errno)")
