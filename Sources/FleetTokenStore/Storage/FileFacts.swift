@@ -10,7 +10,7 @@ import Glibc
 import Darwin
 #endif
 
-/// The type, permission bits and owner of a file, as `stat` (or `lstat`) reports them.
+/// The type, permission bits, owner and identity of a file, as `stat` (or `lstat`) reports them.
 package struct FileFacts: Sendable, Equatable {
     /// What kind of file the path names.
     package enum Kind: Sendable, Equatable {
@@ -23,6 +23,9 @@ package struct FileFacts: Sendable, Equatable {
     package let mode: UInt32
     /// The file's owner (`st_uid`).
     package let ownerID: UInt32
+    /// The device and inode (`st_dev`, `st_ino`): the same pair is the same file, whatever
+    /// path reached it.
+    package let identity: [UInt64]
 
     /// What `path` names, following a final symbolic link unless `followingLinks` is false
     /// (then a link is reported as ``Kind/symbolicLink``); nil when it cannot be examined
@@ -37,6 +40,7 @@ package struct FileFacts: Sendable, Equatable {
         case S_IFLNK: .symbolicLink
         default: .other
         }
-        return FileFacts(kind: kind, mode: UInt32(info.st_mode) & 0o7777, ownerID: UInt32(info.st_uid))
+        return FileFacts(kind: kind, mode: UInt32(info.st_mode) & 0o7777, ownerID: UInt32(info.st_uid),
+                         identity: [UInt64(info.st_dev), UInt64(info.st_ino)])
     }
 }

@@ -125,10 +125,8 @@ extension SteeringFileCheck {
     /// The owner and mode of the directory at `directory`, judged for `userID`, and its device
     /// and inode (to judge a directory reached twice once); nil when it cannot be examined.
     package static func examineDirectory(_ directory: String, userID: UInt32) -> (check: SteeringFileCheck, identity: [UInt64])? {
-        var info = stat()
-        guard stat(directory, &info) == 0 else { return nil }
-        return (SteeringFileCheck(mode: UInt32(info.st_mode), ownerID: UInt32(info.st_uid), userID: userID),
-                [UInt64(info.st_dev), UInt64(info.st_ino)])
+        guard let facts = FileFacts.of(directory) else { return nil }
+        return (SteeringFileCheck(mode: facts.mode, ownerID: facts.ownerID, userID: userID), facts.identity)
     }
 
     /// The directories above an absolute `path`, nearest first, ending with `/`.
