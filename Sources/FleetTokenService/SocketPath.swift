@@ -22,14 +22,11 @@ package enum SocketPath {
         guard let info = FileFacts.of(directory), info.kind == .directory else {
             throw TokenAPIError(.socketDirectoryMissing, path, "the socket's directory \(directory) does not exist: create it (or have the service manager create it, as systemd's RuntimeDirectory= does)")
         }
-        guard info.ownerID == geteuid() || info.ownerID == 0 else {
-            throw TokenAPIError(.socketDirectoryUnsafe, path, "the socket's directory \(directory) belongs to another user (uid \(info.ownerID)): use a directory this user owns")
-        }
         // Whoever may write the directory may move the socket away and put their own in its
         // place; the sticky bit on a directory of this user's forbids that.
-        guard info.mode & UInt32(S_IWOTH | S_IWGRP) == 0 || info.mode & UInt32(S_ISVTX) != 0 && info.ownerID == geteuid() else {
-            let who = info.mode & UInt32(S_IWOTH) != 0 ? "everyone" : "its group"
-            throw TokenAPIError(.socketDirectoryUnsafe, path, "the socket's directory \(directory) is writable by \(who), who could replace the socket: use a directory only this user can write (chmod go-w \(directory), mode 0750)")
+        let check = SteeringFileCheck(mode: info.mode, ownerID: info.ownerID, userID: UInt32(geteuid()))
+        if let reason = check.holdingDirectoryReason(directory: directory, thing: "the socket") {
+            throw TokenAPIError(.socketDirectoryUnsafe, path, "the socket's directory \(directory) \(reason)")
         }
         // Whoever may write a directory above could move the socket's directory away and put
         // their own in its place.

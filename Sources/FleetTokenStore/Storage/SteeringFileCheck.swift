@@ -58,6 +58,30 @@ package struct SteeringFileCheck: Sendable, Equatable {
     /// to it unless it is sticky (`/tmp`, root's and mode 1777, passes).
     package var isSafeDirectory: Bool { !ownedByAnotherUser && (!writableByGroupOrOthers || isSticky) }
 
+    /// True when, judged as the directory that holds a file the agent itself puts there (its
+    /// Unix socket), only the agent's user (or root) can replace or take that file's name: it
+    /// belongs to one of them, and group and others may not write to it unless it is sticky and
+    /// the agent's user's own. In a sticky directory of root's (`/tmp`) anyone may still take
+    /// the name first.
+    package var isSafeHoldingDirectory: Bool {
+        !ownedByAnotherUser && (!writableByGroupOrOthers || isSticky && ownerID == userID)
+    }
+
+    /// What is wrong with this directory as the one holding `thing`, and how to fix it, for a
+    /// message that names the directory before it: `is writable by everyone, who could replace
+    /// the socket: use a directory only this user can write (chmod go-w DIR, mode 0750)`. Nil
+    /// when ``isSafeHoldingDirectory``.
+    package func holdingDirectoryReason(directory: String, thing: String) -> String? {
+        guard !isSafeHoldingDirectory else { return nil }
+        if ownedByAnotherUser {
+            return "belongs to another user (uid \(ownerID)): use a directory this user owns"
+        }
+        let who = mode & 0o002 != 0 ? "everyone" : "its group"
+        let sticky = isSticky ? " (sticky, but not this user's: others may take \(thing)'s name first)" : ""
+        let shown = Self.shellQuoted(directory)
+        return "is writable by \(who)\(sticky), who could replace \(thing): use a directory only this user can write (chmod go-w \(shown), mode 0750)"
+    }
+
     /// `belongs to uid 65534 (nobody), neither to this user (uid 1001) nor to root`: the
     /// owner part of the file's and the directory's reasons.
     private var ownership: String {

@@ -69,6 +69,28 @@ struct SteeringFileCheckTests {
         }
     }
 
+    @Test("the directory holding the agent's own file (its socket): the agent's user's or root's, writable by group or others only when sticky and the agent's user's", arguments: [
+        (UInt32(0o750), UInt32(1000), true), (0o755, 0, true), (0o1777, 1000, true), (0o1770, 1000, true),
+        (0o1777, 0, false), (0o777, 1000, false), (0o770, 0, false), (0o755, 1001, false), (0o1777, 1001, false),
+    ])
+    func holdingDirectory(_ mode: UInt32, _ owner: UInt32, _ sound: Bool) {
+        let check = SteeringFileCheck(mode: 0o040000 | mode, ownerID: owner, userID: 1000)
+        #expect(check.isSafeHoldingDirectory == sound)
+        let reason = check.holdingDirectoryReason(directory: "/run/my agent", thing: "the socket")
+        #expect((reason == nil) == sound)
+        switch (sound, owner == 1001, mode & 0o002 != 0) {
+        case (true, _, _): break
+        case (false, true, _): #expect(reason == "belongs to another user (uid 1001): use a directory this user owns")
+        case (false, false, true):
+            #expect(reason?.hasPrefix("is writable by everyone") == true, "\(String(describing: reason))")
+            #expect(reason?.contains("who could replace the socket: use a directory only this user can write (chmod go-w '/run/my agent', mode 0750)") == true)
+            #expect(reason?.contains("sticky, but not this user's") == (mode & 0o1000 != 0))
+        case (false, false, false): #expect(reason?.hasPrefix("is writable by its group, who could replace the socket") == true)
+        }
+        // An agent running as root: its own sticky directory passes, root's being its own.
+        #expect(SteeringFileCheck(mode: 0o041777, ownerID: 0, userID: 0).isSafeHoldingDirectory)
+    }
+
     @Test("a path with spaces or quotes is quoted for the shell in the fix")
     func quoting() {
         let check = SteeringFileCheck(mode: 0o666, ownerID: 7, userID: 7)
