@@ -183,9 +183,7 @@ struct AgentOutput: Sendable {
     func reportWithheldLines(at now: Date, stopping: Bool) {
         gate.withBudget { budget in
             guard let withheld = stopping ? budget.remaining(at: now) : budget.due(at: now) else { return }
-            var block = StdoutBlock()
-            block.append(withheldLine(withheld, limit: budget.limit, at: now))
-            block.flush()
+            StdoutBlock.write([withheldLine(withheld, limit: budget.limit, at: now)])
         }
     }
 
@@ -289,11 +287,7 @@ struct AgentOutput: Sendable {
     /// Writes `lines` in one block under the event lines' lock, so they never land inside
     /// another writer's block (a block of 1,024 lines is more than a pipe writes at once).
     func writeLines(_ lines: [String]) {
-        gate.withBudget { _ in
-            var block = StdoutBlock()
-            for line in lines { block.append(line) }
-            block.flush()
-        }
+        gate.withBudget { _ in StdoutBlock.write(lines) }
     }
 
     static func object(for event: TokenSyncEvent, now: Date) -> [String: String] {
@@ -347,6 +341,13 @@ struct StdoutBlock {
         guard !text.isEmpty else { return }
         FileHandle.standardOutput.write(Data(text.utf8))
         (text, lines) = ("", 0)
+    }
+
+    /// Writes `lines` in blocks, for a caller that already holds the event lines' lock.
+    static func write(_ lines: some Sequence<String>) {
+        var block = StdoutBlock()
+        for line in lines { block.append(line) }
+        block.flush()
     }
 }
 
