@@ -57,7 +57,7 @@ struct CrashConsistencyTests {
             guard FileManager.default.fileExists(atPath: db) else { continue } // killed before creating it
             #expect(try await sqlite3(db, "PRAGMA integrity_check", readOnly: true) == "ok", "\(context)")
             expectStoreModes(db, requireSideFiles: false)
-            leasesLeftByKills += Int((try? await sqlite3(db, "SELECT count(*) FROM refresh_leases", readOnly: true)) ?? "") ?? 0
+            leasesLeftByKills += (try? await LeaseRows(db))?.count ?? 0
 
             // Every token the agent logged as committed is in the store (or a newer one is).
             let lines = committedLines(agent.stdout)
@@ -166,14 +166,14 @@ struct CrashConsistencyTests {
                                                          "--log-level", "trace"] + subjects.arguments, in: scratch)
         let leased = await eventually(within: 60) {
             guard FileManager.default.fileExists(atPath: db) else { return false }
-            return (try? await sqlite3(db, "SELECT count(*) FROM refresh_leases", readOnly: true)) == "3"
+            return (try? await LeaseRows(db))?.count == 3
         }
         #expect(leased, "\(hanging.stderr.suffix(2000))")
         hanging.signal(SIGKILL)
         #expect(await hanging.wait(upTo: 5) != nil)
-        let holders = try await sqlite3(db, "SELECT DISTINCT holder FROM refresh_leases", readOnly: true)
+        let holders = try await LeaseRows(db).holders
         // `<host>/pid-<pid>-<random>@<machine>`: the dead agent's own process named.
-        #expect(holders.contains("/pid-\(hanging.pid)-") || holders.hasPrefix("pid-\(hanging.pid)-"), "\(holders)")
+        #expect(!holders.isEmpty && holders.allSatisfy { $0.contains("/pid-\(hanging.pid)-") || $0.hasPrefix("pid-\(hanging.pid)-") }, "\(holders)")
 
         let once = try await AgentFixture.run(["--db", db, "--provider-url", issuer.template, "--once", "--json",
                                                       "--log-level", "trace"] + subjects.arguments, in: scratch, timeout: 60)
@@ -181,7 +181,7 @@ struct CrashConsistencyTests {
         let takeOvers = once.stderr.components(separatedBy: "took over the refresh lease of a process that died").count - 1
         #expect(takeOvers == 3, "took over \(takeOvers) of the dead agent's 3 leases: \(once.stderr.suffix(3000))")
         #expect(try onceResults(once.stdout).allSatisfy { $0["source"] == "provider" })
-        #expect(try await sqlite3(db, "SELECT count(*) FROM refresh_leases", readOnly: true) == "0")
+        #expect(try await LeaseRows(db).count == 0)
 
         let secrets = SecretScanner()
         var outputs: LabelledOutputs = []

@@ -61,7 +61,7 @@ struct CancelledRunTests {
         #expect(await eventually(within: 60) { ended.isSet }, "run() did not return after its cancellation")
         #expect(await h.stored(key) == fetched, "the token fetched before the cancellation is not in the store")
         _ = try shell.execute("SELECT 1;") // the shell has let go
-        #expect(try await sqlite3(h.path, "SELECT count(*) FROM refresh_leases") == "0", "a refresh lease was left held")
+        #expect(try await LeaseRows(h.path).count == 0, "a refresh lease was left held")
     }
 
     @Test("the README's embedding: a ServiceGroup run with async let, its scope left while a commit waits for another process's lock; the token is in the store once the lock goes")

@@ -21,10 +21,7 @@ struct EngineTests {
         #expect(await eventually(within: 60) { (try? await counting.base.entry(for: key)) != nil })
         // The fetch's refresh lease is released after its token's commit, a store call of its
         // own: counted before the hits begin (in a full suite it once came during them).
-        #expect(await eventually(within: 60) {
-            (try? await sqlite3(dir.file("tokens.sqlite"), "SELECT count(*) FROM refresh_leases", readOnly: true))?
-                .trimmingCharacters(in: .whitespacesAndNewlines) == "0"
-        })
+        #expect(await eventually(within: 60) { (try? await LeaseRows(dir.file("tokens.sqlite")))?.count == 0 })
         let callsAfterFirst = counting.calls
         for _ in 0..<1000 { #expect(try await engine.token(for: key) == first) }
         await time.advance(by: 2000) // still before the soft point (≥ 2700 s)

@@ -58,7 +58,7 @@ struct PromiseTests {
             guard renewed else { continue }
             let horizon = time.now.addingTimeInterval(0.25)
             renewed = await eventually(within: 60) {
-                guard let leases = try? LeaseRows(dir.file("tokens.sqlite")) else { return false }
+                guard let leases = try? await LeaseRows(dir.file("tokens.sqlite")) else { return false }
                 return fetching.allSatisfy { provider, holder in
                     keys.filter { provider.count($0) == 1 }.allSatisfy { leases.holds($0, holder, past: horizon) }
                 }
@@ -307,27 +307,5 @@ struct PromiseTests {
         }
         #expect(await h.engine.settle())
         #expect(try await h.store.count(TokenFilter(kind: .trip)) == 20)
-    }
-}
-
-/// The refresh leases as a third process sees them: stock sqlite3, read-only, on the store file.
-private struct LeaseRows {
-    private let rows: [String: (holder: String, until: Date)]
-
-    init(_ path: String) throws {
-        var rows: [String: (holder: String, until: Date)] = [:]
-        for line in try sqlite3(path, "SELECT kind || '/' || subject_id, holder, expires_at FROM refresh_leases", readOnly: true)
-            .split(separator: "\n") {
-            let fields = line.split(separator: "|", omittingEmptySubsequences: false).map(String.init)
-            guard fields.count == 3, let until = Double(fields[2]) else { continue }
-            rows[fields[0]] = (fields[1], Date(timeIntervalSince1970: until))
-        }
-        self.rows = rows
-    }
-
-    /// Whether `holder` holds `key`'s lease until after `time`.
-    func holds(_ key: TokenKey, _ holder: String, past time: Date) -> Bool {
-        guard let lease = rows[key.description] else { return false }
-        return lease.holder == holder && lease.until > time
     }
 }
