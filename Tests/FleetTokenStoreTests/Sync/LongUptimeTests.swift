@@ -139,6 +139,12 @@ struct UptimeReport: Sendable {
         return (4 << 20) + perFetch * fetchesSince
     }
 
+    /// The most live heap `sample` may show: `first`'s (the first sample after a retention
+    /// period) plus ``liveBytesMargin(fetchesSince:environment:)`` for the fetches since.
+    static func liveBytesBound(of sample: DailySample, since first: DailySample) -> Int {
+        first.liveBytes + liveBytesMargin(fetchesSince: sample.fetches - first.fetches)
+    }
+
     func check(_ scale: UptimeScale) {
         #expect(earlyFetches == 0, "\(earlyFetches) fetches before the last token's soft point (a double fetch): \(earlyDetails)")
         #expect(fetchesPerLifetime == 1, "fetches per key per lifetime \(fetchesPerLifetime)")
@@ -163,9 +169,9 @@ struct UptimeReport: Sendable {
         #expect(flat.count >= 2, "too few days after the first retention period to judge flatness: \(scale)")
         if let first = flat.first {
             for sample in flat.dropFirst() {
-                let margin = Self.liveBytesMargin(fetchesSince: sample.fetches - first.fetches)
-                #expect(sample.liveBytes <= first.liveBytes + margin,
-                        "day \(sample.day): \(sample.liveBytes) live bytes, more than day \(first.day)'s \(first.liveBytes) + \(margin) (\(sample.fetches - first.fetches) fetches since)")
+                let bound = Self.liveBytesBound(of: sample, since: first)
+                #expect(sample.liveBytes <= bound,
+                        "day \(sample.day): \(sample.liveBytes) live bytes, more than day \(first.day)'s \(first.liveBytes) + \(bound - first.liveBytes) (\(sample.fetches - first.fetches) fetches since)")
             }
         }
     }
@@ -252,8 +258,7 @@ final class UptimeRun: Sendable {
             if step % stepsPerDay == 0 {
                 var today = try await sample(day: step / stepsPerDay, trackedKeys: trackedKeys)
                 if let first = samples.first(where: { $0.day >= scale.firstFlatDay }) {
-                    let bound = first.liveBytes + UptimeReport.liveBytesMargin(fetchesSince: today.fetches - first.fetches)
-                    today.liveBytes = await LiveHeap.bytesInUse(readAgainWhileOver: bound)
+                    today.liveBytes = await LiveHeap.bytesInUse(readAgainWhileOver: UptimeReport.liveBytesBound(of: today, since: first))
                 }
                 samples.append(today)
                 // Progress for long runs (a soak cut short still shows its days).
