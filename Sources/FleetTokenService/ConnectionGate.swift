@@ -155,10 +155,15 @@ package final class ConnectionGate: Sendable {
         let short = TimeAmount.nanoseconds(Int64(APIConnectionLimits.busyIdleTimeout.components.seconds) * 1_000_000_000)
         shortened.idleTimeout = configuration.idleTimeout.map { min($0, short) } ?? short
         let busy = shortened
+        // Held tokens are answered below Hummingbird's connection state handler, which then
+        // does not see every request: the held-token handler keeps the idle timeout instead.
+        var (normalChannel, busyChannel) = (configuration, busy)
+        if heldTokens != nil { (normalChannel.idleTimeout, busyChannel.idleTimeout) = (nil, nil) }
+        let (unchanged, lowered) = (normalChannel, busyChannel)
         return HTTPServerBuilder { responder in
-            GatedHTTP1Channel(normal: HTTP1Channel(responder: responder, configuration: configuration),
-                              busy: HTTP1Channel(responder: responder, configuration: busy), gate: self, unixSocket: unixSocket,
-                              heldTokens: heldTokens)
+            GatedHTTP1Channel(normal: HTTP1Channel(responder: responder, configuration: unchanged),
+                              busy: HTTP1Channel(responder: responder, configuration: lowered), gate: self, unixSocket: unixSocket,
+                              heldTokens: heldTokens, idleTimeouts: (configuration.idleTimeout, busy.idleTimeout))
         }
     }
 }

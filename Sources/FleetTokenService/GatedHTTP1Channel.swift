@@ -7,6 +7,7 @@ import Logging
 import NIOCore
 // Implementation-only: see AbsoluteFormTargetHandler.swift.
 @_implementationOnly import NIOHTTPTypesHTTP1
+@_implementationOnly import NIOHTTP1
 
 /// Hummingbird's HTTP/1 child channel behind a ``ConnectionGate``: an admitted connection is
 /// set up as usual and released when it closes; a refused one gets a handler in front of the
@@ -20,6 +21,9 @@ struct GatedHTTP1Channel: ServerChildChannel {
     let unixSocket: Bool
     /// Answers held tokens on the event loop (nil: every request is routed).
     let heldTokens: HeldTokenRoute?
+    /// The idle timeouts of connections accepted below the busy threshold and above it, kept by
+    /// the held-token handler when there is one (Hummingbird's are then off).
+    let idleTimeouts: (normal: TimeAmount?, busy: TimeAmount?)
 
     func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<Value> {
         guard channel.eventLoop.inEventLoop else {
@@ -48,15 +52,18 @@ struct GatedHTTP1Channel: ServerChildChannel {
         let unixSocket = unixSocket
         return (isBusy ? busy : normal).setup(channel: channel, logger: logger).flatMapThrowing { value in
             let pipeline = channel.pipeline.syncOperations
+            let conversion = try pipeline.handler(type: HTTP1ToHTTPServerCodec.self)
             // Before the conversion to HTTPTypes, which keeps an absolute-form target's path
             // and drops its authority; on TCP only, where the Host rule applies.
             if !unixSocket {
-                try pipeline.addHandler(AbsoluteFormTargetHandler(), position: .before(try pipeline.handler(type: HTTP1ToHTTPServerCodec.self)))
+                try pipeline.addHandler(AbsoluteFormTargetHandler(), position: .before(conversion))
             }
-            // After the connection state handler, so that it sees every request and answer.
+            // After the absolute-form handler, before the conversion: a held token's request
+            // and answer skip the conversions and the encoder (its bytes go out in front of it).
             if let heldTokens {
-                try pipeline.addHandler(HeldTokenHandler(heldTokens, peer: identity),
-                                        position: .after(try pipeline.handler(type: HTTPConnectionStateHandler.self)))
+                try pipeline.addHandler(HeldTokenOutlet(), position: .before(try pipeline.handler(type: HTTPResponseEncoder.self)))
+                try pipeline.addHandler(HeldTokenHandler(heldTokens, peer: identity, idleTimeout: isBusy ? idleTimeouts.busy : idleTimeouts.normal),
+                                        position: .before(conversion))
             }
             return value
         }

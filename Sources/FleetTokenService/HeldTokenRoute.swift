@@ -1,6 +1,6 @@
 // Service layer: the token API's hot route answered on the event loop that read the request,
-// when memory holds the token and every rule lets it through; anything else goes on to the
-// router, which decides it as before.
+// from the HTTP/1 parser's head, when memory holds the token and every rule lets it through;
+// anything else goes on to the conversion to HTTPTypes and the router, which decide it as before.
 
 import FleetTokenStore
 import Foundation
@@ -8,7 +8,8 @@ import HTTPTypes
 import HummingbirdCore
 import Logging
 import NIOCore
-import NIOHTTPTypes
+// Implementation-only: see AbsoluteFormTargetHandler.swift.
+@_implementationOnly import NIOHTTP1
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -17,9 +18,11 @@ import Glibc
 ///
 /// Through the router a hit went from the event loop to the connection's task and back, and
 /// that hop, with the router's request and response values, was most of a hit's cost under
-/// load. This answers only what the router would answer `200`: the same rules are asked in the
-/// same order (``TokenAPIAccessRules/refusal(_:)``, the request header, the subject's access
-/// and cap), and on any refusal, miss or other path it answers nil and the request is routed.
+/// load; then the conversions to and from HTTPTypes and the HTTP/1 encoder were. This reads the
+/// parser's head and writes the answer's bytes. It answers only what the router would answer
+/// `200`: the same rules are asked in the same order (``TokenAPIAccessRules/refusal(_:)-(RequestHeadFacts)``,
+/// the request header, the subject's access and cap), and on any refusal, miss or other path it
+/// answers nil and the request is routed.
 struct HeldTokenRoute: Sendable {
     let api: TokenAPI
     let rules: TokenAPIAccessRules
@@ -27,11 +30,12 @@ struct HeldTokenRoute: Sendable {
     /// The token route's path up to its parameters; the router's route is built from it too.
     static let prefix = "/v1/token/"
 
-    /// The whole `200` answer (head and body) to the request with `head` from `peer`, or nil
-    /// when the router must decide it. Logs the access line when it answers.
-    func answer(_ head: HTTPRequest, peer: PeerIdentity?, date: @autoclosure () -> String) -> (HTTPResponse, ByteBuffer)? {
+    /// The whole `200` answer (status line, fields, body) to the HTTP/1.1 request with `head`
+    /// from `peer`, or nil when the router must decide it. Logs the access line when it answers.
+    func answer(_ head: HTTPRequestHead, peer: PeerIdentity?, date: @autoclosure () -> String) -> ByteBuffer? {
         let started = ContinuousClock.now
-        guard head.method == .get, let target = head.path, target.hasPrefix(Self.prefix) else { return nil }
+        let target = head.uri
+        guard head.method == .GET, head.version == .http1_1, target.hasPrefix(Self.prefix) else { return nil }
         let path = target.utf8.firstIndex(of: UInt8(ascii: "?")).map { target[..<$0] } ?? target[...]
         let rest = path.dropFirst(Self.prefix.count)
         // Exactly KIND/ID; an escaped id is left to the router (it decodes it).
@@ -39,60 +43,117 @@ struct HeldTokenRoute: Sendable {
         let id = rest[rest.index(after: slash)...]
         // (Byte searches: Substring.contains(String) is Foundation's, a CFString search.)
         guard !id.isEmpty, !id.utf8.contains(UInt8(ascii: "/")), !id.utf8.contains(UInt8(ascii: "%")) else { return nil }
-        guard rules.refusal(head) == nil, TokenRequestHeaderRule.isMarked(head),
+        let facts = RequestHeadFacts(target: target, fields: head.headers)
+        guard rules.refusal(facts) == nil, TokenRequestHeaderRule.isMarked(values: head.headers[TokenAPI.requestHeader.rawName]),
               case .success(let key) = api.subject(kind: rest[..<slash], id: String(id), peer: peer),
               api.dynamicCapRefusal(key) == nil else { return nil }
         api.limiter.sweep(now: .now)
         guard let token = api.engine.tokenIfHeld(for: key) else { return nil }
+        let accept = head.headers["accept"]
         let (fields, body) = api.handout(token, source: api.engine.source(of: key), key: key, to: peer,
-                                         accept: head.headerFields[.accept])
-        var headers = fields
-        // Neither is among the handout's fields: appended without a search.
-        headers.append(HTTPField(name: .contentLength, value: String(body.readableBytes)))
-        headers.append(HTTPField(name: .date, value: date()))
+                                         accept: accept.isEmpty ? nil : accept.joined(separator: ", "))
+        var answer = ByteBuffer()
+        answer.reserveCapacity(body.readableBytes + 256)
+        answer.writeStaticString("HTTP/1.1 200 OK\r\n")
+        for field in fields {
+            answer.writeString(field.name.rawName)
+            answer.writeStaticString(": ")
+            answer.writeString(field.value)
+            answer.writeStaticString("\r\n")
+        }
+        // Neither is among the handout's fields.
+        answer.writeStaticString("Content-Length: ")
+        answer.writeString(String(body.readableBytes))
+        answer.writeStaticString("\r\nDate: ")
+        answer.writeString(date())
+        answer.writeStaticString("\r\n\r\n")
+        answer.writeImmutableBuffer(body)
         rules.logger.info("token API request", metadata: TokenAPIAccessRules.metadata(
-            method: head.method, path: path, status: .ok, fingerprint: headers[TokenAPI.fingerprintHeader], peer: peer, since: started))
+            method: .get, path: path, status: .ok, fingerprint: fields[TokenAPI.fingerprintHeader], peer: peer, since: started))
         // What tells a held answer from a routed one when debugging (and in the tests).
         rules.logger.debug("token API request answered from memory on its event loop", metadata: ["path": "\(path)"])
-        return (HTTPResponse(status: .ok, headerFields: headers), body)
+        return answer
     }
 }
 
-/// In a token API connection's pipeline, between Hummingbird's connection state handler and its
-/// request task: answers what ``HeldTokenRoute`` can, passes the rest on.
+/// Where a ``HeldTokenHandler`` writes its answers' bytes: in front of the HTTP/1 encoder, which
+/// takes only response parts. Passes every write on unchanged.
+final class HeldTokenOutlet: ChannelOutboundHandler, RemovableChannelHandler {
+    typealias OutboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+}
+
+@available(*, unavailable)
+extension HeldTokenOutlet: Sendable {}
+
+/// In a token API connection's pipeline, between the HTTP/1 parser (and the absolute-form
+/// handler) and the conversion to HTTPTypes: answers what ``HeldTokenRoute`` can, passes the
+/// rest on; and the connection's idle timeout, which Hummingbird's connection state handler
+/// kept before (it does not see the requests answered here).
 ///
 /// - Answers are written in request order: a request is answered here only while no request
 ///   passed on is still unanswered (HTTP/1.1 pipelining); a request with a body is passed on.
 /// - A client that does not read its answers is not answered here: while the connection is not
 ///   writable requests go to Hummingbird, which waits for each write (so nothing piles up here).
-/// - After a request asking to close (`Connection: close`, matched as Hummingbird matches it),
-///   nothing more is answered, here or there; a close waits for the answers written here.
-/// - The connection state handler sees every request and answer: idle timeouts and graceful
-///   shutdown work as for routed requests.
+/// - After a request asking to close (HTTP/1.1's `Connection: close`), nothing more is answered,
+///   here or there; a close waits for the answers written here.
+/// - Idle: the connection closes when no request has been in progress (being read, passed on
+///   and not yet answered) for `idleTimeout`, as Hummingbird's handler closed it. Graceful
+///   shutdown still goes through Hummingbird's handler, which sees every routed request.
 final class HeldTokenHandler: ChannelDuplexHandler, RemovableChannelHandler {
-    typealias InboundIn = HTTPRequestPart
-    typealias InboundOut = HTTPRequestPart
-    typealias OutboundIn = HTTPResponsePart
-    typealias OutboundOut = HTTPResponsePart
+    typealias InboundIn = HTTPServerRequestPart
+    typealias InboundOut = HTTPServerRequestPart
+    typealias OutboundIn = HTTPServerResponsePart
+    typealias OutboundOut = HTTPServerResponsePart
 
     private let route: HeldTokenRoute
     private let peer: PeerIdentity?
+    private let idleTimeout: TimeAmount?
     /// Requests passed on whose answer's end has not been written yet.
     private var passedOn = 0
     /// The head of a request that may be answered here, held until its end arrives.
-    private var held: HTTPRequest?
+    private var held: HTTPRequestHead?
     private var needsFlush = false
     /// A request asked to close the connection; what follows it is dropped once `discarding`.
     private var closing = false
     private var discarding = false
     /// The last answer written here: a close waits for it (closing drops writes still queued).
     private var lastAnswer: EventLoopFuture<Void>?
+    /// Where this handler's answers go, before the HTTP/1 encoder.
+    private var outlet: ChannelHandlerContext?
+    /// The last time a request began or an answer ended, and the idle check's timer.
+    private var lastActive = NIODeadline.now()
+    private var idleCheck: Scheduled<Void>?
     /// This connection's `Date` value and its second (one event loop: no lock).
     private var date = (second: -1, text: "")
 
-    init(_ route: HeldTokenRoute, peer: PeerIdentity?) {
+    init(_ route: HeldTokenRoute, peer: PeerIdentity?, idleTimeout: TimeAmount?) {
         self.route = route
         self.peer = peer
+        self.idleTimeout = idleTimeout
+    }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        outlet = try? context.pipeline.syncOperations.context(handlerType: HeldTokenOutlet.self)
+        if context.channel.isActive { scheduleIdleCheck(context, at: .now() + (idleTimeout ?? .zero)) }
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        idleCheck?.cancel()
+        idleCheck = nil
+        outlet = nil
+    }
+
+    func channelActive(context: ChannelHandlerContext) {
+        lastActive = .now()
+        scheduleIdleCheck(context, at: lastActive + (idleTimeout ?? .zero))
+        context.fireChannelActive()
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        idleCheck?.cancel()
+        idleCheck = nil
+        context.fireChannelInactive()
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
@@ -100,9 +161,9 @@ final class HeldTokenHandler: ChannelDuplexHandler, RemovableChannelHandler {
         case .head(let head):
             if closing { discarding = true }
             guard !discarding else { return }
-            // Hummingbird's own test: this value exactly.
-            if head.headerFields[.connection] == "close" { closing = true }
-            if passedOn == 0, head.method == .get, context.channel.isWritable { held = head } else { passOn(head, context) }
+            lastActive = .now()
+            if !head.isKeepAlive { closing = true }
+            if passedOn == 0, head.method == .GET, outlet != nil, context.channel.isWritable { held = head } else { passOn(head, context) }
         case .body:
             guard !discarding else { return }
             if let head = held { passOn(head, context) }
@@ -111,18 +172,17 @@ final class HeldTokenHandler: ChannelDuplexHandler, RemovableChannelHandler {
             guard !discarding else { return }
             guard let head = held else { return context.fireChannelRead(data) }
             held = nil
-            guard let (response, body) = route.answer(head, peer: peer, date: httpDate()) else {
+            guard let outlet, let answer = route.answer(head, peer: peer, date: httpDate()) else {
                 passOn(head, context)
                 return context.fireChannelRead(data)
             }
             let written = context.eventLoop.makePromise(of: Void.self)
-            context.write(wrapOutboundOut(.head(response)), promise: nil)
-            context.write(wrapOutboundOut(.body(body)), promise: nil)
-            context.write(wrapOutboundOut(.end(nil)), promise: written)
+            outlet.write(NIOAny(answer), promise: written)
             lastAnswer = written.futureResult
+            lastActive = .now()
             needsFlush = true
             if closing {
-                context.flush()
+                outlet.flush()
                 needsFlush = false
                 written.futureResult.assumeIsolated().whenComplete { _ in context.close(promise: nil) }
             }
@@ -132,14 +192,17 @@ final class HeldTokenHandler: ChannelDuplexHandler, RemovableChannelHandler {
     func channelReadComplete(context: ChannelHandlerContext) {
         if needsFlush {
             needsFlush = false
-            context.flush()
+            outlet?.flush()
         }
         context.fireChannelReadComplete()
     }
 
     func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
         // (A parse error's 400 answers no request passed on: never below 0.)
-        if case .end = unwrapOutboundIn(data) { passedOn = max(0, passedOn - 1) }
+        if case .end = unwrapOutboundIn(data) {
+            passedOn = max(0, passedOn - 1)
+            lastActive = .now()
+        }
         context.write(data, promise: promise)
     }
 
@@ -149,10 +212,28 @@ final class HeldTokenHandler: ChannelDuplexHandler, RemovableChannelHandler {
         lastAnswer.assumeIsolated().whenComplete { _ in context.close(mode: mode, promise: promise) }
     }
 
-    private func passOn(_ head: HTTPRequest, _ context: ChannelHandlerContext) {
+    private func passOn(_ head: HTTPRequestHead, _ context: ChannelHandlerContext) {
         held = nil
         passedOn += 1
         context.fireChannelRead(wrapInboundOut(.head(head)))
+    }
+
+    /// Checks at `deadline` whether the connection has been idle for the idle timeout: closes
+    /// it then, else checks again when it could first be.
+    private func scheduleIdleCheck(_ context: ChannelHandlerContext, at deadline: NIODeadline) {
+        guard let idleTimeout, idleCheck == nil else { return }
+        idleCheck = context.eventLoop.assumeIsolated().scheduleTask(deadline: deadline) {
+            self.idleCheck = nil
+            guard context.channel.isActive else { return }
+            let now = NIODeadline.now()
+            if self.held != nil || self.passedOn > 0 {
+                self.scheduleIdleCheck(context, at: now + idleTimeout)
+            } else if now >= self.lastActive + idleTimeout {
+                context.close(promise: nil)
+            } else {
+                self.scheduleIdleCheck(context, at: self.lastActive + idleTimeout)
+            }
+        }
     }
 
     /// The `Date` header's value now, made once a second.

@@ -58,16 +58,21 @@ struct TokenAPIAccessRules: RouterMiddleware {
 
     /// The answer refusing the request with `head` before routing, or nil when it may be routed.
     func refusal(_ head: HTTPRequest) -> Response? {
-        // `contains`: the subscript would join the values of every field with the name.
-        if head.headerFields.contains(Self.forwardedFor) || head.headerFields.contains(Self.forwarded) {
+        refusal(RequestHeadFacts(head))
+    }
+
+    /// The answer refusing a request whose head reads as `facts`, or nil when it may be routed.
+    /// The one statement of these rules: the router's requests and the held tokens' both meet it.
+    func refusal(_ facts: RequestHeadFacts) -> Response? {
+        if facts.forwarded {
             return TokenAPI.json(.forbidden, ["error": "requests through a proxy are refused (X-Forwarded-For or Forwarded present)"])
         }
-        if let problem = RequestTarget.problem(head.path ?? "") {
+        if let problem = RequestTarget.problem(facts.target) {
             return TokenAPI.json(.badRequest, ["error": "the request target \(problem): send the path in normal form, e.g. /v1/token/vehicle/truck-7"])
         }
-        // The first Host is the request's authority; a second one is left among the fields, and
-        // RFC 9112 (3.2) has a request with two refused: which one names the listener is unclear.
-        if head.headerFields.contains(Self.host) {
+        // RFC 9112 (3.2) has a request with two Host fields refused: which one names the
+        // listener is unclear.
+        if facts.moreThanOneHost {
             return TokenAPI.json(.badRequest, ["error": "the request has more than one Host header: send one"])
         }
         guard case .tcp(let listenHost) = transport else { return nil }
@@ -75,10 +80,10 @@ struct TokenAPIAccessRules: RouterMiddleware {
         // is same-origin with the API, so it may set the request header: the Host it sends
         // still names the attacker's host, and a page never omits Origin on a cross-origin
         // request. Local programs send neither problem.
-        guard let host = head.authority, LoopbackHost.isAllowedHostHeader(host, listenHost: listenHost) else {
+        guard let host = facts.host, LoopbackHost.isAllowedHostHeader(host, listenHost: listenHost) else {
             return TokenAPI.json(.misdirectedRequest, ["error": "the Host header must name this listener (localhost, a loopback address): requests for other host names are refused as DNS rebinding"])
         }
-        if head.headerFields.contains(.origin) {
+        if facts.origin {
             return TokenAPI.json(.forbidden, ["error": "requests from web pages (with an Origin header) are refused"])
         }
         return nil
@@ -100,6 +105,48 @@ struct TokenAPIAccessRules: RouterMiddleware {
     }
 }
 
+/// What the rules before routing read of a request's head, whichever form it came in: the
+/// router's HTTPTypes request, or the HTTP/1 head the held-token route reads before that
+/// conversion. Two readings of one head, one set of rules (``TokenAPIAccessRules/refusal(_:)-(RequestHeadFacts)``).
+struct RequestHeadFacts: Equatable {
+    /// The target as received (path and query).
+    var target: String
+    /// The first Host field's value (HTTPTypes' authority), or nil.
+    var host: String?
+    /// A second Host field came.
+    var moreThanOneHost = false
+    /// `X-Forwarded-For` or `Forwarded` came.
+    var forwarded = false
+    /// `Origin` came.
+    var origin = false
+
+    /// The facts of a request read as HTTPTypes, whose conversion took the first Host as the
+    /// authority and left any other among the fields.
+    init(_ head: HTTPRequest) {
+        target = head.path ?? ""
+        host = head.authority
+        // `contains`: the subscript would join the values of every field with the name.
+        moreThanOneHost = head.headerFields.contains(TokenAPIAccessRules.host)
+        forwarded = head.headerFields.contains(TokenAPIAccessRules.forwardedFor) || head.headerFields.contains(TokenAPIAccessRules.forwarded)
+        origin = head.headerFields.contains(.origin)
+    }
+
+    /// The facts of a request with `target` whose header fields are `fields` (name and value,
+    /// as received): names compare without regard to case.
+    init(target: String, fields: some Sequence<(name: String, value: String)>) {
+        self.target = target
+        for (name, value) in fields {
+            if LoopbackHost.equalsIgnoringASCIICase(name, "host") {
+                if host == nil { host = value } else { moreThanOneHost = true }
+            } else if LoopbackHost.equalsIgnoringASCIICase(name, "origin") {
+                origin = true
+            } else if LoopbackHost.equalsIgnoringASCIICase(name, "forwarded") || LoopbackHost.equalsIgnoringASCIICase(name, "x-forwarded-for") {
+                forwarded = true
+            }
+        }
+    }
+}
+
 /// The rule of every route that hands out or changes tokens, applied once the route matched:
 /// the request carries `Fleet-Token-Request: true`, which a server-side request forgery or an
 /// HTML form cannot add.
@@ -118,9 +165,14 @@ struct TokenRequestHeaderRule: RouterMiddleware {
     static func isMarked(_ head: HTTPRequest) -> Bool {
         // Field by field: the subscript joins the values into a new string, a tenth of a held
         // token's answer under load.
+        isMarked(values: head.headerFields.lazy.filter { $0.name == TokenAPI.requestHeader }.map(\.value))
+    }
+
+    /// True when `values`, those of every `Fleet-Token-Request` field of a request, are one: `true` (any case).
+    static func isMarked(values: some Sequence<String>) -> Bool {
         var marked = false
-        for field in head.headerFields where field.name == TokenAPI.requestHeader {
-            guard !marked, LoopbackHost.equalsIgnoringASCIICase(field.value, "true") else { return false }
+        for value in values {
+            guard !marked, LoopbackHost.equalsIgnoringASCIICase(value, "true") else { return false }
             marked = true
         }
         return marked

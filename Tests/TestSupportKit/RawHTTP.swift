@@ -52,29 +52,35 @@ public enum RawHTTP {
     public static func keptAlive(_ endpoint: Endpoint, _ request: String) throws -> Int32 {
         let descriptor = openIdle(endpoint)
         guard descriptor >= 0 else { throw ProcessFailure(message: "connect \(endpoint) failed") }
-        guard writeAll(descriptor, Array(request.utf8)) else {
+        do {
+            let answer = try answer(on: descriptor, request)
+            guard answer.hasPrefix("HTTP/1.1 200") else { throw ProcessFailure(message: "not admitted: \(answer)") }
+            return descriptor
+        } catch {
             close(descriptor)
-            throw ProcessFailure(message: "write failed")
+            throw error
         }
+    }
+
+    /// Writes `request` (a whole HTTP/1.1 request) on the open connection `descriptor` and reads
+    /// its whole answer (head and a body of its Content-Length), which it returns as text; the
+    /// connection stays open. Throws when the connection ends first.
+    public static func answer(on descriptor: Int32, _ request: String) throws -> String {
+        guard writeAll(descriptor, Array(request.utf8)) else { throw ProcessFailure(message: "write failed") }
         var received: [UInt8] = []
         var buffer = [UInt8](repeating: 0, count: 4096)
         while true {
             let count = buffer.withUnsafeMutableBytes { read(descriptor, $0.baseAddress, $0.count) }
             guard count > 0 else {
-                close(descriptor)
                 throw ProcessFailure(message: "the kept-alive connection ended: \(String(decoding: received, as: UTF8.self))")
             }
             received += buffer[..<count]
             let text = String(decoding: received, as: UTF8.self)
             guard let end = text.range(of: "\r\n\r\n") else { continue }
-            guard text.hasPrefix("HTTP/1.1 200") else {
-                close(descriptor)
-                throw ProcessFailure(message: "not admitted: \(text)")
-            }
             let length = text[..<end.lowerBound].split(separator: "\r\n")
                 .first { $0.lowercased().hasPrefix("content-length:") }
                 .flatMap { Int($0.split(separator: ":")[1].trimmingCharacters(in: .whitespaces)) } ?? 0
-            if text.utf8.count - text[..<end.upperBound].utf8.count >= length { return descriptor }
+            if text.utf8.count - text[..<end.upperBound].utf8.count >= length { return text }
         }
     }
 
@@ -124,7 +130,9 @@ public enum RawHTTP {
     static func writeAll(_ fd: Int32, _ bytes: [UInt8]) -> Bool {
         var sent = 0
         while sent < bytes.count {
-            let count = bytes[sent...].withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+            // MSG_NOSIGNAL: a connection the server closed fails the write instead of ending
+            // the test process with SIGPIPE.
+            let count = bytes[sent...].withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
             guard count > 0 else { return false }
             sent += count
         }

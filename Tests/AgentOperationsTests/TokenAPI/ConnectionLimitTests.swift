@@ -173,6 +173,40 @@ struct ConnectionLimitTests {
         #expect(await agent.stop() == 0, "\(agent.process.stderr.suffix(2000))")
     }
 
+    @Test("a busy connection kept in use by held-token GETs (answered before Hummingbird's connection handler sees them) outlives its 5 s idle timeout, and closes about 5 s after its last answer")
+    func busyConnectionInUse() async throws {
+        let scratch = Scratch()
+        let issuer = try await IssuerProcess(scratch: scratch)
+        let agent = try await CappedAgent.start(scratch, provider: issuer.template, ["--vehicle", "v-1", "--max-api-connections", "4", "--max-api-connections-per-peer", "4"])
+        let unix = RawHTTP.Endpoint.unix(agent.socket)
+        var open: [Int32] = []
+        defer { for descriptor in open { close(descriptor) } }
+        // v-1 is configured, so held once fetched: its GETs are answered from memory.
+        #expect(await eventually(within: 60) { (try? RawHTTP.send(unix, "GET", "/v1/token/vehicle/v-1", headers: Self.marked, timeout: 5))?.status == 200 })
+        #expect(await keptAlive(2, unix, into: &open), "\(agent.process.stderr.suffix(2000))")
+        let late = try keptAlive(unix)
+        open.append(late)
+        let get = "GET /v1/token/vehicle/v-1 HTTP/1.1\r\nHost: localhost\r\nFleet-Token-Request: true\r\n\r\n"
+        let started = Date()
+        var answered = 0
+        while Date().timeIntervalSince(started) < 9 {
+            let answer: String
+            do { answer = try RawHTTP.answer(on: late, get) } catch {
+                Issue.record("the connection in use was closed after \(Date().timeIntervalSince(started)) s: \(error)")
+                break
+            }
+            #expect(answer.hasPrefix("HTTP/1.1 200") && answer.contains("\"id\":\"v-1\""), "\(answer.prefix(300))")
+            answered += 1
+            try await Task.sleep(for: .milliseconds(500))
+        }
+        let last = Date()
+        #expect(answered >= 10 && !isClosedByPeer(late), "in use for 9 s, past its 5 s idle timeout: still open")
+        #expect(await eventually(within: 15) { isClosedByPeer(late) }, "then idle: closed")
+        let idleFor = Date().timeIntervalSince(last)
+        #expect(idleFor > 2, "closed for being idle (about 5 s after the last answer): \(idleFor)")
+        #expect(await agent.stop() == 0, "\(agent.process.stderr.suffix(2000))")
+    }
+
     @Test("the Fleet Engine proxy keeps the same rule: a connection accepted while half the overall cap or more is in use is closed after 5 s idle, not 90 s")
     func proxyBusyIdleTimeout() async throws {
         let scratch = Scratch()
