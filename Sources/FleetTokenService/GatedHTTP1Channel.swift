@@ -7,7 +7,6 @@ import Logging
 import NIOCore
 // Implementation-only: see AbsoluteFormTargetHandler.swift.
 @_implementationOnly import NIOHTTPTypesHTTP1
-@_implementationOnly import NIOHTTP1
 
 /// Hummingbird's HTTP/1 child channel behind a ``ConnectionGate``: an admitted connection is
 /// set up as usual and released when it closes; a refused one gets a handler in front of the
@@ -59,9 +58,8 @@ struct GatedHTTP1Channel: ServerChildChannel {
                 try pipeline.addHandler(AbsoluteFormTargetHandler(), position: .before(conversion))
             }
             // After the absolute-form handler, before the conversion: a held token's request
-            // and answer skip the conversions and the encoder (its bytes go out in front of it).
+            // and answer skip the conversions and Hummingbird's connection handler.
             if let heldTokens {
-                try pipeline.addHandler(HeldTokenOutlet(), position: .before(try pipeline.handler(type: HTTPResponseEncoder.self)))
                 try pipeline.addHandler(HeldTokenHandler(heldTokens, peer: identity, idleTimeout: isBusy ? idleTimeouts.busy : idleTimeouts.normal),
                                         position: .before(conversion))
             }

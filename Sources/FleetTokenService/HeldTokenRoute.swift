@@ -18,8 +18,8 @@ import Glibc
 ///
 /// Through the router a hit went from the event loop to the connection's task and back, and
 /// that hop, with the router's request and response values, was most of a hit's cost under
-/// load; then the conversions to and from HTTPTypes and the HTTP/1 encoder were. This reads the
-/// parser's head and writes the answer's bytes. It answers only what the router would answer
+/// load; then the conversions to and from HTTPTypes and Hummingbird's connection handler were.
+/// This reads the parser's head and writes NIO's HTTP/1 answer parts. It answers only what the router would answer
 /// `200`: the same rules are asked in the same order (``TokenAPIAccessRules/refusal(_:)-(RequestHeadFacts)``,
 /// the request header, the subject's access and cap), and on any refusal, miss or other path it
 /// answers nil and the request is routed.
@@ -30,9 +30,9 @@ struct HeldTokenRoute: Sendable {
     /// The token route's path up to its parameters; the router's route is built from it too.
     static let prefix = "/v1/token/"
 
-    /// The whole `200` answer (status line, fields, body) to the HTTP/1.1 request with `head`
-    /// from `peer`, or nil when the router must decide it. Logs the access line when it answers.
-    func answer(_ head: HTTPRequestHead, peer: PeerIdentity?, date: @autoclosure () -> String) -> ByteBuffer? {
+    /// The `200` answer (its head and body) to the HTTP/1.1 request with `head` from `peer`, or
+    /// nil when the router must decide it. Logs the access line when it answers.
+    func answer(_ head: HTTPRequestHead, peer: PeerIdentity?, date: @autoclosure () -> String) -> (HTTPResponseHead, ByteBuffer)? {
         let started = ContinuousClock.now
         let target = head.uri
         guard head.method == .GET, head.version == .http1_1, target.hasPrefix(Self.prefix) else { return nil }
@@ -52,54 +52,36 @@ struct HeldTokenRoute: Sendable {
         let accept = head.headers["accept"]
         let (fields, body) = api.handout(token, source: api.engine.source(of: key), key: key, to: peer,
                                          accept: accept.isEmpty ? nil : accept.joined(separator: ", "))
-        var answer = ByteBuffer()
-        answer.reserveCapacity(body.readableBytes + 256)
-        answer.writeStaticString("HTTP/1.1 200 OK\r\n")
-        for field in fields {
-            answer.writeString(field.name.rawName)
-            answer.writeStaticString(": ")
-            answer.writeString(field.value)
-            answer.writeStaticString("\r\n")
-        }
+        var headers = HTTPHeaders()
+        headers.reserveCapacity(fields.count + 2)
+        for field in fields { headers.add(name: field.name.rawName, value: field.value) }
         // Neither is among the handout's fields.
-        answer.writeStaticString("Content-Length: ")
-        answer.writeString(String(body.readableBytes))
-        answer.writeStaticString("\r\nDate: ")
-        answer.writeString(date())
-        answer.writeStaticString("\r\n\r\n")
-        answer.writeImmutableBuffer(body)
+        headers.add(name: "Content-Length", value: String(body.readableBytes))
+        headers.add(name: "Date", value: date())
         rules.logger.info("token API request", metadata: TokenAPIAccessRules.metadata(
             method: .get, path: path, status: .ok, fingerprint: fields[TokenAPI.fingerprintHeader], peer: peer, since: started))
         // What tells a held answer from a routed one when debugging (and in the tests).
         rules.logger.debug("token API request answered from memory on its event loop", metadata: ["path": "\(path)"])
-        return answer
+        return (HTTPResponseHead(version: .http1_1, status: .ok, headers: headers), body)
     }
 }
 
-/// Where a ``HeldTokenHandler`` writes its answers' bytes: in front of the HTTP/1 encoder, which
-/// takes only response parts. Passes every write on unchanged.
-final class HeldTokenOutlet: ChannelOutboundHandler, RemovableChannelHandler {
-    typealias OutboundIn = ByteBuffer
-    typealias OutboundOut = ByteBuffer
-}
-
-@available(*, unavailable)
-extension HeldTokenOutlet: Sendable {}
-
 /// In a token API connection's pipeline, between the HTTP/1 parser (and the absolute-form
 /// handler) and the conversion to HTTPTypes: answers what ``HeldTokenRoute`` can, passes the
-/// rest on; and the connection's idle timeout, which Hummingbird's connection state handler
+/// rest on, and keeps the connection's idle timeout, which Hummingbird's connection state handler
 /// kept before (it does not see the requests answered here).
 ///
 /// - Answers are written in request order: a request is answered here only while no request
 ///   passed on is still unanswered (HTTP/1.1 pipelining); a request with a body is passed on.
+///   They go through the HTTP/1 encoder, which pairs each answer with its request's method.
 /// - A client that does not read its answers is not answered here: while the connection is not
 ///   writable requests go to Hummingbird, which waits for each write (so nothing piles up here).
-/// - After a request asking to close (HTTP/1.1's `Connection: close`), nothing more is answered,
-///   here or there; a close waits for the answers written here.
-/// - Idle: the connection closes when no request has been in progress (being read, passed on
-///   and not yet answered) for `idleTimeout`, as Hummingbird's handler closed it. Graceful
-///   shutdown still goes through Hummingbird's handler, which sees every routed request.
+/// - After a request asking to close (`Connection: close`, matched as Hummingbird matches it),
+///   nothing more is answered, here or there; a close waits for the answers written here.
+/// - Idle: ``ConnectionIdleRule``, over every request and answer.
+/// - Graceful shutdown: Hummingbird's handler closes a connection with no routed request in
+///   progress; a request held here (its end not yet read) is answered first (or passed on
+///   before the shutdown is).
 final class HeldTokenHandler: ChannelDuplexHandler, RemovableChannelHandler {
     typealias InboundIn = HTTPServerRequestPart
     typealias InboundOut = HTTPServerRequestPart
@@ -108,7 +90,6 @@ final class HeldTokenHandler: ChannelDuplexHandler, RemovableChannelHandler {
 
     private let route: HeldTokenRoute
     private let peer: PeerIdentity?
-    private let idleTimeout: TimeAmount?
     /// Requests passed on whose answer's end has not been written yet.
     private var passedOn = 0
     /// The head of a request that may be answered here, held until its end arrives.
@@ -117,12 +98,12 @@ final class HeldTokenHandler: ChannelDuplexHandler, RemovableChannelHandler {
     /// A request asked to close the connection; what follows it is dropped once `discarding`.
     private var closing = false
     private var discarding = false
+    /// A graceful shutdown came while a request was held: passed on after it, if it is.
+    private var quiesceAfterHeld = false
     /// The last answer written here: a close waits for it (closing drops writes still queued).
     private var lastAnswer: EventLoopFuture<Void>?
-    /// Where this handler's answers go, before the HTTP/1 encoder.
-    private var outlet: ChannelHandlerContext?
-    /// The last time a request began or an answer ended, and the idle check's timer.
-    private var lastActive = NIODeadline.now()
+    /// The idle rule (nil: no idle timeout) and its check's timer.
+    private var idle: ConnectionIdleRule?
     private var idleCheck: Scheduled<Void>?
     /// This connection's `Date` value and its second (one event loop: no lock).
     private var date = (second: -1, text: "")
@@ -130,23 +111,20 @@ final class HeldTokenHandler: ChannelDuplexHandler, RemovableChannelHandler {
     init(_ route: HeldTokenRoute, peer: PeerIdentity?, idleTimeout: TimeAmount?) {
         self.route = route
         self.peer = peer
-        self.idleTimeout = idleTimeout
+        self.idle = idleTimeout.map { ConnectionIdleRule(timeout: $0, now: .now()) }
     }
 
     func handlerAdded(context: ChannelHandlerContext) {
-        outlet = try? context.pipeline.syncOperations.context(handlerType: HeldTokenOutlet.self)
-        if context.channel.isActive { scheduleIdleCheck(context, at: .now() + (idleTimeout ?? .zero)) }
+        if context.channel.isActive { startIdleRule(context) }
     }
 
     func handlerRemoved(context: ChannelHandlerContext) {
         idleCheck?.cancel()
         idleCheck = nil
-        outlet = nil
     }
 
     func channelActive(context: ChannelHandlerContext) {
-        lastActive = .now()
-        scheduleIdleCheck(context, at: lastActive + (idleTimeout ?? .zero))
+        startIdleRule(context)
         context.fireChannelActive()
     }
 
@@ -161,28 +139,42 @@ final class HeldTokenHandler: ChannelDuplexHandler, RemovableChannelHandler {
         case .head(let head):
             if closing { discarding = true }
             guard !discarding else { return }
-            lastActive = .now()
-            if !head.isKeepAlive { closing = true }
-            if passedOn == 0, head.method == .GET, outlet != nil, context.channel.isWritable { held = head } else { passOn(head, context) }
+            idle?.read(head: true, now: .now())
+            // Hummingbird's own test: the field's value exactly (HTTPTypes joins several with ", ").
+            let asksToClose = head.headers["connection"].joined(separator: ", ") == "close"
+            if asksToClose { closing = true }
+            if passedOn == 0, head.method == .GET, head.isKeepAlive || asksToClose, context.channel.isWritable {
+                held = head
+            } else {
+                passOn(head, context)
+            }
         case .body:
             guard !discarding else { return }
+            idle?.read(now: .now())
             if let head = held { passOn(head, context) }
             context.fireChannelRead(data)
         case .end:
             guard !discarding else { return }
+            idle?.read(end: true, now: .now())
             guard let head = held else { return context.fireChannelRead(data) }
             held = nil
-            guard let outlet, let answer = route.answer(head, peer: peer, date: httpDate()) else {
+            guard let (response, body) = route.answer(head, peer: peer, date: httpDate()) else {
                 passOn(head, context)
                 return context.fireChannelRead(data)
             }
             let written = context.eventLoop.makePromise(of: Void.self)
-            outlet.write(NIOAny(answer), promise: written)
+            context.write(wrapOutboundOut(.head(response)), promise: nil)
+            context.write(wrapOutboundOut(.body(.byteBuffer(body))), promise: nil)
+            context.write(wrapOutboundOut(.end(nil)), promise: written)
+            answerEnded(context)
             lastAnswer = written.futureResult
-            lastActive = .now()
             needsFlush = true
+            if quiesceAfterHeld {
+                quiesceAfterHeld = false
+                closing = true
+            }
             if closing {
-                outlet.flush()
+                context.flush()
                 needsFlush = false
                 written.futureResult.assumeIsolated().whenComplete { _ in context.close(promise: nil) }
             }
@@ -192,16 +184,25 @@ final class HeldTokenHandler: ChannelDuplexHandler, RemovableChannelHandler {
     func channelReadComplete(context: ChannelHandlerContext) {
         if needsFlush {
             needsFlush = false
-            outlet?.flush()
+            context.flush()
         }
         context.fireChannelReadComplete()
+    }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        // Hummingbird's handler does not know of a held request: it would close at once.
+        if event is ChannelShouldQuiesceEvent, held != nil {
+            quiesceAfterHeld = true
+            return
+        }
+        context.fireUserInboundEventTriggered(event)
     }
 
     func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
         // (A parse error's 400 answers no request passed on: never below 0.)
         if case .end = unwrapOutboundIn(data) {
             passedOn = max(0, passedOn - 1)
-            lastActive = .now()
+            answerEnded(context)
         }
         context.write(data, promise: promise)
     }
@@ -216,22 +217,34 @@ final class HeldTokenHandler: ChannelDuplexHandler, RemovableChannelHandler {
         held = nil
         passedOn += 1
         context.fireChannelRead(wrapInboundOut(.head(head)))
+        if quiesceAfterHeld {
+            // Now Hummingbird's handler sees the request in progress, and closes after its answer.
+            quiesceAfterHeld = false
+            context.fireUserInboundEventTriggered(ChannelShouldQuiesceEvent())
+        }
     }
 
-    /// Checks at `deadline` whether the connection has been idle for the idle timeout: closes
-    /// it then, else checks again when it could first be.
+    private func startIdleRule(_ context: ChannelHandlerContext) {
+        guard let timeout = idle?.timeout else { return }
+        idle = ConnectionIdleRule(timeout: timeout, now: .now())
+        scheduleIdleCheck(context, at: idle!.firstCheck())
+    }
+
+    private func answerEnded(_ context: ChannelHandlerContext) {
+        if let next = idle?.answered(now: .now()) { scheduleIdleCheck(context, at: next) }
+    }
+
+    /// The idle rule's check at `deadline` (one timer at a time: a later check waits for the
+    /// earlier one, which reschedules from the rule's facts).
     private func scheduleIdleCheck(_ context: ChannelHandlerContext, at deadline: NIODeadline) {
-        guard let idleTimeout, idleCheck == nil else { return }
+        guard idle != nil, idleCheck == nil else { return }
         idleCheck = context.eventLoop.assumeIsolated().scheduleTask(deadline: deadline) {
             self.idleCheck = nil
-            guard context.channel.isActive else { return }
-            let now = NIODeadline.now()
-            if self.held != nil || self.passedOn > 0 {
-                self.scheduleIdleCheck(context, at: now + idleTimeout)
-            } else if now >= self.lastActive + idleTimeout {
-                context.close(promise: nil)
-            } else {
-                self.scheduleIdleCheck(context, at: self.lastActive + idleTimeout)
+            guard context.channel.isActive, let rule = self.idle else { return }
+            switch rule.check(now: .now()) {
+            case .close: context.close(promise: nil)
+            case .checkAgain(let at): self.scheduleIdleCheck(context, at: at)
+            case .waitForAnswer: break
             }
         }
     }

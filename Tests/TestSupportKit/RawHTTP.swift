@@ -140,7 +140,7 @@ public enum RawHTTP {
     }
 
     /// Reads `fd` until the peer closes; a read error (the receive timeout) throws.
-    static func readToEnd(_ fd: Int32) throws -> [UInt8] {
+    public static func readToEnd(_ fd: Int32) throws -> [UInt8] {
         var received: [UInt8] = []
         var buffer = [UInt8](repeating: 0, count: 65536)
         while true {

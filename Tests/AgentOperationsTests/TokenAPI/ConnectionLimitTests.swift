@@ -204,6 +204,15 @@ struct ConnectionLimitTests {
         #expect(await eventually(within: 15) { isClosedByPeer(late) }, "then idle: closed")
         let idleFor = Date().timeIntervalSince(last)
         #expect(idleFor > 2, "closed for being idle (about 5 s after the last answer): \(idleFor)")
+        // A request whose body never comes is idle too, once its parts stop coming: it does not
+        // hold its connection (and a slot under the caps) for good.
+        let stalled = try keptAlive(unix)
+        open.append(stalled)
+        let partial = Array("GET /v1/token/vehicle/v-1 HTTP/1.1\r\nHost: localhost\r\nFleet-Token-Request: true\r\nContent-Length: 1\r\n\r\n".utf8)
+        #expect(Glibc.send(stalled, partial, partial.count, Int32(MSG_NOSIGNAL)) == partial.count)
+        let sent = Date()
+        #expect(await eventually(within: 15) { isClosedByPeer(stalled) }, "a stalled request's connection is closed")
+        #expect(Date().timeIntervalSince(sent) > 2, "closed for being idle, not at once")
         #expect(await agent.stop() == 0, "\(agent.process.stderr.suffix(2000))")
     }
 

@@ -115,6 +115,57 @@ struct HeldTokenRouteTests {
         #expect(await agent.stop() == 0, "\(agent.process.stderr.suffix(2000))")
     }
 
+    @Test("behind a held token's answer, a HEAD and then a routed GET on the same connection are each framed for their own request (the HTTP/1 encoder pairs answers with requests)")
+    func framingAfterHeldAnswer() async throws {
+        let scratch = Scratch()
+        let issuer = try await IssuerProcess(scratch: scratch)
+        let agent = try await APIAgent.start(scratch, provider: issuer.template, ["--vehicle", "v-0"], tcp: true)
+        let port = try #require(agent.tcpPort)
+        #expect(await eventually(within: 60) {
+            (try? RawHTTP.send(.tcp(port: port), "GET", "/v1/token/vehicle/v-0", headers: [("Fleet-Token-Request", "true")]))?.status == 200
+        })
+        for endpoint in [RawHTTP.Endpoint.tcp(port: port), .unix(agent.socket)] {
+            let raw = try await offCooperativePool {
+                try RawHTTP.pipelined(endpoint, [
+                    Self.get("/v1/token/vehicle/v-0"),
+                    "HEAD /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n",
+                    "GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+                ])
+            }
+            let answers = raw.components(separatedBy: "HTTP/1.1 ").dropFirst().map { String($0) }
+            #expect(answers.count == 3, "\(endpoint): \(raw.prefix(1500))")
+            guard answers.count == 3 else { continue }
+            #expect(answers[0].hasPrefix("200") && answers[0].contains("\"id\":\"v-0\""), "\(answers[0].prefix(300))")
+            #expect(answers[1].hasSuffix("\r\n\r\n"), "the HEAD's answer has no body: \(answers[1])")
+            #expect(answers[2].hasPrefix("200") && answers[2].hasSuffix("{\"status\":\"ok\"}"), "the GET's answer has its body: \(answers[2])")
+        }
+        #expect(await agent.stop() == 0, "\(agent.process.stderr.suffix(2000))")
+    }
+
+    @Test("a graceful stop (SIGTERM) while a token request's body is still coming waits for it and answers it, then closes")
+    func gracefulStopWithRequestInProgress() async throws {
+        let scratch = Scratch()
+        let issuer = try await IssuerProcess(scratch: scratch)
+        let agent = try await APIAgent.start(scratch, provider: issuer.template, ["--vehicle", "v-0"], tcp: true)
+        let port = try #require(agent.tcpPort)
+        #expect(await eventually(within: 60) {
+            (try? RawHTTP.send(.tcp(port: port), "GET", "/v1/token/vehicle/v-0", headers: [("Fleet-Token-Request", "true")]))?.status == 200
+        })
+        let connection = RawHTTP.openIdle(.tcp(port: port))
+        try #require(connection >= 0)
+        defer { close(connection) }
+        // The head of a held token's request, with a body of one byte still to come.
+        let head = Array("GET /v1/token/vehicle/v-0 HTTP/1.1\r\nHost: localhost\r\nFleet-Token-Request: true\r\nContent-Length: 1\r\n\r\n".utf8)
+        #expect(Glibc.send(connection, head, head.count, Int32(MSG_NOSIGNAL)) == head.count)
+        try await Task.sleep(for: .milliseconds(300))
+        agent.process.signal(SIGTERM)
+        try await Task.sleep(for: .milliseconds(500))
+        #expect(Glibc.send(connection, [UInt8(ascii: "x")], 1, Int32(MSG_NOSIGNAL)) == 1, "the connection is still open")
+        let raw = String(decoding: try await offCooperativePool { try RawHTTP.readToEnd(connection) }, as: UTF8.self)
+        #expect(raw.hasPrefix("HTTP/1.1 200") && raw.contains("\"id\":\"v-0\""), "answered, then closed: \(raw.prefix(400))")
+        #expect(await agent.process.wait(upTo: 60) == 0, "\(agent.process.stderr.suffix(2000))")
+    }
+
     @Test("on the Unix socket, client rules decide a held token per caller: granted to this uid it is served, to another it is refused")
     func clientRulesOnHeldTokens() async throws {
         let scratch = Scratch()
