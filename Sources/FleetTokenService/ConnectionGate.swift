@@ -147,23 +147,20 @@ package final class ConnectionGate: Sendable {
 
     /// An HTTP/1 server whose connections pass this gate first; `configuration`'s idle timeout
     /// for connections accepted below the busy threshold, the shorter busy one above it;
-    /// `heldTokens` answers held tokens on each connection's event loop.
+    /// `heldTokens` answers held tokens on each connection's event loop, and then keeps the idle
+    /// timeouts (Hummingbird's connection handler, which does not see those requests, keeps none).
     /// Resolves (and logs) the caps now, as the listener starts.
     func http1(configuration: HTTP1Channel.Configuration, unixSocket: Bool, heldTokens: HeldTokenRoute?) -> HTTPServerBuilder {
         _ = caps
-        var shortened = configuration
         let short = TimeAmount.nanoseconds(Int64(APIConnectionLimits.busyIdleTimeout.components.seconds) * 1_000_000_000)
-        shortened.idleTimeout = configuration.idleTimeout.map { min($0, short) } ?? short
-        let busy = shortened
-        // Held tokens are answered below Hummingbird's connection state handler, which then
-        // does not see every request: the held-token handler keeps the idle timeout instead.
-        var (normalChannel, busyChannel) = (configuration, busy)
-        if heldTokens != nil { (normalChannel.idleTimeout, busyChannel.idleTimeout) = (nil, nil) }
-        let (unchanged, lowered) = (normalChannel, busyChannel)
+        let idleTimeouts = (normal: configuration.idleTimeout, busy: configuration.idleTimeout.map { min($0, short) } ?? short)
+        var (normal, busy) = (configuration, configuration)
+        (normal.idleTimeout, busy.idleTimeout) = heldTokens == nil ? (idleTimeouts.normal, idleTimeouts.busy) : (nil, nil)
+        let (normalConfiguration, busyConfiguration) = (normal, busy)
         return HTTPServerBuilder { responder in
-            GatedHTTP1Channel(normal: HTTP1Channel(responder: responder, configuration: unchanged),
-                              busy: HTTP1Channel(responder: responder, configuration: lowered), gate: self, unixSocket: unixSocket,
-                              heldTokens: heldTokens, idleTimeouts: (configuration.idleTimeout, busy.idleTimeout))
+            GatedHTTP1Channel(normal: HTTP1Channel(responder: responder, configuration: normalConfiguration),
+                              busy: HTTP1Channel(responder: responder, configuration: busyConfiguration), gate: self, unixSocket: unixSocket,
+                              heldTokens: heldTokens, idleTimeouts: idleTimeouts)
         }
     }
 }

@@ -45,12 +45,17 @@ struct ConnectionIdleRule: Equatable {
         if end { beingRead = false }
     }
 
-    /// A request's answer ended at `now`: when to check next, or nil while answers are pending.
+    /// A request's answer ended at `now`: when to check next, or nil while every request in
+    /// progress has been read whole and waits for its answer (the answer's end checks again).
     mutating func answered(now: NIODeadline) -> NIODeadline? {
         inProgress = max(0, inProgress - 1)
-        guard inProgress == 0 else { return nil }
-        lastActive = now
-        return now + timeout
+        if inProgress == 0 {
+            lastActive = now
+            return now + timeout
+        }
+        // A request still being read behind the one answered: idle once its parts stop coming,
+        // even though an earlier check waited for this answer and stopped.
+        return beingRead ? lastActive + timeout : nil
     }
 
     /// The decision at `now`, when a check's time came.

@@ -100,6 +100,8 @@ final class HeldTokenHandler: ChannelDuplexHandler, RemovableChannelHandler {
     private var discarding = false
     /// A graceful shutdown came while a request was held: passed on after it, if it is.
     private var quiesceAfterHeld = false
+    /// The last request was answered here and asked to close: the connection closes after it.
+    private var closesAfterAnswer = false
     /// The last answer written here: a close waits for it (closing drops writes still queued).
     private var lastAnswer: EventLoopFuture<Void>?
     /// The idle rule (nil: no idle timeout) and its check's timer.
@@ -176,6 +178,7 @@ final class HeldTokenHandler: ChannelDuplexHandler, RemovableChannelHandler {
             if closing {
                 context.flush()
                 needsFlush = false
+                closesAfterAnswer = true
                 written.futureResult.assumeIsolated().whenComplete { _ in context.close(promise: nil) }
             }
         }
@@ -207,8 +210,18 @@ final class HeldTokenHandler: ChannelDuplexHandler, RemovableChannelHandler {
         context.write(data, promise: promise)
     }
 
-    /// Hummingbird's close (or half-close) after its last answer: once the answers written here are out.
+    /// The parser refuses what a client sends after a request asking to close; when that request
+    /// was answered here, the connection closes once its answer is out, and Hummingbird (which
+    /// never saw the request) must not answer the refusal with a 400 behind it.
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        if closesAfterAnswer { return }
+        context.fireErrorCaught(error)
+    }
+
+    /// Hummingbird's close (or half-close) after its last answer: once the answers written here
+    /// are out. After a full close nothing more is answered here.
     func close(context: ChannelHandlerContext, mode: CloseMode, promise: EventLoopPromise<Void>?) {
+        if mode == .all { closing = true }
         guard let lastAnswer else { return context.close(mode: mode, promise: promise) }
         lastAnswer.assumeIsolated().whenComplete { _ in context.close(mode: mode, promise: promise) }
     }

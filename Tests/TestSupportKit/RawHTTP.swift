@@ -89,7 +89,8 @@ public enum RawHTTP {
         (try? connect(endpoint, timeout: 5)) ?? -1
     }
 
-    static func connect(_ endpoint: Endpoint, timeout: Int) throws -> Int32 {
+    /// A connection to `endpoint` whose reads and writes time out after `timeout` seconds: the descriptor.
+    public static func connect(_ endpoint: Endpoint, timeout: Int) throws -> Int32 {
         let fd: Int32
         let result: Int32
         switch endpoint {

@@ -46,4 +46,14 @@ struct ConnectionIdleRuleTests {
         #expect(rule.answered(now: at(30)) == at(35))
         #expect(rule.inProgress == 0)
     }
+
+    @Test("a request still being read behind one waiting for its answer: when that answer ends, the check starts again, and the stalled request is idle")
+    func stalledBehindWaiting() {
+        var rule = ConnectionIdleRule(timeout: .seconds(5), now: start)
+        rule.read(head: true, end: true, now: at(1))           // R1, read whole, its answer slow
+        #expect(rule.check(now: at(6)) == .waitForAnswer)       // the check stops here
+        rule.read(head: true, now: at(7))                       // R2's head; its body never comes
+        #expect(rule.answered(now: at(8)) == at(12), "R1's answer ends: check again at R2's last part + 5 s")
+        #expect(rule.check(now: at(12)) == .close)
+    }
 }

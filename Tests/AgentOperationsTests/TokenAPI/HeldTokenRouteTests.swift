@@ -119,12 +119,14 @@ struct HeldTokenRouteTests {
     func framingAfterHeldAnswer() async throws {
         let scratch = Scratch()
         let issuer = try await IssuerProcess(scratch: scratch)
-        let agent = try await APIAgent.start(scratch, provider: issuer.template, ["--vehicle", "v-0"], tcp: true)
+        let agent = try await APIAgent.start(scratch, provider: issuer.template, ["--vehicle", "v-0"], tcp: true, logLevel: "debug")
         let port = try #require(agent.tcpPort)
         #expect(await eventually(within: 60) {
             (try? RawHTTP.send(.tcp(port: port), "GET", "/v1/token/vehicle/v-0", headers: [("Fleet-Token-Request", "true")]))?.status == 200
         })
+        func heldAnswers() -> Int { agent.process.stderr.components(separatedBy: "\n").filter { $0.contains("answered from memory on its event loop") }.count }
         for endpoint in [RawHTTP.Endpoint.tcp(port: port), .unix(agent.socket)] {
+            let before = heldAnswers()
             let raw = try await offCooperativePool {
                 try RawHTTP.pipelined(endpoint, [
                     Self.get("/v1/token/vehicle/v-0"),
@@ -138,32 +140,43 @@ struct HeldTokenRouteTests {
             #expect(answers[0].hasPrefix("200") && answers[0].contains("\"id\":\"v-0\""), "\(answers[0].prefix(300))")
             #expect(answers[1].hasSuffix("\r\n\r\n"), "the HEAD's answer has no body: \(answers[1])")
             #expect(answers[2].hasPrefix("200") && answers[2].hasSuffix("{\"status\":\"ok\"}"), "the GET's answer has its body: \(answers[2])")
+            #expect(await eventually(within: 10) { heldAnswers() == before + 1 }, "\(endpoint): the first was answered from memory")
         }
         #expect(await agent.stop() == 0, "\(agent.process.stderr.suffix(2000))")
     }
 
-    @Test("a graceful stop (SIGTERM) while a token request's body is still coming waits for it and answers it, then closes")
+    @Test("a graceful stop (SIGTERM) while a token request's end is still to come waits for it and answers it, then closes: answered from memory (a chunked GET) or routed (a body)")
     func gracefulStopWithRequestInProgress() async throws {
-        let scratch = Scratch()
-        let issuer = try await IssuerProcess(scratch: scratch)
-        let agent = try await APIAgent.start(scratch, provider: issuer.template, ["--vehicle", "v-0"], tcp: true)
-        let port = try #require(agent.tcpPort)
-        #expect(await eventually(within: 60) {
-            (try? RawHTTP.send(.tcp(port: port), "GET", "/v1/token/vehicle/v-0", headers: [("Fleet-Token-Request", "true")]))?.status == 200
-        })
-        let connection = RawHTTP.openIdle(.tcp(port: port))
-        try #require(connection >= 0)
-        defer { close(connection) }
-        // The head of a held token's request, with a body of one byte still to come.
-        let head = Array("GET /v1/token/vehicle/v-0 HTTP/1.1\r\nHost: localhost\r\nFleet-Token-Request: true\r\nContent-Length: 1\r\n\r\n".utf8)
-        #expect(Glibc.send(connection, head, head.count, Int32(MSG_NOSIGNAL)) == head.count)
-        try await Task.sleep(for: .milliseconds(300))
-        agent.process.signal(SIGTERM)
-        try await Task.sleep(for: .milliseconds(500))
-        #expect(Glibc.send(connection, [UInt8(ascii: "x")], 1, Int32(MSG_NOSIGNAL)) == 1, "the connection is still open")
-        let raw = String(decoding: try await offCooperativePool { try RawHTTP.readToEnd(connection) }, as: UTF8.self)
-        #expect(raw.hasPrefix("HTTP/1.1 200") && raw.contains("\"id\":\"v-0\""), "answered, then closed: \(raw.prefix(400))")
-        #expect(await agent.process.wait(upTo: 60) == 0, "\(agent.process.stderr.suffix(2000))")
+        // (head sent before the stop, rest sent after it)
+        let variants = [
+            ("Transfer-Encoding: chunked\r\n\r\n", "0\r\n\r\n"),  // no body part: answered here
+            ("Content-Length: 1\r\n\r\n", "x"),                     // a body: passed on to the router
+        ]
+        for (headEnd, rest) in variants {
+            let scratch = Scratch()
+            let issuer = try await IssuerProcess(scratch: scratch)
+            let agent = try await APIAgent.start(scratch, provider: issuer.template, ["--vehicle", "v-0"], tcp: true)
+            let port = try #require(agent.tcpPort)
+            let connection = RawHTTP.openIdle(.tcp(port: port))
+            try #require(connection >= 0)
+            defer { close(connection) }
+            // Served once on this connection (the token fetched, the connection read from).
+            let first = try RawHTTP.answer(on: connection, Self.get("/v1/token/vehicle/v-0"))
+            #expect(first.hasPrefix("HTTP/1.1 200"), "\(first.prefix(300))")
+            let head = Array("GET /v1/token/vehicle/v-0 HTTP/1.1\r\nHost: localhost\r\nFleet-Token-Request: true\r\n\(headEnd)".utf8)
+            #expect(Glibc.send(connection, head, head.count, Int32(MSG_NOSIGNAL)) == head.count)
+            try await Task.sleep(for: .milliseconds(500))  // read by the agent's event loop meanwhile
+            agent.process.signal(SIGTERM)
+            // The stop has begun once the listener is closed; its connections are told then.
+            #expect(await eventually(within: 30) { (try? RawHTTP.connect(.tcp(port: port), timeout: 1)).map { close($0); return false } ?? true },
+                    "the listener closes on SIGTERM")
+            try await Task.sleep(for: .milliseconds(300))
+            let bytes = Array(rest.utf8)
+            #expect(Glibc.send(connection, bytes, bytes.count, Int32(MSG_NOSIGNAL)) == bytes.count)
+            let raw = String(decoding: try await offCooperativePool { try RawHTTP.readToEnd(connection) }, as: UTF8.self)
+            #expect(raw.hasPrefix("HTTP/1.1 200") && raw.contains("\"id\":\"v-0\""), "\(headEnd): answered, then closed: \(raw.prefix(400))")
+            #expect(await agent.process.wait(upTo: 60) == 0, "\(agent.process.stderr.suffix(2000))")
+        }
     }
 
     @Test("on the Unix socket, client rules decide a held token per caller: granted to this uid it is served, to another it is refused")
