@@ -154,9 +154,8 @@ struct ConnectionLimitTests {
     @Test("a connection accepted while half the overall cap or more is in use is closed after 5 s idle; the earlier ones keep the 30 s timeout")
     func busyIdleTimeout() async throws {
         let scratch = Scratch()
-        let issuer = try await IssuerProcess(scratch: scratch)
-        let agent = try await CappedAgent.start(scratch, provider: issuer.template, ["--vehicle", "v-1", "--max-api-connections", "4", "--max-api-connections-per-peer", "4"])
-        let unix = RawHTTP.Endpoint.unix(agent.socket)
+        let (issuer, agent, unix) = try await Self.agentCappedAtFour(scratch)
+        defer { withExtendedLifetime(issuer) {} }
         var open: [Int32] = []
         defer { for descriptor in open { close(descriptor) } }
         // No closed connection before these two: the agent releases a closed one's slot a little
@@ -176,9 +175,8 @@ struct ConnectionLimitTests {
     @Test("a busy connection kept in use by held-token GETs (answered before Hummingbird's connection handler sees them) outlives its 5 s idle timeout, and closes about 5 s after its last answer")
     func busyConnectionInUse() async throws {
         let scratch = Scratch()
-        let issuer = try await IssuerProcess(scratch: scratch)
-        let agent = try await CappedAgent.start(scratch, provider: issuer.template, ["--vehicle", "v-1", "--max-api-connections", "4", "--max-api-connections-per-peer", "4"])
-        let unix = RawHTTP.Endpoint.unix(agent.socket)
+        let (issuer, agent, unix) = try await Self.agentCappedAtFour(scratch)
+        defer { withExtendedLifetime(issuer) {} }
         var open: [Int32] = []
         defer { for descriptor in open { close(descriptor) } }
         // v-1 is configured, so held once fetched: its GETs are answered from memory.
@@ -345,6 +343,14 @@ struct ConnectionLimitTests {
     /// Opens kept-alive connections to `endpoint` until `count` more are in `open` (at most
     /// 10 s). A connection the client closed (a probe, a refused one) holds its slot until the
     /// agent sees it closed: a 503 meanwhile (runs of this suite met one) is tried again.
+    /// A token issuer (kept by the caller: it stops when released), an agent tracking v-1 from
+    /// it whose caps are 4 connections overall and per peer (busy from 2 open), and its Unix socket.
+    static func agentCappedAtFour(_ scratch: Scratch) async throws -> (IssuerProcess, CappedAgent, RawHTTP.Endpoint) {
+        let issuer = try await IssuerProcess(scratch: scratch)
+        let agent = try await CappedAgent.start(scratch, provider: issuer.template, ["--vehicle", "v-1", "--max-api-connections", "4", "--max-api-connections-per-peer", "4"])
+        return (issuer, agent, .unix(agent.socket))
+    }
+
     func keptAlive(_ count: Int, _ endpoint: RawHTTP.Endpoint, into open: inout [Int32]) async -> Bool {
         let target = open.count + count
         return await eventually(within: 30) {
