@@ -104,7 +104,9 @@ final class HeldTokenHandler: ChannelDuplexHandler, RemovableChannelHandler {
     private var closesAfterAnswer = false
     /// The last answer written here: a close waits for it (closing drops writes still queued).
     private var lastAnswer: EventLoopFuture<Void>?
-    /// The idle rule (nil: no idle timeout) and its check's timer.
+    private let idleTimeout: TimeAmount?
+    /// The idle rule from the connection's start (nil: not active yet, or no idle timeout) and
+    /// its check's timer.
     private var idle: ConnectionIdleRule?
     private var idleCheck: Scheduled<Void>?
     /// This connection's `Date` value and its second (one event loop: no lock).
@@ -113,7 +115,7 @@ final class HeldTokenHandler: ChannelDuplexHandler, RemovableChannelHandler {
     init(_ route: HeldTokenRoute, peer: PeerIdentity?, idleTimeout: TimeAmount?) {
         self.route = route
         self.peer = peer
-        self.idle = idleTimeout.map { ConnectionIdleRule(timeout: $0, now: .now()) }
+        self.idleTimeout = idleTimeout
     }
 
     func handlerAdded(context: ChannelHandlerContext) {
@@ -238,9 +240,10 @@ final class HeldTokenHandler: ChannelDuplexHandler, RemovableChannelHandler {
     }
 
     private func startIdleRule(_ context: ChannelHandlerContext) {
-        guard let timeout = idle?.timeout else { return }
-        idle = ConnectionIdleRule(timeout: timeout, now: .now())
-        scheduleIdleCheck(context, at: idle!.firstCheck())
+        guard let idleTimeout else { return }
+        let rule = ConnectionIdleRule(timeout: idleTimeout, now: .now())
+        idle = rule
+        scheduleIdleCheck(context, at: rule.firstCheck())
     }
 
     private func answerEnded(_ context: ChannelHandlerContext) {

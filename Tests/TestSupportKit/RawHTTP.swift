@@ -128,7 +128,7 @@ public enum RawHTTP {
     }
 
     /// Writes all of `bytes` to `fd`; false when a write fails (errno says why).
-    static func writeAll(_ fd: Int32, _ bytes: [UInt8]) -> Bool {
+    public static func writeAll(_ fd: Int32, _ bytes: [UInt8]) -> Bool {
         var sent = 0
         while sent < bytes.count {
             // MSG_NOSIGNAL: a connection the server closed fails the write instead of ending

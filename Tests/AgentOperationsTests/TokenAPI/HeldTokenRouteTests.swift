@@ -164,7 +164,7 @@ struct HeldTokenRouteTests {
             let first = try RawHTTP.answer(on: connection, Self.get("/v1/token/vehicle/v-0"))
             #expect(first.hasPrefix("HTTP/1.1 200"), "\(first.prefix(300))")
             let head = Array("GET /v1/token/vehicle/v-0 HTTP/1.1\r\nHost: localhost\r\nFleet-Token-Request: true\r\n\(headEnd)".utf8)
-            #expect(Glibc.send(connection, head, head.count, Int32(MSG_NOSIGNAL)) == head.count)
+            #expect(RawHTTP.writeAll(connection, head))
             try await Task.sleep(for: .milliseconds(500))  // read by the agent's event loop meanwhile
             agent.process.signal(SIGTERM)
             // The stop has begun once the listener is closed; its connections are told then.
@@ -172,7 +172,7 @@ struct HeldTokenRouteTests {
                     "the listener closes on SIGTERM")
             try await Task.sleep(for: .milliseconds(300))
             let bytes = Array(rest.utf8)
-            #expect(Glibc.send(connection, bytes, bytes.count, Int32(MSG_NOSIGNAL)) == bytes.count)
+            #expect(RawHTTP.writeAll(connection, bytes))
             let raw = String(decoding: try await offCooperativePool { try RawHTTP.readToEnd(connection) }, as: UTF8.self)
             #expect(raw.hasPrefix("HTTP/1.1 200") && raw.contains("\"id\":\"v-0\""), "\(headEnd): answered, then closed: \(raw.prefix(400))")
             #expect(await agent.process.wait(upTo: 60) == 0, "\(agent.process.stderr.suffix(2000))")
