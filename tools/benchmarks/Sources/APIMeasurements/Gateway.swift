@@ -5,7 +5,9 @@
 //
 // - Memory: VmRSS once every subject has been refreshed `refreshes` times (tokens of a short
 //   lifetime from a development issuer of its own, so refreshes come every few seconds) and the
-//   API has answered each subject; the split between anonymous memory and mapped files beside it.
+//   API has answered each subject; the split between anonymous memory and mapped files beside it,
+//   and how much of the mapped files' pages the agent used after its first refresh of every subject
+//   (the rest: pages used only while starting, and pages the kernel mapped around those used).
 // - Size: the binary as built and stripped (`strip` on a copy).
 
 import BenchmarkSupport
@@ -42,7 +44,13 @@ func measureGateway(agentPath: String, scratch: String, settings: GatewaySetting
         // A first token and `refreshes` more for every subject.
         let wanted = settings.subjects * (settings.refreshes + 1)
         let deadline = monotonicNanoseconds() + UInt64((Double(settings.refreshes + 2) * settings.lifetime * 2) * 1e9)
+        // Pages used from here on: the agent started, and refreshed every subject once.
+        var referencesCleared = false
         while issuer.issuedCount < wanted {
+            if !referencesCleared && issuer.issuedCount >= settings.subjects * 2 {
+                guard agent.clearReferencedPages() else { throw MeasurementError("cannot write /proc/\(agent.pid)/clear_refs") }
+                referencesCleared = true
+            }
             guard agent.isRunning else { throw MeasurementError("the gateway agent exited:\n\(agent.logTail)") }
             guard monotonicNanoseconds() < deadline else {
                 throw MeasurementError("the gateway agent fetched \(issuer.issuedCount) tokens of \(wanted) in time")
@@ -58,6 +66,7 @@ func measureGateway(agentPath: String, scratch: String, settings: GatewaySetting
         }
         try await Task.sleep(for: .seconds(2))
         results.merge(residentFigures(of: agent, suffix: "5_subjects")) { $1 }
+        results["agent_files_referenced_mib_5_subjects"] = rounded(Double(agent.referencedFileKiB()) / 1024, 1)
         results["agent_threads_5_subjects"] = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(agent.pid)/task").count) ?? 0
         results["gateway_tokens_fetched"] = issuer.issuedCount
     } catch {
