@@ -340,9 +340,6 @@ struct ConnectionLimitTests {
         return (answered.count, silent.count, descriptors.count - answered.count - silent.count)
     }
 
-    /// Opens kept-alive connections to `endpoint` until `count` more are in `open` (at most
-    /// 10 s). A connection the client closed (a probe, a refused one) holds its slot until the
-    /// agent sees it closed: a 503 meanwhile (runs of this suite met one) is tried again.
     /// A token issuer (kept by the caller: it stops when released), an agent tracking v-1 from
     /// it whose caps are 4 connections overall and per peer (busy from 2 open), and its Unix socket.
     static func agentCappedAtFour(_ scratch: Scratch) async throws -> (IssuerProcess, CappedAgent, RawHTTP.Endpoint) {
@@ -351,6 +348,9 @@ struct ConnectionLimitTests {
         return (issuer, agent, .unix(agent.socket))
     }
 
+    /// Opens kept-alive connections to `endpoint` until `count` more are in `open` (at most
+    /// 10 s). A connection the client closed (a probe, a refused one) holds its slot until the
+    /// agent sees it closed: a 503 meanwhile (runs of this suite met one) is tried again.
     func keptAlive(_ count: Int, _ endpoint: RawHTTP.Endpoint, into open: inout [Int32]) async -> Bool {
         let target = open.count + count
         return await eventually(within: 30) {

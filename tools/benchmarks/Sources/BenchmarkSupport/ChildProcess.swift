@@ -130,7 +130,6 @@ public final class Child {
     /// Clears the accessed bits of every page the process has mapped (`/proc/PID/clear_refs`), so
     /// that ``referencedFileKiB()`` later counts only what it used since. False when the kernel
     /// refused (another user's process, or no such file).
-    @discardableResult
     public func clearReferencedPages() -> Bool {
         guard let handle = FileHandle(forWritingAtPath: "/proc/\(pid)/clear_refs") else { return false }
         defer { try? handle.close() }
