@@ -40,6 +40,11 @@ protocol RefreshSchedule: Sendable {
     func scheduleNow(_ keys: [TokenKey])
     /// Drops `key`'s deadline.
     func unschedule(_ key: TokenKey)
+    /// Makes `key` due again once a commit of it lands: an idle key waits for its write before
+    /// it leaves memory.
+    func dueAgainOnCommit(_ key: TokenKey)
+    /// Forgets ``dueAgainOnCommit(_:)`` for `key`.
+    func forgetDueAgainOnCommit(_ key: TokenKey)
     /// Whether `key` has a deadline.
     func isScheduled(_ key: TokenKey) -> Bool
     /// The earliest deadline.

@@ -47,6 +47,10 @@ extension EngineParts: RefreshSchedule {
 
     func unschedule(_ key: TokenKey) { scheduler.cancel(key) }
 
+    func dueAgainOnCommit(_ key: TokenKey) { scheduler.dueAgainOnCommit(key) }
+
+    func forgetDueAgainOnCommit(_ key: TokenKey) { scheduler.forgetDueAgainOnCommit(key) }
+
     func isScheduled(_ key: TokenKey) -> Bool { scheduler.deadline(of: key) != nil }
 
     var earliestDeadline: Date? { scheduler.earliest }

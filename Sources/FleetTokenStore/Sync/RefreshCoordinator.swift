@@ -204,8 +204,13 @@ actor RefreshCoordinator<Effects: CoordinatorEffects> {
         guard inFlight[key] == nil else { return }
         guard wantsProactiveRefresh(key) else {
             // Idle and untracked (a finished trip): stop refreshing it and free its memory; a
-            // later request reads the store again.
-            if !effects.isCommitPending(key) { effects.evict(key) }
+            // later request reads the store again. Not while its write waits for the store (that
+            // request would miss it and fetch again): due again once the write lands. Asked for
+            // before the check, so that a write landing in between is not missed.
+            effects.dueAgainOnCommit(key)
+            guard !effects.isCommitPending(key) else { return }
+            effects.forgetDueAgainOnCommit(key)
+            effects.evict(key)
             return
         }
         backgroundFlights += 1
@@ -310,13 +315,17 @@ extension RefreshCoordinator where Effects == EngineParts {
         let lease = CrossProcessLease(store: leases, changes: { repository.changes() },
                                       driveChanges: { await repository.followChanges() }, duration: policy.leaseDuration,
                                       clock: clock, now: now, logger: logger)
+        let scheduler = RefreshScheduler(clock: clock)
         let committer = GroupCommitter(repository: repository, health: health, events: events, logger: logger, clock: clock,
-                                       committed: { await lease.releaseHandedOver($0) },
+                                       committed: { keys in
+                                           scheduler.commitsLanded(keys)
+                                           await lease.releaseHandedOver(keys)
+                                       },
                                        invalidationPending: { memory.setInvalidationPending($0, $1) })
         let shutdown = ShutdownFlag()
         let parts = EngineParts(
             policy: policy, memory: memory, repository: repository, fetcher: fetcher, validator: TokenValidator(policy: policy),
-            lease: lease, slots: FetchSlots(limit: policy.maxConcurrentFetches), scheduler: RefreshScheduler(clock: clock),
+            lease: lease, slots: FetchSlots(limit: policy.maxConcurrentFetches), scheduler: scheduler,
             committer: committer, skew: ClockSkewTracker(policy: policy, memory: memory, logger: logger, clock: clock, now: now),
             health: health, events: events, metrics: metrics, logger: logger, now: now, random: random, shutdown: shutdown)
         let sweeper = RetentionSweeper(repository: repository, retention: policy.retention, clock: clock, now: now,

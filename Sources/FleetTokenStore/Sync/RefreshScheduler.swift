@@ -8,6 +8,8 @@ import Synchronization
 final class RefreshScheduler: Sendable {
     private struct State: Sendable {
         var queue = DeadlineQueue()
+        /// Keys to make due again when a commit of theirs lands (``dueAgainOnCommit(_:)``).
+        var dueOnCommit: Set<TokenKey> = []
         var heartbeat: SchedulerHeartbeat?
         /// While the loop sleeps: true once its wake-up time has come on the clock.
         var sleepIsOver: (@Sendable () -> Bool)?
@@ -35,6 +37,30 @@ final class RefreshScheduler: Sendable {
     /// Sets `key`'s deadline, waking the loop when it is the new earliest.
     func schedule(_ key: TokenKey, at due: Date) {
         if state.withLock({ $0.queue.schedule(key, at: due) }) { wake() }
+    }
+
+    /// Makes `key` due at once when a commit of it lands (``commitsLanded(_:)``).
+    func dueAgainOnCommit(_ key: TokenKey) {
+        _ = state.withLock { $0.dueOnCommit.insert(key) }
+    }
+
+    /// Forgets ``dueAgainOnCommit(_:)`` for `key`.
+    func forgetDueAgainOnCommit(_ key: TokenKey) {
+        _ = state.withLock { $0.dueOnCommit.remove(key) }
+    }
+
+    /// The group commit wrote `keys`: those waiting for it are due now, unless a deadline was
+    /// set for them meanwhile.
+    func commitsLanded(_ keys: [TokenKey]) {
+        let wake = state.withLock { state -> Bool in
+            guard !state.dueOnCommit.isEmpty else { return false }
+            var earliest = false
+            for key in keys where state.dueOnCommit.remove(key) != nil && state.queue.deadline(of: key) == nil {
+                earliest = state.queue.schedule(key, at: .distantPast) || earliest
+            }
+            return earliest
+        }
+        if wake { self.wake() }
     }
 
     func cancel(_ key: TokenKey) {

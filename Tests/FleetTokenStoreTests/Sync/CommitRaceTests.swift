@@ -112,6 +112,38 @@ struct CommitRaceTests {
         #expect(!events.elements.contains(.removedExternally(key: key)))
         #expect(fetcher.count(key) == 1)
     }
+
+    // Seen as a flaky EngineTests.idleEviction under load: the scheduler took the idle key off
+    // its schedule while the key's first write still waited for the store, left it in memory
+    // (evicting then would make the next request miss the store and fetch again), and never
+    // looked at it again. An idle trip's token then stayed in memory for good.
+    @Test("an idle key that comes due while its write waits for the store is evicted once the write lands")
+    func evictionWaitsForTheWrite() async throws {
+        let time = TestTime()
+        let store = GatedWrites()
+        let fetcher = ScriptedFetcher.minting(time)
+        var policy = RefreshPolicy()
+        policy.idleWindow = 60
+        let engine = TokenSyncEngine(repository: store, fetcher: fetcher, policy: policy, logger: LogRecorder().logger,
+                                     clock: time.clock, now: time.wall, random: { 0.5 })
+        let running = Task { try await engine.run() }
+        defer { running.cancel() }
+        #expect(await eventually(within: 30) { await engine.isRunning })
+        let key = try TokenKey.vehicle("idle-while-writing")
+        store.closeGate()
+        let token = try await engine.token(for: key)
+        #expect(await eventually(within: 30) { store.writesWaiting.load(ordering: .relaxed) == 1 }, "the write reached the store")
+
+        await time.advance(by: 2900) // past the soft point, and idle for longer than the window
+        #expect(await eventually(within: 30) { !engine.coordinator.effects.isScheduled(key) }, "the scheduler took the due key")
+        #expect(engine.memory.entry(key) != nil, "kept while its write waits: the store does not have it yet")
+
+        store.openGate()
+        #expect(await eventually(within: 30) { engine.memory.entry(key) == nil }, "evicted once the write landed")
+        #expect(fetcher.count(key) == 1)
+        // Past its soft point, so a refresh follows; the answer itself is the stored token.
+        #expect(try await engine.token(for: key) == token, "read back from the store")
+    }
 }
 
 /// An in-memory store whose lease calls fail while `failing` is set, as a database that is

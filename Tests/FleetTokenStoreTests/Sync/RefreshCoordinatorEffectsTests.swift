@@ -167,6 +167,8 @@ final class RecordingCoordinatorEffects: CoordinatorEffects {
     func scheduleNow(_ keys: [TokenKey]) { record("scheduleNow(\(keys.count))") }
     func unschedule(_ key: TokenKey) { record("unschedule") }
     func isScheduled(_ key: TokenKey) -> Bool { false }
+    func dueAgainOnCommit(_ key: TokenKey) {}
+    func forgetDueAgainOnCommit(_ key: TokenKey) {}
     var earliestDeadline: Date? { nil }
     func popDue(at now: Date, limit: Int) -> [TokenKey] { [] }
     func wakeScheduler() { record("wakeScheduler") }
