@@ -315,23 +315,17 @@ public struct TokenAPI: Sendable {
     static let unreservedASCII = CharacterSet(charactersIn: "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
 
     func readiness() async -> Response {
-        var reasons: [String] = []
-        if let problem = storeWrites.problem { reasons.append("the store cannot be written: \(problem)") }
         let (readiness, clients) = subjectsInForce.state.withLock { ($0.readiness, $0.clients) }
-        var unusable = 0
+        var report = ReadinessReport(storeProblem: storeWrites.problem, namesSubjects: clients.isEmpty)
         for key in readiness {
             let status = engine.status(of: key)
-            if !status.isUsable {
-                unusable += 1
-                // With client rules, any caller may ask /readyz: it must not learn subject ids.
-                guard clients.isEmpty else { continue }
-                let cause = status.failure.map { ": last error \($0.lastErrorKind), next attempt at \(Self.timestamp($0.nextAttemptAt))" } ?? ""
-                reasons.append("\(key) has no usable token\(cause)")
+            guard !status.isUsable else { continue }
+            report.addUnusable(key) {
+                status.failure.map { ": last error \($0.lastErrorKind), next attempt at \(Self.timestamp($0.nextAttemptAt))" } ?? ""
             }
         }
-        if !clients.isEmpty && unusable > 0 { reasons.append("\(unusable) configured subjects have no usable token (see /v1/subjects, or the agent's log)") }
-        return reasons.isEmpty ? Self.json(.ok, ["status": "ready"])
-            : Self.json(.serviceUnavailable, ["status": "not ready", "reasons": reasons])
+        return report.isReady ? Self.json(.ok, ["status": "ready"])
+            : Self.json(.serviceUnavailable, ["status": "not ready", "reasons": report.reasons])
     }
 
     func metrics() -> Response {

@@ -138,6 +138,20 @@ struct TokenAPITests {
         }
     }
 
+    @Test("twelve configured subjects and a failing provider: /readyz names ten of them and counts the other two")
+    func readinessBounded() async throws {
+        let vehicles = (1...12).map { "v-\($0)" }
+        try await withServingAgent(providerQuery: "?fault=status&status=500", vehicles.flatMap { ["--vehicle", $0] }, waitForReady: false) { api, _ in
+            let ready = try await api.send("/readyz")
+            #expect(ready.status == 503)
+            let reasons = try #require(ready.json?["reasons"] as? [String], "\(ready.body)")
+            #expect(reasons.count == 11, "\(reasons)")
+            #expect(reasons.prefix(10).allSatisfy { $0.hasPrefix("vehicle/v-") && $0.contains("has no usable token") }, "\(reasons)")
+            #expect(Set(reasons.prefix(10).compactMap { $0.split(separator: " ").first }).count == 10, "ten different subjects: \(reasons)")
+            #expect(reasons.last?.hasPrefix("and 2 more configured subjects have no usable token") == true, "\(reasons)")
+        }
+    }
+
     @Test("a second agent on a live socket is refused; a stale socket of a killed agent is replaced")
     func socketOwnership() async throws {
         let scratch = Scratch()
