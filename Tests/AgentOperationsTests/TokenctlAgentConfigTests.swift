@@ -13,8 +13,8 @@ struct TokenctlAgentConfigTests {
     static func installedAgent(_ scratch: Scratch) async throws -> (config: String, db: String) {
         let db = scratch.file("agent-store.sqlite")
         let key = scratch.file("token-store.key")
-        FileManager.default.createFile(atPath: key, contents: Data((0..<32).map { _ in UInt8.random(in: 0...255) }),
-                                       attributes: [.posixPermissions: 0o600])
+        try #require(FileManager.default.createFile(atPath: key, contents: Data((0..<32).map { _ in UInt8.random(in: 0...255) }),
+                                                    attributes: [.posixPermissions: 0o600]))
         let config = scratch.file("token-agent.yaml")
         try """
         # the agent's own config file

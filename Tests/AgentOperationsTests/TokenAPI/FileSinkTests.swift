@@ -46,8 +46,8 @@ struct FileSinkTests {
         let issuer = try await IssuerProcess(scratch: scratch)
         let sink = scratch.file("sink")
         try FileManager.default.createDirectory(atPath: sink + "/vehicle", withIntermediateDirectories: true)
-        FileManager.default.createFile(atPath: sink + "/vehicle/gone.jwt", contents: Data("old".utf8))
-        FileManager.default.createFile(atPath: sink + "/vehicle/notes.txt", contents: Data("mine".utf8))
+        try #require(FileManager.default.createFile(atPath: sink + "/vehicle/gone.jwt", contents: Data("old".utf8)))
+        try #require(FileManager.default.createFile(atPath: sink + "/vehicle/notes.txt", contents: Data("mine".utf8)))
         let subjects = [("vehicle", "v-1"), ("vehicle", "fleet/a b"), ("trip", ".t 'x' %41 é")]
         let files = [sink + "/vehicle/v-1.jwt", sink + "/vehicle/fleet%2Fa b.jwt", sink + "/trip/%2Et 'x' %2541 é.jwt"]
         let arguments = ["--vehicle", "v-1", "--vehicle", "fleet/a b", "--trip", ".t 'x' %41 é"]
