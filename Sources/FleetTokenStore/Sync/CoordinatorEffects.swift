@@ -43,8 +43,9 @@ protocol RefreshSchedule: Sendable {
     /// Makes `key` due again once a commit of it lands: an idle key waits for its write before
     /// it leaves memory.
     func dueAgainOnCommit(_ key: TokenKey)
-    /// Forgets ``dueAgainOnCommit(_:)`` for `key`.
-    func forgetDueAgainOnCommit(_ key: TokenKey)
+    /// Forgets ``dueAgainOnCommit(_:)`` for `key`; false when a landed commit took it first
+    /// (and may have scheduled the key).
+    func forgetDueAgainOnCommit(_ key: TokenKey) -> Bool
     /// Whether `key` has a deadline.
     func isScheduled(_ key: TokenKey) -> Bool
     /// The earliest deadline.

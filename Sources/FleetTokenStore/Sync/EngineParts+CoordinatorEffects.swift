@@ -49,7 +49,7 @@ extension EngineParts: RefreshSchedule {
 
     func dueAgainOnCommit(_ key: TokenKey) { scheduler.dueAgainOnCommit(key) }
 
-    func forgetDueAgainOnCommit(_ key: TokenKey) { scheduler.forgetDueAgainOnCommit(key) }
+    func forgetDueAgainOnCommit(_ key: TokenKey) -> Bool { scheduler.forgetDueAgainOnCommit(key) }
 
     func isScheduled(_ key: TokenKey) -> Bool { scheduler.deadline(of: key) != nil }
 

@@ -50,7 +50,8 @@ struct EngineParts: Sendable {
     }
 
     /// Schedules `key` at its soft point, at its next attempt while backing off, or now when it
-    /// holds no usable token. When it comes due, an idle untracked key is evicted instead.
+    /// holds no usable token. When it comes due, an idle untracked key is evicted instead (once
+    /// its write, if one is pending, has landed).
     func scheduleNextRefresh(_ key: TokenKey) {
         scheduler.schedule(key, at: machine.nextRefresh(of: memory.entry(key), at: moment))
     }

@@ -7,7 +7,8 @@ import Synchronization
 
 /// Writes refreshed tokens to the repository in batches, keeps them for another attempt when
 /// the store fails (memory goes on serving them), then reports each committed token and hands
-/// its key to `committed` (which releases the key's lease).
+/// its key to `committed` (which releases the key's lease, and makes an idle key that waited
+/// for its write due again: ``RefreshScheduler/dueAgainOnCommit(_:)``).
 ///
 /// Invalidations go the same way (``enqueueRemoval(_:)``): one write per key is pending at a
 /// time, the newest, so a token fetched before an invalidation can never reach the store after

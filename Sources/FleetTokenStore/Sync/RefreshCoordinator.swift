@@ -209,7 +209,8 @@ actor RefreshCoordinator<Effects: CoordinatorEffects> {
             // before the check, so that a write landing in between is not missed.
             effects.dueAgainOnCommit(key)
             guard !effects.isCommitPending(key) else { return }
-            effects.forgetDueAgainOnCommit(key)
+            // A write that landed meanwhile made the key due again: no turn for it is needed.
+            if !effects.forgetDueAgainOnCommit(key) { effects.unschedule(key) }
             effects.evict(key)
             return
         }

@@ -44,23 +44,34 @@ final class RefreshScheduler: Sendable {
         _ = state.withLock { $0.dueOnCommit.insert(key) }
     }
 
-    /// Forgets ``dueAgainOnCommit(_:)`` for `key`.
-    func forgetDueAgainOnCommit(_ key: TokenKey) {
-        _ = state.withLock { $0.dueOnCommit.remove(key) }
+    /// Forgets ``dueAgainOnCommit(_:)`` for `key`; false when a landed commit took it first.
+    func forgetDueAgainOnCommit(_ key: TokenKey) -> Bool {
+        state.withLock { state in
+            defer { Self.releaseIfEmpty(&state.dueOnCommit) }
+            return state.dueOnCommit.remove(key) != nil
+        }
     }
 
     /// The group commit wrote `keys`: those waiting for it are due now, unless a deadline was
     /// set for them meanwhile.
     func commitsLanded(_ keys: [TokenKey]) {
         let wake = state.withLock { state -> Bool in
-            guard !state.dueOnCommit.isEmpty else { return false }
             var earliest = false
-            for key in keys where state.dueOnCommit.remove(key) != nil && state.queue.deadline(of: key) == nil {
+            for key in keys {
+                guard !state.dueOnCommit.isEmpty else { break }
+                guard state.dueOnCommit.remove(key) != nil, state.queue.deadline(of: key) == nil else { continue }
                 earliest = state.queue.schedule(key, at: .distantPast) || earliest
             }
+            Self.releaseIfEmpty(&state.dueOnCommit)
             return earliest
         }
         if wake { self.wake() }
+    }
+
+    /// An emptied set keeps its storage: a burst of idle keys waiting for a store that could
+    /// not be written would otherwise cost memory for good.
+    private static func releaseIfEmpty(_ keys: inout Set<TokenKey>) {
+        if keys.isEmpty, keys.capacity > 0 { keys = [] }
     }
 
     func cancel(_ key: TokenKey) {

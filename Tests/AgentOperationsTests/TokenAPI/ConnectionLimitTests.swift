@@ -212,7 +212,7 @@ struct ConnectionLimitTests {
         let stillOpen = open.prefix(2).filter { (try? RawHTTP.answer(on: $0, healthz))?.hasPrefix("HTTP/1.1 200") == true }
         #expect(await keptAlive(2 - stillOpen.count, unix, into: &open), "\(agent.process.stderr.suffix(2000))")
         // Retried past a 503 while the agent has yet to release the slots of closed ones.
-        #expect(await keptAlive(1, unix, into: &open), "\(agent.process.stderr.suffix(2000))")
+        try #require(await keptAlive(1, unix, into: &open), "\(agent.process.stderr.suffix(2000))")
         let stalled = open[open.count - 1]
         let partial = Array("GET /v1/token/vehicle/v-1 HTTP/1.1\r\nHost: localhost\r\nFleet-Token-Request: true\r\nContent-Length: 1\r\n\r\n".utf8)
         #expect(RawHTTP.writeAll(stalled, partial))

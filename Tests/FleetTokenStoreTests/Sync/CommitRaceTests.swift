@@ -143,6 +143,32 @@ struct CommitRaceTests {
         #expect(fetcher.count(key) == 1)
         // Past its soft point, so a refresh follows; the answer itself is the stored token.
         #expect(try await engine.token(for: key) == token, "read back from the store")
+        #expect(await engine.settle(), "the refresh that follows ends before the test does")
+    }
+}
+
+@Suite("RefreshScheduler: keys due again once their write lands", .paced)
+struct DueOnCommitTests {
+    @Test("a key waiting for its write is due at once when the write lands, unless it has a deadline; it is taken once")
+    func dueOnCommit() throws {
+        let scheduler = RefreshScheduler(clock: ContinuousClock())
+        let (waiting, other, scheduled) = (try TokenKey.trip("t-1"), try TokenKey.trip("t-2"), try TokenKey.trip("t-3"))
+        let later = Date(timeIntervalSinceReferenceDate: 1_000_000)
+        scheduler.dueAgainOnCommit(waiting)
+        scheduler.dueAgainOnCommit(scheduled)
+        scheduler.schedule(scheduled, at: later)
+        scheduler.commitsLanded([other, waiting, scheduled])
+        #expect(scheduler.deadline(of: waiting) == .distantPast)
+        #expect(scheduler.deadline(of: other) == nil, "not waiting: not scheduled")
+        #expect(scheduler.deadline(of: scheduled) == later, "a deadline set meanwhile stands")
+        #expect(!scheduler.forgetDueAgainOnCommit(waiting), "the landed write took it")
+        #expect(scheduler.popDue(at: Date(timeIntervalSinceReferenceDate: 0), limit: 10) == [waiting])
+        scheduler.commitsLanded([waiting])
+        #expect(scheduler.deadline(of: waiting) == nil, "taken once: a later write of the key does not make it due")
+        scheduler.dueAgainOnCommit(other)
+        #expect(scheduler.forgetDueAgainOnCommit(other), "forgotten before any write landed")
+        scheduler.commitsLanded([other])
+        #expect(scheduler.deadline(of: other) == nil)
     }
 }
 

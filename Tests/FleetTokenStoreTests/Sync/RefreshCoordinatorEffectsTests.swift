@@ -168,7 +168,7 @@ final class RecordingCoordinatorEffects: CoordinatorEffects {
     func unschedule(_ key: TokenKey) { record("unschedule") }
     func isScheduled(_ key: TokenKey) -> Bool { false }
     func dueAgainOnCommit(_ key: TokenKey) {}
-    func forgetDueAgainOnCommit(_ key: TokenKey) {}
+    func forgetDueAgainOnCommit(_ key: TokenKey) -> Bool { true }
     var earliestDeadline: Date? { nil }
     func popDue(at now: Date, limit: Int) -> [TokenKey] { [] }
     func wakeScheduler() { record("wakeScheduler") }
