@@ -84,15 +84,9 @@ struct CommitRaceTests {
     // again. A batch on its way to the store is as pending as one waiting for its turn.
     @Test("a token whose write is in flight is not judged removed when the feed says .unknown")
     func inFlightWriteIsPending() async throws {
-        let time = TestTime()
-        let store = GatedWrites()
-        let fetcher = ScriptedFetcher.minting(time)
-        let engine = TokenSyncEngine(repository: store, fetcher: fetcher, logger: LogRecorder().logger,
-                                     clock: time.clock, now: time.wall)
-        let events = StreamRecorder(engine.events())
-        let running = Task { try await engine.run() }
+        let (engine, store, fetcher, _, running) = await Self.runningEngine()
         defer { running.cancel() }
-        #expect(await eventually(within: 30) { await engine.isRunning })
+        let events = StreamRecorder(engine.events())
         let key = try TokenKey.vehicle("in-flight")
         store.closeGate()
         let token = try await engine.token(for: key)
@@ -119,16 +113,10 @@ struct CommitRaceTests {
     // looked at it again. An idle trip's token then stayed in memory for good.
     @Test("an idle key that comes due while its write waits for the store is evicted once the write lands")
     func evictionWaitsForTheWrite() async throws {
-        let time = TestTime()
-        let store = GatedWrites()
-        let fetcher = ScriptedFetcher.minting(time)
         var policy = RefreshPolicy()
         policy.idleWindow = 60
-        let engine = TokenSyncEngine(repository: store, fetcher: fetcher, policy: policy, logger: LogRecorder().logger,
-                                     clock: time.clock, now: time.wall, random: { 0.5 })
-        let running = Task { try await engine.run() }
+        let (engine, store, fetcher, time, running) = await Self.runningEngine(policy: policy)
         defer { running.cancel() }
-        #expect(await eventually(within: 30) { await engine.isRunning })
         let key = try TokenKey.vehicle("idle-while-writing")
         store.closeGate()
         let token = try await engine.token(for: key)
@@ -144,6 +132,20 @@ struct CommitRaceTests {
         // Past its soft point, so a refresh follows; the answer itself is the stored token.
         #expect(try await engine.token(for: key) == token, "read back from the store")
         #expect(await engine.settle(), "the refresh that follows ends before the test does")
+    }
+
+    /// An engine over a gated store on a test clock, its `run()` started and running (cancel
+    /// `running` to stop it).
+    private static func runningEngine(policy: RefreshPolicy = RefreshPolicy()) async
+        -> (engine: TokenSyncEngine, store: GatedWrites, fetcher: ScriptedFetcher, time: TestTime, running: Task<Void, any Error>) {
+        let time = TestTime()
+        let store = GatedWrites()
+        let fetcher = ScriptedFetcher.minting(time)
+        let engine = TokenSyncEngine(repository: store, fetcher: fetcher, policy: policy, logger: LogRecorder().logger,
+                                     clock: time.clock, now: time.wall, random: { 0.5 })
+        let running = Task { try await engine.run() }
+        #expect(await eventually(within: 30) { await engine.isRunning })
+        return (engine, store, fetcher, time, running)
     }
 }
 

@@ -10,7 +10,7 @@ struct CrossProcessEngineTests {
         let dir = Scratch()
         let store = dir.file("tokens.sqlite")
         let fetchLog = dir.file("fetches.log")
-        _ = FileManager.default.createFile(atPath: fetchLog, contents: nil)
+        try #require(FileManager.default.createFile(atPath: fetchLog, contents: nil))
         try openStore(store).close() // created and migrated once, so neither probe races on it
         let probe = productsDirectory.appendingPathComponent("token-engine-probe").path
         #expect(FileManager.default.isExecutableFile(atPath: probe))
@@ -40,7 +40,7 @@ struct CrossProcessEngineTests {
             let dir = Scratch()
             let store = dir.file("tokens.sqlite")
             let fetchLog = dir.file("fetches.log")
-            _ = FileManager.default.createFile(atPath: fetchLog, contents: nil)
+            try #require(FileManager.default.createFile(atPath: fetchLog, contents: nil))
             let results = try await withThrowingTaskGroup(of: (status: Int32, stdout: String, stderr: String).self) { group in
                 for index in 0..<6 {
                     group.addTask { try await runCapturing([probe, store, "vehicle", "v\(index)", fetchLog, "10"], timeout: 60) }
