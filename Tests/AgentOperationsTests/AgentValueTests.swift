@@ -72,6 +72,29 @@ struct AgentValueTests {
         #expect(!ProviderRefusals(attempts: 1).allRefused([]), "no subjects: nothing to give up on")
     }
 
+    @Test("refusals remember only configured subjects being refused: after a success or another failure nothing is left of a subject, and other ids are not counted")
+    func refusalsForget() throws {
+        let next = Date()
+        func refused(_ key: TokenKey) -> TokenSyncEvent {
+            .refreshFailed(key: key, error: .httpStatus(code: 403, retryAfter: nil), consecutiveFailures: 1, nextAttemptAt: next)
+        }
+        var refusals = ProviderRefusals(attempts: 3)
+        for index in 0..<1_000 {
+            let trip = try TokenKey.trip("t\(index)")
+            refusals.record(refused(trip))
+            refusals.record(index.isMultiple(of: 2)
+                ? .refreshed(key: trip, fingerprint: TokenFingerprint(of: "a.b.c"), expiresAt: next, source: .provider)
+                : .refreshFailed(key: trip, error: .timeout(seconds: 5), consecutiveFailures: 2, nextAttemptAt: next))
+        }
+        #expect(refusals.consecutive.count == 0, "subjects remembered after their refusals ended")
+
+        // Ids callers ask for, refused by the provider and never asked for again: not counted.
+        let configured = try TokenKey.vehicle("configured")
+        for index in 0..<1_000 { refusals.record(refused(try TokenKey.trip("asked-\(index)")), isConfigured: { $0 == configured }) }
+        refusals.record(refused(configured), isConfigured: { $0 == configured })
+        #expect(refusals.consecutive == [configured: 1])
+    }
+
     @Test("the provider URL is printed without a password or query values; placeholders stay")
     func providerURL() {
         #expect(EffectiveConfiguration.redactedURL("https://auth.example.com/fleet/{kind}/{id}") == "https://auth.example.com/fleet/{kind}/{id}")

@@ -15,17 +15,21 @@ struct ProviderRefusals: Equatable {
 
     init(attempts: Int) { self.attempts = attempts }
 
-    /// A 401 or 403 counts; any other outcome of a refresh starts the count again.
-    mutating func record(_ event: TokenSyncEvent) {
+    /// A 401 or 403 of a subject `isConfigured` lets through counts; any other outcome of a
+    /// refresh starts the count again. Only subjects being refused are kept: a count of 0 was
+    /// kept for every subject ever refreshed, and a count for every id callers asked for that
+    /// the provider refused, for as long as the agent ran.
+    mutating func record(_ event: TokenSyncEvent, isConfigured: (TokenKey) -> Bool = { _ in true }) {
         switch event {
         case .refreshFailed(let key, let error, _, _):
             if error.code == .httpStatus, let status = error.statusCode, status == 401 || status == 403 {
+                guard isConfigured(key) else { return }
                 consecutive[key, default: 0] += 1
             } else {
-                consecutive[key] = 0
+                consecutive.removeValue(forKey: key)
             }
         case .refreshed(let key, _, _, _):
-            consecutive[key] = 0
+            consecutive.removeValue(forKey: key)
         case .removedExternally, .storeDegraded, .storeRecovered:
             break
         }
@@ -60,7 +64,8 @@ struct PermanentErrorWatch: Service {
     func run() async throws {
         var refusals = ProviderRefusals(attempts: attempts)
         for await event in engine.events().cancelOnGracefulShutdown() {
-            refusals.record(event)
+            // Configured subjects are the tracked ones; ids callers ask for are not counted.
+            refusals.record(event, isConfigured: engine.isTracked)
             let current = subjects.current
             if refusals.allRefused(current) {
                 let error = ProviderRefusesEverySubject(subjects: current.count, attempts: attempts)
