@@ -82,8 +82,7 @@ public enum CooperativePoolWatchdog {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: "/usr/bin/gdb")
         process.arguments = ["-p", String(getpid()), "-batch", "-ex", "thread apply all bt 25"]
-        FileManager.default.createFile(atPath: file, contents: nil)
-        guard let output = FileHandle(forWritingAtPath: file) else { return }
+        guard FileManager.default.createFile(atPath: file, contents: nil), let output = FileHandle(forWritingAtPath: file) else { return }
         process.standardOutput = output
         process.standardError = output
         do {

@@ -55,8 +55,9 @@ public final class RunningProcess: @unchecked Sendable {
         let name = (executable as NSString).lastPathComponent
         stdoutPath = scratch.file("\(name)-\(id).out")
         stderrPath = scratch.file("\(name)-\(id).err")
-        FileManager.default.createFile(atPath: stdoutPath, contents: nil)
-        FileManager.default.createFile(atPath: stderrPath, contents: nil)
+        for path in [stdoutPath, stderrPath] where !FileManager.default.createFile(atPath: path, contents: nil) {
+            throw ProcessFailure(message: "cannot create \(path) for the output of \(executable)")
+        }
         let path = executable.hasPrefix("/") ? executable : productsDirectory.appendingPathComponent(executable).path
         var env = ProcessInfo.processInfo.environment
         env.removeValue(forKey: "TOKEN_STORE_DB")

@@ -41,7 +41,7 @@ struct SocketPathTests {
     func directoryRules() throws {
         let scratch = Scratch()
         #expect(refusal(scratch.file("none/agent.sock"))?.code == .socketDirectoryMissing)
-        FileManager.default.createFile(atPath: scratch.file("plain"), contents: Data())
+        try #require(FileManager.default.createFile(atPath: scratch.file("plain"), contents: Data()))
         #expect(refusal(scratch.file("plain/agent.sock"))?.code == .socketDirectoryMissing)
 
         try directory(scratch.file("own"), mode: 0o750)
@@ -75,7 +75,7 @@ struct SocketPathTests {
         let scratch = Scratch()
         try directory(scratch.file("run"), mode: 0o750)
         let path = scratch.file("run/agent.sock")
-        FileManager.default.createFile(atPath: path, contents: Data("x".utf8))
+        try #require(FileManager.default.createFile(atPath: path, contents: Data("x".utf8)))
         #expect(refusal(path)?.code == .notASocket)
         try FileManager.default.removeItem(atPath: path)
 

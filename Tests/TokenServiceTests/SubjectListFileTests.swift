@@ -121,7 +121,7 @@ struct SubjectListFileTests {
         #expect(directory.code == .unreadable)
 
         let binary = scratch.file("binary.txt")
-        FileManager.default.createFile(atPath: binary, contents: Data([0x76, 0x3A, 0xFF, 0xFE, 0x0A]))
+        try #require(FileManager.default.createFile(atPath: binary, contents: Data([0x76, 0x3A, 0xFF, 0xFE, 0x0A])))
         let notText = try #require(throws: SubjectListFileError.self) { try SubjectListFile(contentsOfFile: binary) }
         #expect(notText.code == .unreadable && notText.description.contains("UTF-8"))
 

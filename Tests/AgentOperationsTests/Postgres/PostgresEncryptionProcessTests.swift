@@ -333,7 +333,7 @@ struct PostgresEncryptionProcessTests {
         let lifetime = 6.0
         let issuer = try await IssuerProcess(scratch: scratch, lifetime: Int(lifetime))
         defer { issuer.process.signal(SIGTERM) }
-        let (keyPath, key) = try Self.keyFile(in: scratch, "key", base64: true)
+        let (keyPath, _) = try Self.keyFile(in: scratch, "key", base64: true)
         let ids = ["m-1", "m-2"]
         func agent(_ name: String, _ extra: [String]) throws -> PostgresReplicaTests.ServingReplica {
             let socket = scratch.file("\(name).sock"), sink = scratch.file("sink-\(name)")

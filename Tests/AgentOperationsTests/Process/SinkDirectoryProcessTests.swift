@@ -46,7 +46,7 @@ struct SinkDirectoryProcessTests {
         let issuer = try await IssuerProcess(scratch: scratch)
         let target = scratch.file("elsewhere")
         try FileManager.default.createDirectory(atPath: target, withIntermediateDirectories: true)
-        FileManager.default.createFile(atPath: target + "/important.jwt", contents: Data("keep me".utf8))
+        try #require(FileManager.default.createFile(atPath: target + "/important.jwt", contents: Data("keep me".utf8)))
         try FileManager.default.createDirectory(atPath: scratch.file("sink"), withIntermediateDirectories: true)
         try FileManager.default.createSymbolicLink(atPath: scratch.file("sink/vehicle"), withDestinationPath: target)
 

@@ -110,7 +110,7 @@ struct StoreFaultTests {
         let issuer = try await IssuerProcess(scratch: scratch, lifetime: Self.lifetime)
         let db = scratch.file("tokens.sqlite")
         try FileManager.default.createDirectory(atPath: db, withIntermediateDirectories: false)
-        FileManager.default.createFile(atPath: db + "/keep", contents: Data("x".utf8))
+        try #require(FileManager.default.createFile(atPath: db + "/keep", contents: Data("x".utf8)))
         let result = try await AgentFixture.run(["--db", db, "--provider-url", issuer.template, "--log-level", "trace"]
                                         + Self.subjects.arguments, in: scratch, timeout: 30)
         #expect(result.status == 1)

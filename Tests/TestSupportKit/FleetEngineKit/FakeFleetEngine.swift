@@ -226,7 +226,7 @@ package final class FakeFleetEngine: Sendable {
             return unauthenticated("not a JWT")
         }
         let signed = Data("\(parts[0]).\(parts[1])".utf8)
-        guard (try? publicKey.isValidSignature(_RSA.Signing.RSASignature(rawRepresentation: signature), for: signed, padding: .insecurePKCS1v1_5)) == true else {
+        guard publicKey.isValidSignature(_RSA.Signing.RSASignature(rawRepresentation: signature), for: signed, padding: .insecurePKCS1v1_5) else {
             return unauthenticated("bad signature")
         }
         let now = Date().timeIntervalSince1970
