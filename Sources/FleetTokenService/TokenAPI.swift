@@ -317,11 +317,10 @@ public struct TokenAPI: Sendable {
     func readiness() async -> Response {
         let (readiness, clients) = subjectsInForce.state.withLock { ($0.readiness, $0.clients) }
         var report = ReadinessReport(storeProblem: storeWrites.problem, namesSubjects: clients.isEmpty)
-        for key in readiness {
-            let status = engine.status(of: key)
-            guard !status.isUsable else { continue }
+        engine.forEachStanding(among: readiness) { key, standing in
+            guard !standing.isUsable else { return }
             report.addUnusable(key) {
-                status.failure.map { ": last error \($0.lastErrorKind), next attempt at \(Self.timestamp($0.nextAttemptAt))" } ?? ""
+                standing.failure.map { ": last error \($0.lastErrorKind), next attempt at \(Self.timestamp($0.nextAttemptAt))" } ?? ""
             }
         }
         return report.isReady ? Self.json(.ok, ["status": "ready"])

@@ -35,12 +35,10 @@ struct AgentValueTests {
 
     @Test("STATUS= counts in a fixed order; READY=1 waits until every subject has a token or a failure")
     func counts() throws {
-        let key = try TokenKey.vehicle("a")
-        func status(_ state: SubjectStatus.State, usable: Bool, failed: Bool) -> SubjectStatus {
+        func status(_ state: SubjectStatus.State, usable: Bool, failed: Bool) -> SubjectStanding {
             let failure = failed ? RefreshFailureState(consecutiveFailures: 1, nextAttemptAt: Date(), lastErrorKind: "httpStatus",
                                                        lastErrorMessage: nil, lastFailureAt: Date()) : nil
-            return SubjectStatus(key: key, tracked: true, state: state, expiresAt: usable ? Date() : nil, fingerprint: nil,
-                                 source: nil, failure: failure)
+            return SubjectStanding(state: state, isUsable: usable, failure: failure)
         }
         let mixed = SubjectCounts([status(.valid, usable: true, failed: false), status(.backoff, usable: false, failed: true),
                                    status(.valid, usable: true, failed: false), status(.refreshDue, usable: true, failed: false)])
@@ -49,6 +47,20 @@ struct AgentValueTests {
         let waiting = SubjectCounts([status(.valid, usable: true, failed: false), status(.unavailable, usable: false, failed: false)])
         #expect(!waiting.isSettled, "a subject with neither a token nor a failed attempt holds READY back")
         #expect(SubjectCounts([]).description == "no subjects" && SubjectCounts([]).isSettled)
+    }
+
+    @Test("STATUS= pauses: 200 ms while settling and the status interval once ready, but a slow count paces itself")
+    func statusPacing() {
+        let pacing = StatusPacing(statusInterval: .seconds(5))
+        // A few subjects: counting takes microseconds, the intervals stand.
+        #expect(pacing.pause(afterCountingFor: .microseconds(20), ready: false) == .milliseconds(200))
+        #expect(pacing.pause(afterCountingFor: .microseconds(20), ready: true) == .seconds(5))
+        // 100,000 subjects: a 46 ms count waits 23 s once ready (0.2% of a core), 0.92 s while settling (5%).
+        #expect(pacing.pause(afterCountingFor: .milliseconds(46), ready: true) == .seconds(23))
+        #expect(pacing.pause(afterCountingFor: .milliseconds(46), ready: false) == .milliseconds(920))
+        // Where the two meet: 10 ms of counting is exactly the 5 s interval, 10 ms while settling 200 ms.
+        #expect(pacing.pause(afterCountingFor: .milliseconds(10), ready: true) == .seconds(5))
+        #expect(pacing.pause(afterCountingFor: .milliseconds(10), ready: false) == .milliseconds(200))
     }
 
     @Test("refusals count per subject in a row; any other outcome starts again; all subjects must be refused")

@@ -84,8 +84,15 @@ struct RefreshMachine: Sendable {
     /// The held token while it is above the floor, else nil: offline serving, and what
     /// ``TokenSyncEngine/heldToken(for:)`` shows.
     func usableToken(of entry: MemoryEntry?, at now: Date) -> StoredToken? {
-        guard let entry, let token = entry.token, now < entry.usableUntil else { return nil }
-        return token
+        guard let entry, isUsable(entry, at: now) else { return nil }
+        return entry.token
+    }
+
+    /// Whether `entry` holds a token above the floor at `now`: the rule of
+    /// ``usableToken(of:at:)``, without copying the token out (a readiness pass over 100,000
+    /// entries retained and released each token for nothing).
+    func isUsable(_ entry: MemoryEntry, at now: Date) -> Bool {
+        entry.token != nil && now < entry.usableUntil
     }
 
     /// A caller's flight failed (provider failing, backoff running): serve the held token while it
@@ -264,7 +271,7 @@ struct RefreshMachine: Sendable {
 
     /// How `entry` stands at `now`, and whether its token may be handed out.
     func standing(of entry: MemoryEntry, at now: RefreshMoment) -> (state: SubjectStatus.State, usable: Bool) {
-        let usable = usableToken(of: entry, at: now.corrected) != nil
+        let usable = isUsable(entry, at: now.corrected)
         if isBackingOff(entry.failure, at: now.local) { return (.backoff, usable) }
         guard usable else { return (.unavailable, false) }
         return (Self.isFresh(softPoint: entry.softPoint, at: now.corrected) ? .valid : .refreshDue, true)

@@ -4,7 +4,11 @@
 //   token), on a store already holding fresh tokens for all of them; the median of a few starts.
 // - Memory: VmRSS once the agent has served each subject once and settled for two seconds.
 // - Idle CPU: the agent's CPU time over `idleSeconds` with nothing due (every token fresh for an
-//   hour), against the wall time, in percent of one core.
+//   hour), against the wall time, in percent of one core; the agent run as the Debian package's
+//   systemd unit runs it (a notify socket: READY=1, STATUS= kept current, the watchdog).
+// - A readiness probe: `GET /readyz` (200) on that idle agent, one after another; the median
+//   time to its answer, and the agent's CPU time per probe (what a probe every few seconds, as
+//   kubelet or a load balancer sends, adds to the idle figure).
 //
 // The same agent flags as the 10,000-subject figures in main.swift; the token provider is the
 // development issuer, which must not be asked for anything (counted).
@@ -52,8 +56,13 @@ func measureFleetScale(agentPath: String, issuer: DevTokenIssuer, scratch: Strin
     results["agent_startup_\(label)_seconds"] = rounded(median(startups))
     results["agent_startup_\(label)_seconds_each"] = startups.map { rounded($0) }
 
+    // The rest runs as the Debian package's unit does (Type=notify, WatchdogSec=30s): a notify
+    // socket standing for systemd's, so the agent keeps its STATUS= line and watchdog going.
     unlink(socket)
-    let agent = try Child(agentPath, arguments, log: directory + "/agent.log")
+    let notify = try NotifySocket(path: directory + "/notify.sock")
+    defer { notify.stop() }
+    let agent = try Child(agentPath, arguments, log: directory + "/agent.log",
+                          environment: ["NOTIFY_SOCKET": notify.path, "WATCHDOG_USEC": "30000000"])
     defer { agent.stop() }
     let connection = try waitUntilServing(socket, readinessRequest(), child: agent)
     try serveEachOnce(keys, on: connection, run: "the \(label) memory run")
@@ -65,9 +74,31 @@ func measureFleetScale(agentPath: String, issuer: DevTokenIssuer, scratch: Strin
     let cpu = agent.cpuSeconds() - cpuBefore
     let wall = Double(monotonicNanoseconds() - wallBefore) / 1e9
     results["idle_cpu_percent_\(label)_tracked"] = rounded(cpu / wall * 100)
+    // The agent told the stand-in service manager it was ready: the figure is of a notify unit.
+    guard notify.messages["READY", default: 0] == 1 else {
+        throw MeasurementError("the \(label) agent sent READY=1 \(notify.messages["READY", default: 0]) times to the notify socket (expected once)")
+    }
     // Every token was fresh: a fetch would mean the figures measured something else.
     let fetches = issuer.issuedCount - issuedBefore
     results["agent_fetches_\(label)_tracked"] = fetches
     guard fetches == 0 else { throw MeasurementError("the \(label) agent fetched \(fetches) tokens although every stored token was fresh") }
+    // A connection of its own: the agent closed the first one, idle for longer than its 30 s.
+    guard let probes = try Connection(unixPath: socket) else { throw MeasurementError("the \(label) agent's socket refused a connection") }
+    results.merge(try readinessProbeFigures(of: agent, on: probes, label: label)) { $1 }
     return results
+}
+
+/// `probes` readiness probes on `connection`, one after another: the median time to a 200, and
+/// the agent's CPU time per probe (the clock ticks of `/proc/PID/stat` over all of them).
+func readinessProbeFigures(of agent: Child, on connection: Connection, label: String, probes: Int = 50) throws -> [String: Any] {
+    var times: [Double] = []
+    let cpuBefore = agent.cpuSeconds()
+    for _ in 0..<probes {
+        let start = monotonicNanoseconds()
+        let status = try connection.exchange(readinessRequest())
+        times.append(Double(monotonicNanoseconds() - start) / 1e6)
+        guard status == 200 else { throw MeasurementError("GET /readyz answered \(status) on the idle \(label) agent") }
+    }
+    let cpuMilliseconds = (agent.cpuSeconds() - cpuBefore) * 1000 / Double(probes)
+    return ["readyz_ms_\(label)": rounded(median(times), 2), "readyz_cpu_ms_\(label)": rounded(cpuMilliseconds, 2)]
 }

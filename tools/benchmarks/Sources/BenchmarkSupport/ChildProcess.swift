@@ -34,8 +34,9 @@ public final class Child {
     /// The wait status once it has exited and been reaped.
     public private(set) var exitStatus: Int32?
 
-    /// Starts `executable` with `arguments`, this process's environment, stdin from /dev/null.
-    public init(_ executable: String, _ arguments: [String], log: String) throws {
+    /// Starts `executable` with `arguments`, this process's environment with `environment`
+    /// added (or replacing), stdin from /dev/null.
+    public init(_ executable: String, _ arguments: [String], log: String, environment: [String: String] = [:]) throws {
         self.log = log
         var actions = posix_spawn_file_actions_t()
         posix_spawn_file_actions_init(&actions)
@@ -57,7 +58,8 @@ public final class Child {
         posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK))
 
         let argv: [UnsafeMutablePointer<CChar>?] = ([executable] + arguments).map { strdup($0) } + [nil]
-        let envp: [UnsafeMutablePointer<CChar>?] = ProcessInfo.processInfo.environment.map { strdup("\($0.key)=\($0.value)") } + [nil]
+        let merged = ProcessInfo.processInfo.environment.merging(environment) { $1 }
+        let envp: [UnsafeMutablePointer<CChar>?] = merged.map { strdup("\($0.key)=\($0.value)") } + [nil]
         defer { for pointer in argv + envp { free(pointer) } }
         var pid: pid_t = 0
         let code = posix_spawn(&pid, executable, &actions, &attributes, argv, envp)

@@ -85,7 +85,7 @@ struct AgentReloader: Sendable {
         if read == inputs && plan.fetcher == nil {
             logger.debug("\(trigger == .hangup ? "SIGHUP" : "config file changed"): the configuration is the one in force (same config file, subjects file and CA bundles); nothing to reload")
             if trigger == .hangup, serviceManager.reloading() {
-                serviceManager.reloaded(status: SubjectCounts(subjects.current.map { engine.status(of: $0) }).description)
+                serviceManager.reloaded(status: SubjectCounts(of: subjects.current, in: engine).description)
             }
             return
         }
@@ -99,7 +99,7 @@ struct AgentReloader: Sendable {
         let told = serviceManager.reloading()
         await apply(plan, trigger: trigger)
         inputs = read
-        if told { serviceManager.reloaded(status: SubjectCounts(subjects.current.map { engine.status(of: $0) }).description) }
+        if told { serviceManager.reloaded(status: SubjectCounts(of: subjects.current, in: engine).description) }
     }
 
     /// Reads and checks everything a reload needs; throws ``Refusal`` and changes nothing.
