@@ -295,20 +295,8 @@ public struct TokenAPI: Sendable {
             let id = last.key.subjectID.addingPercentEncoding(withAllowedCharacters: Self.unreservedASCII) ?? last.key.subjectID
             headers[HTTPField.Name("Link")!] = "</v1/subjects?limit=\(limit)&after=\(last.key.kind.rawValue)/\(id)>; rel=\"next\""
         }
-        let list = page.map { status -> [String: Any] in
-            var object: [String: Any] = [
-                "kind": status.key.kind.rawValue, "id": status.key.subjectID, "tracked": status.tracked,
-                "status": status.state.rawValue,
-            ]
-            object["expires_at"] = status.expiresAt.map(Self.timestamp) ?? NSNull()
-            object["fingerprint"] = status.fingerprint?.description ?? NSNull()
-            object["source"] = status.source?.rawValue ?? NSNull()
-            object["consecutive_failures"] = status.failure?.consecutiveFailures ?? 0
-            object["next_attempt_at"] = status.failure.map { Self.timestamp($0.nextAttemptAt) } ?? NSNull()
-            object["last_error_kind"] = status.failure?.lastErrorKind ?? NSNull()
-            return object
-        }
-        return Self.json(.ok, list, headers: headers)
+        headers[.contentType] = "application/json"
+        return Response(status: .ok, headers: headers, body: .init(byteBuffer: Self.subjectsPage(page)))
     }
 
     /// RFC 3986's unreserved characters, ASCII only (a header carries no raw UTF-8).

@@ -206,11 +206,11 @@ public final class TokenSyncEngine: Service, Sendable {
     /// `included` lets through (a caller's grants, say: the page is full of what it may see).
     package func subjects(after: TokenKey?, limit: Int, where included: (TokenKey) -> Bool = { _ in true }) async -> [SubjectStatus] {
         let tracked = self.tracked.keys
+        var page = SubjectPage(after: after, limit: limit)
+        for key in memory.keys { page.offer(key, if: included) }
+        for key in tracked { page.offer(key, if: included) }
         let local = wallClock()
-        var keys = Set(memory.keys).union(tracked)
-        keys = keys.filter { key in after.map { $0 < key } ?? true && included(key) }
-        let page = keys.sorted().prefix(limit)
-        return page.map { key in
+        return page.keys.map { key in
             memory.status(key, tracked: tracked.contains(key), localNow: local)
                 ?? SubjectStatus(key: key, tracked: tracked.contains(key), state: .unavailable, expiresAt: nil,
                                  fingerprint: nil, source: nil, failure: nil)

@@ -9,6 +9,8 @@
 // - A readiness probe: `GET /readyz` (200) on that idle agent, one after another; the median
 //   time to its answer, and the agent's CPU time per probe (what a probe every few seconds, as
 //   kubelet or a load balancer sends, adds to the idle figure).
+// - The status listing: ten pages of `GET /v1/subjects?limit=1000`, each after the one before;
+//   the median time to a whole page.
 //
 // The same agent flags as the 10,000-subject figures in main.swift; the token provider is the
 // development issuer, which must not be asked for anything (counted).
@@ -85,6 +87,7 @@ func measureFleetScale(agentPath: String, issuer: DevTokenIssuer, scratch: Strin
     // A connection of its own: the agent closed the first one, idle for longer than its 30 s.
     guard let probes = try Connection(unixPath: socket) else { throw MeasurementError("the \(label) agent's socket refused a connection") }
     results.merge(try readinessProbeFigures(of: agent, on: probes, label: label)) { $1 }
+    results.merge(try subjectsPageFigures(on: probes, label: label)) { $1 }
     return results
 }
 
@@ -101,4 +104,24 @@ func readinessProbeFigures(of agent: Child, on connection: Connection, label: St
     }
     let cpuMilliseconds = (agent.cpuSeconds() - cpuBefore) * 1000 / Double(probes)
     return ["readyz_ms_\(label)": rounded(median(times), 2), "readyz_cpu_ms_\(label)": rounded(cpuMilliseconds, 2)]
+}
+
+/// The first `pages` pages of `GET /v1/subjects?limit=1000` on `connection`, each after the last
+/// subject of the one before (as its Link header says): the median time to a whole page.
+func subjectsPageFigures(on connection: Connection, label: String, pages: Int = 10) throws -> [String: Any] {
+    var times: [Double] = []
+    var after = ""
+    for _ in 0..<pages {
+        let request = Array("GET /v1/subjects?limit=1000\(after) HTTP/1.1\r\nHost: localhost\r\nFleet-Token-Request: true\r\n\r\n".utf8)
+        let start = monotonicNanoseconds()
+        let page = try connection.fetch(request)
+        times.append(Double(monotonicNanoseconds() - start) / 1e6)
+        guard page.status == 200,
+              let link = page.head.split(separator: "\r\n").first(where: { $0.lowercased().hasPrefix("link:") }),
+              let range = link.range(of: "&after=") else {
+            throw MeasurementError("GET /v1/subjects?limit=1000\(after) answered \(page.status) without a next link on the \(label) agent")
+        }
+        after = "&after=" + link[range.upperBound...].prefix { $0 != ">" }
+    }
+    return ["subjects_page_ms_\(label)": rounded(median(times), 2)]
 }
