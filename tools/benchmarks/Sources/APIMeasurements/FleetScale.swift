@@ -11,6 +11,7 @@
 //   kubelet or a load balancer sends, adds to the idle figure).
 // - The status listing: ten pages of `GET /v1/subjects?limit=1000`, each after the one before;
 //   the median time to a whole page.
+// - A Prometheus scrape: `GET /metrics`, ten in turn; the median time to the whole answer.
 //
 // The same agent flags as the 10,000-subject figures in main.swift; the token provider is the
 // development issuer, which must not be asked for anything (counted).
@@ -88,6 +89,7 @@ func measureFleetScale(agentPath: String, issuer: DevTokenIssuer, scratch: Strin
     guard let probes = try Connection(unixPath: socket) else { throw MeasurementError("the \(label) agent's socket refused a connection") }
     results.merge(try readinessProbeFigures(of: agent, on: probes, label: label)) { $1 }
     results.merge(try subjectsPageFigures(on: probes, label: label)) { $1 }
+    results.merge(try metricsScrapeFigures(on: probes, label: label)) { $1 }
     return results
 }
 
@@ -104,6 +106,20 @@ func readinessProbeFigures(of agent: Child, on connection: Connection, label: St
     }
     let cpuMilliseconds = (agent.cpuSeconds() - cpuBefore) * 1000 / Double(probes)
     return ["readyz_ms_\(label)": rounded(median(times), 2), "readyz_cpu_ms_\(label)": rounded(cpuMilliseconds, 2)]
+}
+
+/// `scrapes` Prometheus scrapes (`GET /metrics`, 200) on `connection`, one after another: the
+/// median time to a whole answer.
+func metricsScrapeFigures(on connection: Connection, label: String, scrapes: Int = 10) throws -> [String: Any] {
+    var times: [Double] = []
+    let request = Array("GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n".utf8)
+    for _ in 0..<scrapes {
+        let start = monotonicNanoseconds()
+        let status = try connection.exchange(request)
+        times.append(Double(monotonicNanoseconds() - start) / 1e6)
+        guard status == 200 else { throw MeasurementError("GET /metrics answered \(status) on the \(label) agent") }
+    }
+    return ["metrics_scrape_ms_\(label)": rounded(median(times), 2)]
 }
 
 /// The first `pages` pages of `GET /v1/subjects?limit=1000` on `connection`, each after the last
