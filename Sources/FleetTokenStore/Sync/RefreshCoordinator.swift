@@ -110,7 +110,9 @@ actor RefreshCoordinator<Effects: CoordinatorEffects> {
         effects.dropForInvalidation(key, tracked: tracked.contains(key))
         effects.unschedule(key)
         effects.reportInvalidated(key)
-        if wantsProactiveRefresh(key) { effects.scheduleNextRefresh(key) }
+        // Memory may still hold an entry for the key (its failure state, or an empty one): it
+        // needs a turn even when nobody uses the key, else the idle rule never evicts it.
+        if wantsProactiveRefresh(key) || effects.held(key) != nil { effects.scheduleNextRefresh(key) }
     }
 
     /// Gives every key in backoff its next attempt now (see ``TokenSyncEngine/retryFailedNow()``).

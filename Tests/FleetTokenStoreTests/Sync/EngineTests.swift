@@ -215,6 +215,29 @@ struct EngineTests {
         _ = try? await running.value
     }
 
+    @Test("an idle untracked key invalidated while held leaves memory too, and stops holding a slot")
+    func idleInvalidatedEviction() async throws {
+        // A trip used once, idle past the idle window, then invalidated (a client that cached
+        // its token got a rejection) before its soft point: memory keeps an empty entry for it.
+        // Nothing ever scheduled that entry again, so it was never evicted: it counted among
+        // the held subjects (--max-dynamic-subjects) for as long as the engine ran.
+        var policy = RefreshPolicy()
+        policy.idleWindow = 60
+        let h = try EngineHarness(policy: policy)
+        let running = h.start()
+        _ = try await h.engine.token(for: key)
+        await h.time.advance(by: 120)
+        await h.engine.invalidate(key)
+        #expect(await eventually(within: 30) { !h.engine.holds(key) }, "the invalidated idle key stayed in memory")
+        #expect(h.engine.heldCount == 0)
+        // Past the soft point and several idle windows: still gone, and nothing was fetched for it.
+        await h.time.advance(by: 3000)
+        #expect(await eventually(within: 30) { !h.engine.holds(key) })
+        #expect(h.fetcher.total == 1)
+        running.cancel()
+        _ = try? await running.value
+    }
+
     @Test("1,000 concurrent callers of a missing key cause exactly one fetch")
     func singleFlight() async throws {
         let h = try EngineHarness()

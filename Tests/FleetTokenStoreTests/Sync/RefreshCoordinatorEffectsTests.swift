@@ -33,11 +33,21 @@ struct RefreshCoordinatorEffectsTests {
         ])
     }
 
-    @Test("invalidating a key nobody tracks or uses leaves it unscheduled")
+    @Test("invalidating a key nobody tracks or uses, which memory does not hold, leaves it unscheduled")
     func invalidateIdle() async {
         let effects = RecordingCoordinatorEffects()
+        effects.with { $0.holdsEntries = false }
         await Self.coordinator(effects).invalidate(Self.key)
         #expect(effects.takeSteps() == ["queueRemoval", "dropForInvalidation(tracked: false)", "unschedule", "reportInvalidated"])
+    }
+
+    @Test("invalidating an idle key memory still holds gives it a turn, in which the idle rule evicts it")
+    func invalidateIdleHeld() async {
+        let effects = RecordingCoordinatorEffects()
+        await Self.coordinator(effects).invalidate(Self.key)
+        #expect(effects.takeSteps() == [
+            "queueRemoval", "dropForInvalidation(tracked: false)", "unschedule", "reportInvalidated", "scheduleNextRefresh",
+        ])
     }
 
     @Test("retrying failed keys now schedules each key whose backoff ended and counts them")
@@ -103,6 +113,8 @@ final class RecordingCoordinatorEffects: CoordinatorEffects {
         var shuttingDown = false
         /// What memory holds, for the change follower's re-read.
         var heldKeys: [TokenKey] = []
+        /// Whether memory holds an (empty) entry for every key; false: for none.
+        var holdsEntries = true
         /// Run on each read of the store, before it answers (cancelled: it fails).
         var onRead: (@Sendable () -> Void)?
     }
@@ -126,8 +138,9 @@ final class RecordingCoordinatorEffects: CoordinatorEffects {
     func jitter() -> Double { 0.5 }
     var isShuttingDown: Bool { state.withLock { $0.shuttingDown } }
     func held(_ key: TokenKey) -> MemoryEntry? {
-        MemoryEntry(token: nil, source: .store, softPoint: .distantPast, usableUntil: .distantPast,
-                    failure: nil, lastError: nil, lastUsed: .distantPast, refreshRequested: false)
+        guard state.withLock({ $0.holdsEntries }) else { return nil }
+        return MemoryEntry(token: nil, source: .store, softPoint: .distantPast, usableUntil: .distantPast,
+                           failure: nil, lastError: nil, lastUsed: .distantPast, refreshRequested: false)
     }
     func flightReached(_ key: TokenKey, _ phase: RefreshDecision.State) {}
     func markUsed(_ key: TokenKey) { record("markUsed") }
