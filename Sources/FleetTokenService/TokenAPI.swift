@@ -86,12 +86,15 @@ public struct TokenAPI: Sendable {
     }
 
     /// Replaces the configured subjects (a reloaded subject list): `/readyz` requires these from
-    /// now on, and they are allowed without a pattern. Subjects no longer listed stay allowed
-    /// until the process restarts, so that a client still using one keeps getting it (the engine
-    /// keeps it fresh while it is used); the allow patterns stay.
+    /// now on, and they are allowed without a pattern. A subject no longer listed stays allowed
+    /// while the engine holds it (it was used within the idle window), so that a client still
+    /// using it keeps getting it; the first reload after the idle rule let it go drops it. (It
+    /// stayed allowed until the process restarted: every subject ever listed, and with trips
+    /// listed and unlisted by an automation, a set that only grew.) The allow patterns stay.
     package func replaceSubjects(_ subjects: [TokenKey]) {
         subjectsInForce.state.withLock { state in
-            state.allowList.subjects.formUnion(subjects)
+            let stillUsed = state.allowList.subjects.filter { engine.holds($0) }
+            state.allowList.subjects = stillUsed.union(subjects)
             state.readiness = subjects
         }
     }
