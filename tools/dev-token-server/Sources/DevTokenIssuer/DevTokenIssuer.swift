@@ -226,8 +226,12 @@ final class Counters: Sendable {
     let issued = Mutex(0)
     let requests = Mutex(0)
     /// When each subject's tokens were issued (Unix seconds), for GET /stats/issued: tests of
-    /// several agents check that no key was fetched twice within one token lifetime.
+    /// several agents check that no key was fetched twice within one token lifetime. The latest
+    /// ``issuedTimesKept`` per subject: a demo agent with 2-minute tokens added 720 a day per
+    /// subject, for as long as it ran.
     let issuedAt = Mutex<[String: [Double]]>([:])
+    /// How many issue times ``issuedAt`` keeps per subject.
+    static let issuedTimesKept = 1_000
     /// Whether ``issuedTokens`` is kept (``DevTokenIssuer/Configuration/recordIssuedTokens``).
     let recordingTokens: Bool
     /// Every token issued, by `kind/id`, for GET /stats/tokens: tests that scan a store's bytes
@@ -240,7 +244,10 @@ final class Counters: Sendable {
 
     func noteIssued(kind: String, subject: String, at time: Date, token: String) {
         issued.withLock { $0 += 1 }
-        issuedAt.withLock { $0["\(kind)/\(subject)", default: []].append(time.timeIntervalSince1970) }
+        issuedAt.withLock { issuedAt in
+            issuedAt["\(kind)/\(subject)", default: []].append(time.timeIntervalSince1970)
+            if issuedAt["\(kind)/\(subject)"]!.count > Self.issuedTimesKept { issuedAt["\(kind)/\(subject)"]!.removeFirst() }
+        }
         if recordingTokens { issuedTokens.withLock { $0["\(kind)/\(subject)", default: []].append(token) } }
     }
 }
