@@ -31,6 +31,8 @@ package enum JSONText {
                 case "\n": output += "\\n"
                 case "\r": output += "\\r"
                 case "\t": output += "\\t"
+                case "\u{08}": output += "\\b"
+                case "\u{0C}": output += "\\f"
                 case _ where scalar.value < 0x20:
                     output += "\\u00" + String(scalar.value >> 4, radix: 16) + String(scalar.value & 0xF, radix: 16)
                 default: output.unicodeScalars.append(scalar)

@@ -61,6 +61,11 @@ struct AgentValueTests {
         // Where the two meet: 10 ms of counting is exactly the 5 s interval, 10 ms while settling 200 ms.
         #expect(pacing.pause(afterCountingFor: .milliseconds(10), ready: true) == .seconds(5))
         #expect(pacing.pause(afterCountingFor: .milliseconds(10), ready: false) == .milliseconds(200))
+        // A count stretched by a stalled machine (a paused VM): at most 60 s, and 2 s before READY=1.
+        #expect(pacing.pause(afterCountingFor: .seconds(3), ready: true) == .seconds(60))
+        #expect(pacing.pause(afterCountingFor: .seconds(3), ready: false) == .seconds(2))
+        // A status interval set longer than the cap still stands.
+        #expect(StatusPacing(statusInterval: .seconds(120)).pause(afterCountingFor: .seconds(3), ready: true) == .seconds(120))
     }
 
     @Test("refusals count per subject in a row; any other outcome starts again; all subjects must be refused")
@@ -105,6 +110,14 @@ struct AgentValueTests {
         for index in 0..<1_000 { refusals.record(refused(try TokenKey.trip("asked-\(index)")), isConfigured: { $0 == configured }) }
         refusals.record(refused(configured), isConfigured: { $0 == configured })
         #expect(refusals.consecutive == [configured: 1])
+
+        // A reload removes it while it is refused: a later refusal forgets it, and so does the
+        // reload itself (no later event may come).
+        refusals.record(refused(configured), isConfigured: { _ in false })
+        #expect(refusals.consecutive.isEmpty)
+        refusals.record(refused(configured), isConfigured: { $0 == configured })
+        refusals.forgetUnconfigured { _ in false }
+        #expect(refusals.consecutive.isEmpty)
     }
 
     @Test("the provider URL is printed without a password or query values; placeholders stay")

@@ -46,6 +46,12 @@ struct SubjectsPageJSONTests {
             page.append(SubjectStatus(key: key, tracked: true, state: .refreshDue, expiresAt: expiry,
                                       fingerprint: TokenFingerprint(of: "e.f"), source: .store, failure: nil))
         }
+        // A last error kind read back from a store row may hold any character: control characters
+        // are escaped as the serializer escaped them (\b and \f by name, the others as \u00XX).
+        let odd = RefreshFailureState(consecutiveFailures: 1, nextAttemptAt: expiry, lastErrorKind: "a\u{08}b\u{0C}c\u{01}d\ne\tf\"g\\h/i",
+                                      lastErrorMessage: nil, lastFailureAt: expiry)
+        page.append(SubjectStatus(key: try TokenKey.vehicle("odd"), tracked: false, state: .backoff, expiresAt: nil,
+                                  fingerprint: nil, source: nil, failure: odd))
         #expect(String(buffer: TokenAPI.subjectsPage(page)) == (try serialized(page)))
         #expect(String(buffer: TokenAPI.subjectsPage([])) == "[]")
         // And it parses back as the objects the OpenAPI document describes.

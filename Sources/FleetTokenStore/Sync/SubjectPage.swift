@@ -9,7 +9,8 @@ import HeapModule
 /// Keys come in any order and may come twice (memory's keys, then the tracked ones); the page
 /// keeps the `limit` smallest seen so far in a heap, so a key costs one comparison once the page
 /// is full. At 100,000 subjects each page used to build the union of both sets and sort it
-/// whole: about 350 ms of CPU per page of 1,000.
+/// whole: a page of 1,000 took 350 ms with its answer written, 150 once chosen this way (and 40
+/// once the answer was written by hand too).
 struct SubjectPage {
     /// Only keys after this one (the last of the previous page), or all when nil.
     let after: TokenKey?
@@ -23,8 +24,9 @@ struct SubjectPage {
         self.limit = max(0, limit)
     }
 
-    /// Considers `key`; `included` is asked only of a key that would make the page (a caller's
-    /// grants, say), so keys the page has no room for cost no more than a comparison.
+    /// Considers `key`; `included` (a caller's grants, say) is asked only of a key that would
+    /// make the page as it stands, so keys the page has no room for cost no more than a
+    /// comparison. It may be asked twice of a key offered twice: it must answer alike.
     mutating func offer(_ key: TokenKey, if included: (TokenKey) -> Bool = { _ in true }) {
         guard limit > 0, after.map({ $0 < key }) ?? true else { return }
         if smallest.count == limit, let largest = smallest.max, !(key < largest) { return }

@@ -238,7 +238,7 @@ public final class TokenSyncEngine: Service, Sendable {
 
     /// Hands `body` the standing of each of `keys` now, in order: what ``status(of:)`` says of
     /// each (state, usable, failure), for readiness checks and counts over many subjects. From
-    /// memory only, with one clock reading and one lock per 1,024 keys; `body` runs outside the
+    /// memory only, with one clock reading and one lock per 256 keys; `body` runs outside the
     /// lock.
     package func forEachStanding(among keys: [TokenKey], _ body: (TokenKey, SubjectStanding) -> Void) {
         memory.forEachStanding(among: keys, localNow: wallClock(), body)

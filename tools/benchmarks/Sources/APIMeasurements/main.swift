@@ -122,7 +122,9 @@ final class Connection {
             throw MeasurementError("connect(\(path)): \(String(cString: strerror(code)))")
         }
         self.descriptor = descriptor
-        buffer = .allocate(byteCount: 256 * 1024, alignment: 16)
+        // Room for a whole answer: a page of 1,000 subjects' statuses is about 220 KB, more with
+        // failures.
+        buffer = .allocate(byteCount: 1024 * 1024, alignment: 16)
     }
 
     deinit {

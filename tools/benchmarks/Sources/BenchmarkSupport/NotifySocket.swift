@@ -45,7 +45,12 @@ public final class NotifySocket: Sendable {
         }
         // A receive timeout, so the reading thread sees stop() within 100 ms.
         var timeout = timeval(tv_sec: 0, tv_usec: 100_000)
-        setsockopt(descriptor, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        guard setsockopt(descriptor, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size)) == 0 else {
+            let code = errno
+            close(descriptor)
+            unlink(path)
+            throw MeasurementError("setsockopt(SO_RCVTIMEO) on \(path): \(String(cString: strerror(code)))")
+        }
         self.descriptor = descriptor
         Thread.detachNewThread { [self] in readUntilStopped() }
     }

@@ -23,7 +23,10 @@ struct ProviderRefusals: Equatable {
         switch event {
         case .refreshFailed(let key, let error, _, _):
             if error.code == .httpStatus, let status = error.statusCode, status == 401 || status == 403 {
-                guard isConfigured(key) else { return }
+                guard isConfigured(key) else {
+                    consecutive.removeValue(forKey: key)
+                    return
+                }
                 consecutive[key, default: 0] += 1
             } else {
                 consecutive.removeValue(forKey: key)
@@ -36,6 +39,12 @@ struct ProviderRefusals: Equatable {
     }
 
     /// True when every one of `subjects` (at least one) has been refused ``attempts`` times in a row.
+    /// Forgets every subject `isConfigured` no longer lets through (a reload removed it): one
+    /// refused when it was removed got no later event to clear its count.
+    mutating func forgetUnconfigured(_ isConfigured: (TokenKey) -> Bool) {
+        consecutive = consecutive.filter { isConfigured($0.key) }
+    }
+
     func allRefused(_ subjects: [TokenKey]) -> Bool {
         !subjects.isEmpty && subjects.allSatisfy { consecutive[$0, default: 0] >= attempts }
     }
@@ -63,9 +72,15 @@ struct PermanentErrorWatch: Service {
 
     func run() async throws {
         var refusals = ProviderRefusals(attempts: attempts)
+        var generation = engine.tracked.generation
         for await event in engine.events().cancelOnGracefulShutdown() {
             // Configured subjects are the tracked ones; ids callers ask for are not counted.
-            refusals.record(event, isConfigured: engine.isTracked)
+            let tracked = engine.tracked
+            if tracked.generation != generation {
+                generation = tracked.generation
+                refusals.forgetUnconfigured(tracked.keys.contains)
+            }
+            refusals.record(event, isConfigured: tracked.keys.contains)
             let current = subjects.current
             if refusals.allRefused(current) {
                 let error = ProviderRefusesEverySubject(subjects: current.count, attempts: attempts)

@@ -66,8 +66,10 @@ struct SubjectCounts: Equatable, CustomStringConvertible {
 /// How long the service manager's reporter pauses between two counts of the subjects: 200 ms
 /// until READY=1, then the status interval; but never less than a multiple of what the last
 /// count took, so that counting stays a bounded share of a core whatever the number of subjects.
-/// A count reads every configured subject's standing (about 46 ms at 100,000 on a 2-core VM):
-/// every 5 s, that alone was about 1% of a core in an agent with nothing due.
+/// A count reads every configured subject's standing (33 to 46 ms at 100,000 on a 2-core VM):
+/// every 5 s, that alone was about 1% of a core in an agent with nothing due. The pauses are
+/// capped: a count stretched by a stalled machine (a paused VM, a preempted thread) must not
+/// leave `STATUS=` stale for many minutes, or hold `READY=1` back.
 struct StatusPacing: Equatable {
     /// The pause once READY=1 went out (the reporter's ``ServiceManagerReports/statusInterval``).
     var statusInterval: Duration
@@ -77,10 +79,15 @@ struct StatusPacing: Equatable {
     static let readyShare = 500
     /// The same while waiting for READY=1, when the sooner matters more: at most 5% of a core.
     static let settlingShare = 20
+    /// The longest pause once ready (unless the status interval is longer).
+    static let longestReadyPause: Duration = .seconds(60)
+    /// The longest pause while waiting for READY=1.
+    static let longestSettlingPause: Duration = .seconds(2)
 
     /// The pause after a count that took `counting`.
     func pause(afterCountingFor counting: Duration, ready: Bool) -> Duration {
-        ready ? max(statusInterval, counting * Self.readyShare) : max(settlingInterval, counting * Self.settlingShare)
+        ready ? max(statusInterval, min(counting * Self.readyShare, Self.longestReadyPause))
+            : max(settlingInterval, min(counting * Self.settlingShare, Self.longestSettlingPause))
     }
 }
 
