@@ -23,20 +23,12 @@ public final class NotifySocket: Sendable {
         unlink(path)
         let descriptor = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue), 0)
         guard descriptor >= 0 else { throw MeasurementError("socket(): \(String(cString: strerror(errno)))") }
-        var address = sockaddr_un()
-        address.sun_family = sa_family_t(AF_UNIX)
-        let bytes = Array(path.utf8)
-        guard bytes.count < MemoryLayout.size(ofValue: address.sun_path) else {
+        let bound: Int32
+        do {
+            bound = try withUnixSocketAddress(path) { bind(descriptor, $0, $1) }
+        } catch {
             close(descriptor)
-            throw MeasurementError("notify socket path too long: \(path)")
-        }
-        withUnsafeMutableBytes(of: &address.sun_path) { raw in
-            for (index, byte) in bytes.enumerated() { raw[index] = byte }
-        }
-        let bound = withUnsafePointer(to: &address) { pointer in
-            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                bind(descriptor, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
-            }
+            throw error
         }
         guard bound == 0 else {
             let code = errno
@@ -84,5 +76,22 @@ public final class NotifySocket: Sendable {
         done.wait()
         close(descriptor)
         unlink(path)
+    }
+}
+
+/// Calls `body` with the `sockaddr` and length of the Unix socket address `path`, for `bind` or
+/// `connect`. - Throws: ``MeasurementError`` when the path does not fit.
+public func withUnixSocketAddress<R>(_ path: String, _ body: (UnsafePointer<sockaddr>, socklen_t) -> R) throws -> R {
+    var address = sockaddr_un()
+    address.sun_family = sa_family_t(AF_UNIX)
+    let bytes = Array(path.utf8)
+    guard bytes.count < MemoryLayout.size(ofValue: address.sun_path) else {
+        throw MeasurementError("socket path too long: \(path)")
+    }
+    withUnsafeMutableBytes(of: &address.sun_path) { raw in
+        for (index, byte) in bytes.enumerated() { raw[index] = byte }
+    }
+    return withUnsafePointer(to: &address) { pointer in
+        pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { body($0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
     }
 }
