@@ -93,17 +93,24 @@ func measureFleetScale(agentPath: String, issuer: DevTokenIssuer, scratch: Strin
     return results
 }
 
+/// Sends `request` on `connection` `count` times, one after another, each required to answer
+/// 200 (`what` names it in the error): the time to each whole answer, in milliseconds.
+func timedExchanges(_ request: [UInt8], on connection: Connection, count: Int, what: String) throws -> [Double] {
+    var times: [Double] = []
+    for _ in 0..<count {
+        let start = monotonicNanoseconds()
+        let status = try connection.exchange(request)
+        times.append(Double(monotonicNanoseconds() - start) / 1e6)
+        guard status == 200 else { throw MeasurementError("\(what) answered \(status)") }
+    }
+    return times
+}
+
 /// `probes` readiness probes on `connection`, one after another: the median time to a 200, and
 /// the agent's CPU time per probe (the clock ticks of `/proc/PID/stat` over all of them).
 func readinessProbeFigures(of agent: Child, on connection: Connection, label: String, probes: Int = 50) throws -> [String: Any] {
-    var times: [Double] = []
     let cpuBefore = agent.cpuSeconds()
-    for _ in 0..<probes {
-        let start = monotonicNanoseconds()
-        let status = try connection.exchange(readinessRequest())
-        times.append(Double(monotonicNanoseconds() - start) / 1e6)
-        guard status == 200 else { throw MeasurementError("GET /readyz answered \(status) on the idle \(label) agent") }
-    }
+    let times = try timedExchanges(readinessRequest(), on: connection, count: probes, what: "GET /readyz on the idle \(label) agent")
     let cpuMilliseconds = (agent.cpuSeconds() - cpuBefore) * 1000 / Double(probes)
     return ["readyz_ms_\(label)": rounded(median(times), 2), "readyz_cpu_ms_\(label)": rounded(cpuMilliseconds, 2)]
 }
@@ -111,14 +118,8 @@ func readinessProbeFigures(of agent: Child, on connection: Connection, label: St
 /// `scrapes` Prometheus scrapes (`GET /metrics`, 200) on `connection`, one after another: the
 /// median time to a whole answer.
 func metricsScrapeFigures(on connection: Connection, label: String, scrapes: Int = 10) throws -> [String: Any] {
-    var times: [Double] = []
     let request = Array("GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n".utf8)
-    for _ in 0..<scrapes {
-        let start = monotonicNanoseconds()
-        let status = try connection.exchange(request)
-        times.append(Double(monotonicNanoseconds() - start) / 1e6)
-        guard status == 200 else { throw MeasurementError("GET /metrics answered \(status) on the \(label) agent") }
-    }
+    let times = try timedExchanges(request, on: connection, count: scrapes, what: "GET /metrics on the \(label) agent")
     return ["metrics_scrape_ms_\(label)": rounded(median(times), 2)]
 }
 

@@ -243,11 +243,12 @@ final class Counters: Sendable {
     }
 
     func noteIssued(kind: String, subject: String, at time: Date, token: String) {
+        let name = "\(kind)/\(subject)"
         issued.withLock { $0 += 1 }
         issuedAt.withLock { issuedAt in
-            issuedAt["\(kind)/\(subject)", default: []].append(time.timeIntervalSince1970)
-            if issuedAt["\(kind)/\(subject)"]!.count > Self.issuedTimesKept { issuedAt["\(kind)/\(subject)"]!.removeFirst() }
+            issuedAt[name, default: []].append(time.timeIntervalSince1970)
+            if issuedAt[name]!.count > Self.issuedTimesKept { issuedAt[name]!.removeFirst() }
         }
-        if recordingTokens { issuedTokens.withLock { $0["\(kind)/\(subject)", default: []].append(token) } }
+        if recordingTokens { issuedTokens.withLock { $0[name, default: []].append(token) } }
     }
 }

@@ -38,13 +38,13 @@ struct ProviderRefusals: Equatable {
         }
     }
 
-    /// True when every one of `subjects` (at least one) has been refused ``attempts`` times in a row.
     /// Forgets every subject `isConfigured` no longer lets through (a reload removed it): one
     /// refused when it was removed got no later event to clear its count.
     mutating func forgetUnconfigured(_ isConfigured: (TokenKey) -> Bool) {
         consecutive = consecutive.filter { isConfigured($0.key) }
     }
 
+    /// True when every one of `subjects` (at least one) has been refused ``attempts`` times in a row.
     func allRefused(_ subjects: [TokenKey]) -> Bool {
         !subjects.isEmpty && subjects.allSatisfy { consecutive[$0, default: 0] >= attempts }
     }

@@ -172,13 +172,13 @@ struct ServiceManagerReports: Service {
     private func report() async {
         var ready = false
         let clock = ContinuousClock()
+        let pacing = StatusPacing(statusInterval: statusInterval)
         while !Task.isCancelled {
             let started = clock.now
             if state.update(SubjectCounts(of: subjects.current, in: engine)) {
                 ready = true
                 logger.info("told the service manager the agent is ready")
             }
-            let pacing = StatusPacing(statusInterval: statusInterval)
             do { try await Task.sleep(for: pacing.pause(afterCountingFor: clock.now - started, ready: ready)) } catch { return }
         }
     }
