@@ -9,7 +9,8 @@ import Synchronization
 /// A flight holds its key's lease from before the fetch until its token is stored; the flight
 /// then hands it to the group commit (``handOver(_:)``), which releases it after the write
 /// (``releaseHandedOver(_:)``) unless a new flight of the key has taken it again meanwhile.
-/// A lease whose release the store refused stays recorded as held, for ``releaseAll()``.
+/// A lease whose release the store refused is remembered until it would have run out, for
+/// ``releaseAll()``; no longer, so a database that fails for a while leaves nothing behind.
 final class CrossProcessLease: Sendable {
     /// The lease store's answer, with the dead-holder decision made.
     enum Answer: Sendable, Equatable {
@@ -25,11 +26,26 @@ final class CrossProcessLease: Sendable {
         /// When each held key's lease was taken (wall clock): its first renewal is due a third
         /// of a lease after that, however late the fetch that renews it starts.
         var takenAt: [TokenKey: Date] = [:]
+        /// Leases the store refused to release, with the latest time each can run to (its last
+        /// renewal came before the release). Not held by any flight; past that time the store
+        /// holds them for nobody, and they are forgotten.
+        var unreleased: [TokenKey: Date] = [:]
 
         mutating func forget(_ key: TokenKey) {
             keys.remove(key)
             handedOver.remove(key)
             takenAt[key] = nil
+        }
+
+        mutating func keepUnreleased(_ failed: [TokenKey], until end: Date, now: Date) {
+            unreleased = unreleased.filter { $0.value > now }
+            for key in failed where !keys.contains(key) { unreleased[key] = end }
+        }
+
+        /// The leases the store may still hold for this process: every held key and the
+        /// unreleased ones not yet run out.
+        func outstanding(now: Date) -> Set<TokenKey> {
+            keys.union(unreleased.lazy.filter { $0.value > now }.map(\.key))
         }
     }
 
@@ -125,6 +141,7 @@ final class CrossProcessLease: Sendable {
                 held.keys.insert(key)
                 held.handedOver.remove(key)
                 held.takenAt[key] = takenAt
+                held.unreleased[key] = nil
             }
             return .granted(current: current)
         case .heldElsewhere(let other, let until, let current):
@@ -256,33 +273,40 @@ final class CrossProcessLease: Sendable {
         await releaseOrKeep([key])
     }
 
-    /// Shutdown: releases every lease still held (those whose release failed before included).
+    /// Shutdown: releases every lease still held (those whose release failed before and that
+    /// have not run out since included).
     func releaseAll() async {
-        let keys = held.withLock { Array($0.keys) }
+        let at = now()
+        let keys = held.withLock { Array($0.outstanding(now: at)) }
         guard !keys.isEmpty else { return }
         do {
             try await store.releaseRefreshLeases(for: keys, holder: holder)
             held.withLock { held in
-                for key in keys { held.forget(key) }
+                for key in keys {
+                    held.forget(key)
+                    held.unreleased[key] = nil
+                }
             }
         } catch {
             logger.debug("could not release refresh leases", metadata: ["error": .string(error.description)])
         }
     }
 
-    /// The keys whose lease this process holds, sorted (for the shutdown's report).
+    /// The keys whose lease this process may still hold, sorted (for the shutdown's report).
     var heldKeys: [TokenKey] {
-        held.withLock { $0.keys.sorted() }
+        let at = now()
+        return held.withLock { $0.outstanding(now: at).sorted() }
     }
 
     /// Releases `keys`' leases. When the store refuses (a database that is down, a cancelled
-    /// task) they stay recorded as held: the shutdown's ``releaseAll()`` tries again, rather
-    /// than other processes waiting for them to expire.
+    /// task) they are kept until they would have run out: the shutdown's ``releaseAll()``
+    /// tries again, rather than other processes waiting for them to expire.
     private func releaseOrKeep(_ keys: [TokenKey]) async {
         do {
             try await store.releaseRefreshLeases(for: keys, holder: holder)
         } catch {
-            held.withLock { $0.keys.formUnion(keys) }
+            let at = now()
+            held.withLock { $0.keepUnreleased(keys, until: at.addingTimeInterval(duration), now: at) }
         }
     }
 }
