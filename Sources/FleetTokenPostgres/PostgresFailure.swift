@@ -3,6 +3,7 @@
 // can carry the statement and its bound values (tokens), which must never reach a log.
 import FleetTokenStore
 import Foundation
+import NIOCore
 import PostgresNIO
 import Synchronization
 
@@ -25,7 +26,7 @@ enum PostgresFailure {
                 }
                 return .database(path: store, sqlState: state, message: message)
             }
-            return .databaseUnavailable(path: store, reason: connectionReason(error.code))
+            return .databaseUnavailable(path: store, reason: connectionReason(error))
         }
         if error is HostMoved {
             return .databaseUnavailable(path: store, reason: "the store moved to another host while the statement waited for an answer")
@@ -37,8 +38,11 @@ enum PostgresFailure {
         return .databaseUnavailable(path: store, reason: String(describing: error))
     }
 
-    private static func connectionReason(_ code: PSQLError.Code) -> String {
-        switch code {
+    private static func connectionReason(_ error: PSQLError) -> String {
+        switch error.code {
+        // The socket's, the connect deadline's or TLS's own failure: what an operator acts on
+        // (refused, timed out, a certificate not trusted). It names addresses, never a statement.
+        case .connectionError: error.underlying.map(describeConnectionFailure) ?? "the connection failed"
         case .sslUnsupported: "the server does not offer TLS, which sslmode asks for"
         case .serverClosedConnection, .uncleanShutdown: "the server closed the connection"
         case .clientClosedConnection, .poolClosed: "the connection was closed"
@@ -47,8 +51,15 @@ enum PostgresFailure {
         case .saslError: "password authentication failed"
         case .queryCancelled: "the statement was cancelled"
         case .failedToAddSSLHandler: "TLS could not be set up"
-        default: "connection failed (\(code))"
+        default: "connection failed (\(error.code))"
         }
+    }
+
+    private static func describeConnectionFailure(_ underlying: any Error) -> String {
+        if case ChannelError.connectTimeout(let limit) = underlying {
+            return "no connection within \(Double(limit.nanoseconds) / 1e9) s (connectTimeout)"
+        }
+        return "could not connect: \(underlying)"
     }
 
     /// Thrown by ``withDeadline(_:_:)`` when the time passed.

@@ -32,8 +32,9 @@ struct PostgresBackgroundLogTests {
         let server = try await PostgresServer.make()
         defer { server.stopInBackground() }
         try await server.createDatabase("quiet")
-        var configuration = try PostgresStoreConfiguration(url: server.url(database: "quiet"))
-        configuration.environment = ["PGPASSWORD": server.password]
+        // The suite's generous timeouts: with the defaults (a 1 s connection wait), a first
+        // connection slowed by the whole suite starting on two cores failed this test once.
+        let configuration = try configuration(server, "quiet")
         let log = LogRecorder()
         try await PostgresTokenRepository.withRepository(configuration, logger: log.logger) { store in
             // At once, before the pool's run() had a chance to start: the case that warned.

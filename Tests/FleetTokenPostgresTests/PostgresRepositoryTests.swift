@@ -374,7 +374,33 @@ struct PostgresTLSTests {
             try await PostgresTokenRepository.withRepository(wrong, logger: logger) { _ in }
         } throws: { error in
             guard let error = error as? TokenStoreError else { return false }
+            // The operator is told what failed: TLS's verdict, not "connection failed".
+            #expect(error.description.contains("CERTIFICATE_VERIFY_FAILED"), "\(error)")
             return error.code == .databaseUnavailable && !error.description.contains(server.password)
+        }
+    }
+
+    @Test("a database that refuses connections is reported as refusing them, and one that never answers as the connect deadline passing")
+    func connectionFailuresSayWhy() async throws {
+        let closed = try SilentSocket(listening: false)
+        var refused = try PostgresStoreConfiguration(url: "postgres://fleet@127.0.0.1:\(closed.port)/db?sslmode=disable")
+        refused.environment = ["PGPASSWORD": "unused"]
+        await #expect {
+            try await PostgresTokenRepository.withRepository(refused, logger: Logger(label: "refused")) { _ in }
+        } throws: { error in
+            #expect("\(error)".contains("Connection refused"), "\(error)")
+            return (error as? TokenStoreError)?.code == .databaseUnavailable
+        }
+        // Listening, never accepting: TCP completes, no startup answer ever comes.
+        let silent = try SilentSocket(listening: true)
+        var unanswered = try PostgresStoreConfiguration(url: "postgres://fleet@127.0.0.1:\(silent.port)/db?sslmode=disable")
+        unanswered.environment = ["PGPASSWORD": "unused"]
+        unanswered.connectTimeout = .seconds(1)
+        await #expect {
+            try await PostgresTokenRepository.withRepository(unanswered, logger: Logger(label: "silent")) { _ in }
+        } throws: { error in
+            #expect("\(error)".contains("no connection within 1.0 s"), "\(error)")
+            return (error as? TokenStoreError)?.code == .databaseUnavailable
         }
     }
 }
