@@ -48,8 +48,15 @@ struct ConnectionLimitTests {
         let refetched = try? RawHTTP.send(unix, "GET", "/v1/token/vehicle/v-1", headers: Self.marked, timeout: 10)
         #expect(refetched?.status == 200, "\(refetched.map(\.description) ?? "no answer")")
         #expect(refetched?.header("Fleet-Token-Fingerprint").map { $0 != firstPrint } == true, "the invalidated token was replaced by a new fetch")
-        let shown = try await runToEnd("tokenctl", ["--db", scratch.file("tokens.sqlite"), "show", "vehicle", "v-1", "--json"], in: scratch)
-        #expect(shown.status == 0 && shown.stdout.contains(refetched?.header("Fleet-Token-Fingerprint") ?? "?"), "the new token is in the store: \(shown.stdout)")
+        // The new token is served before its commit lands.
+        let newPrint = refetched?.header("Fleet-Token-Fingerprint") ?? "?"
+        var shown = ""
+        let stored = await eventually(within: 10) {
+            guard let run = try? await runToEnd("tokenctl", ["--db", scratch.file("tokens.sqlite"), "show", "vehicle", "v-1", "--json"], in: scratch) else { return false }
+            shown = run.stdout
+            return run.status == 0 && run.stdout.contains(newPrint)
+        }
+        #expect(stored, "the new token is in the store: \(shown)")
         #expect(!agent.process.stderr.contains("unable to open database file"), "\(agent.process.stderr.suffix(2000))")
 
         // The cap in force is logged with its reason; past the per-peer cap (all TCP clients are

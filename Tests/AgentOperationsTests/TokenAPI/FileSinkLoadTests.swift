@@ -148,8 +148,8 @@ struct FileSinkLoadTests {
         #expect(observed.comparisons > 100, "the files were compared throughout: \(summary)")
         #expect(observed.lagging.isEmpty, "\(observed.lagging.count) times a file was more than 5 s past its soft point while the API served a newer token: \(observed.lagging.prefix(5)); \(summary)")
         // Liveness only (no timing goal): the API answers while the sink follows the load.
-        #expect(observed.slowestTokenGET < 3, "\(summary)")
-        #expect(observed.slowestSubjects < 3, "\(summary)")
+        #expect(observed.slowestTokenGET < 10, "\(summary)")
+        #expect(observed.slowestSubjects < 10, "\(summary)")
         #expect(await agent.stop() == 0, "\(agent.process.stderr.suffix(2000))")
     }
 }

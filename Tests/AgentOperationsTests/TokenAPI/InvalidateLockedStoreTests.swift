@@ -40,7 +40,8 @@ struct InvalidateLockedStoreTests {
                 let answer = try await api.send("/v1/invalidate/vehicle/\(id)", method: .POST)
                 let took = ContinuousClock.now - started
                 #expect(answer.status == 204, "\(answer.body)")
-                #expect(took < .seconds(2), "POST /v1/invalidate/vehicle/\(id) took \(took) while another process held the store's write lock")
+                // Below the agent's busy timeout (5 s), which a write behind the lock would wait out.
+                #expect(took < .seconds(4), "POST /v1/invalidate/vehicle/\(id) took \(took) while another process held the store's write lock")
                 let renewed = try await fingerprint(id)
                 #expect(renewed != nil && renewed != servedBefore[id], "\(id): the invalidated token is still served")
             }

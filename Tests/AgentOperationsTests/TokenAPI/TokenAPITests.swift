@@ -31,8 +31,11 @@ struct TokenAPITests {
                 let value = try #require(object["token"] as? String)
                 #expect(value.split(separator: ".").count == 3)
                 #expect(token.headers.first(name: "Fleet-Token-Fingerprint") == object["fingerprint"] as? String)
-                let revealed = try await runToEnd("tokenctl", ["--db", scratch.file("tokens.sqlite"), "show", "vehicle", "v-1", "--reveal"], in: scratch)
-                #expect(revealed.stdout.contains(value))
+                // A token is served before its commit lands (the group commit writes it next).
+                #expect(await eventually(within: 10) {
+                    (try? await runToEnd("tokenctl", ["--db", scratch.file("tokens.sqlite"), "show", "vehicle", "v-1", "--reveal"], in: scratch))?
+                        .stdout.contains(value) == true
+                }, "the served token is in the store")
 
                 let plain = try await api.send("/v1/token/vehicle/v-1", headers: [("Accept", "text/plain")])
                 #expect(plain.status == 200 && plain.body == value)

@@ -57,7 +57,7 @@ struct AgentTransportTests {
             let refused = try await AgentFixture.runDirect(["--db", db] + base, scratch)
             #expect(refused.status == 1)
             #expect(refused.stderr.contains("--client-cert"), "\(refused.stderr)")
-            #expect(!server.handshakeFailures.isEmpty)
+            #expect(await eventually(within: 10) { !server.handshakeFailures.isEmpty })
             #expect(server.requests.isEmpty)
             #expect(try await storedKeys(db, scratch).isEmpty)
 
