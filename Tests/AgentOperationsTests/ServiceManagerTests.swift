@@ -48,10 +48,11 @@ struct ServiceManagerTests {
             if message.message.contains("WATCHDOG=1") { pets.append(message.at) }
         }
         // Time-stamped on arrival by the receiver's own thread. Every gap stays under WATCHDOG_USEC
-        // (what systemd enforces) and well above nothing (no flood), on a loaded machine too.
-        #expect(pets.count >= 3, "\(pets.count) pets in 3 s")
+        // (what systemd enforces), and there is no flood: counted, not read from the gaps, since
+        // a receiver that runs late takes two pets at once on a loaded machine.
+        #expect(pets.count >= 3 && pets.count <= 12, "\(pets.count) pets in 3 s (one each 0.5 s)")
         let gaps = zip(pets.dropFirst(), pets).map { $0 - $1 }
-        #expect(gaps.allSatisfy { $0 > .milliseconds(100) && $0 < .milliseconds(1000) }, "\(gaps)")
+        #expect(gaps.allSatisfy { $0 < .milliseconds(1000) }, "\(gaps)")
 
         // A reload: RELOADING=1 (with the monotonic time systemd wants), then READY=1 and new counts.
         try "vehicle: [a, b, c]\njson: true\n".write(toFile: config, atomically: true, encoding: .utf8)

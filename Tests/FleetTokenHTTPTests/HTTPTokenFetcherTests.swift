@@ -142,7 +142,8 @@ struct HTTPTokenFetcherTests {
                 let started = Date()
 
                 await #expect(throws: TokenProviderError.timeout(seconds: 0.5)) { try await http.fetchToken(for: trip) }
-                #expect(Date().timeIntervalSince(started) < 3)
+                // Ends by its 0.5 s timeout, not with the hanging server (bounded for a loaded machine).
+                #expect(Date().timeIntervalSince(started) < 10)
 
                 await http.shutdown()
 
