@@ -16,13 +16,9 @@ struct LeaseReleaseTests {
     // this process for its next flights.
     @Test("a lease whose release failed is kept for the shutdown until it would have run out, then forgotten; it is never held by a flight")
     func failedReleasesRunOut() async throws {
-        let dir = Scratch()
-        let time = TestTime(start: Date())
-        let base = try openStore(dir.file("tokens.sqlite"))
-        defer { base.close() }
-        let store = ReleaseRefusingStore(base)
-        let lease = CrossProcessLease(store: store, changes: { base.changes() }, driveChanges: {}, duration: 30,
-                                      clock: time.clock, now: time.wall, logger: Logger(label: "lease"))
+        let h = try RefusingLeaseHarness()
+        defer { h.base.close() }
+        let (time, base, store, lease) = (h.time, h.base, h.store, h.lease)
         store.refusing.withLock { $0 = true }
         let keys = try (0..<100).map { try TokenKey.vehicle("truck-\($0)") }
         for key in keys {
@@ -52,13 +48,9 @@ struct LeaseReleaseTests {
 
     @Test("a key taken again after its release failed is held by its new flight, and released by it")
     func takenAgainAfterFailedRelease() async throws {
-        let dir = Scratch()
-        let time = TestTime(start: Date())
-        let base = try openStore(dir.file("tokens.sqlite"))
-        defer { base.close() }
-        let store = ReleaseRefusingStore(base)
-        let lease = CrossProcessLease(store: store, changes: { base.changes() }, driveChanges: {}, duration: 30,
-                                      clock: time.clock, now: time.wall, logger: Logger(label: "lease"))
+        let h = try RefusingLeaseHarness()
+        defer { h.base.close() }
+        let (store, lease) = (h.store, h.lease)
         let key = try TokenKey.vehicle("truck-1")
         store.refusing.withLock { $0 = true }
         _ = await lease.take(key)
@@ -69,6 +61,23 @@ struct LeaseReleaseTests {
         await lease.release(key)
         #expect(lease.heldKeys.isEmpty, "released by the new flight: nothing left for the shutdown")
         #expect(!lease.holds(key))
+    }
+}
+
+/// This process's leases (30 s) over a ``ReleaseRefusingStore`` on a fresh SQLite file, on test time.
+private struct RefusingLeaseHarness {
+    let dir = Scratch()
+    let time = TestTime(start: Date())
+    let base: SQLiteTokenRepository
+    let store: ReleaseRefusingStore
+    let lease: CrossProcessLease
+
+    init() throws {
+        let base = try openStore(dir.file("tokens.sqlite"))
+        self.base = base
+        store = ReleaseRefusingStore(base)
+        lease = CrossProcessLease(store: store, changes: { base.changes() }, driveChanges: {}, duration: 30,
+                                  clock: time.clock, now: time.wall, logger: Logger(label: "lease"))
     }
 }
 
