@@ -18,6 +18,7 @@ let package = Package(
     products: [
         .library(name: "FleetTokenStore", targets: ["FleetTokenStore"]),
         .library(name: "FleetTokenHTTP", targets: ["FleetTokenHTTP"]),
+        .library(name: "FleetTokenHTTPSyntax", targets: ["FleetTokenHTTPSyntax"]),
         .library(name: "FleetTokenService", targets: ["FleetTokenService"]),
         .library(name: "FleetEngineProxy", targets: ["FleetEngineProxy"]),
         .library(name: "DevTokenIssuer", targets: ["DevTokenIssuer"]),
@@ -93,11 +94,21 @@ let package = Package(
             ],
             swiftSettings: strictSettings
         ),
+        // What a provider's configuration says, read without I/O: proxy settings and NO_PROXY,
+        // host and IP syntax, percent encoding, request body templates, the answer's format,
+        // strict JSON. Apart from the client so that the fuzz harnesses (tools/fuzz) build it
+        // without the HTTP stack; FleetTokenHTTP re-exports it.
+        .target(
+            name: "FleetTokenHTTPSyntax",
+            dependencies: ["FleetTokenStore"],
+            swiftSettings: strictSettings
+        ),
         // The HTTP provider client, separate so the core stays lean.
         .target(
             name: "FleetTokenHTTP",
             dependencies: [
                 "FleetTokenStore",
+                "FleetTokenHTTPSyntax",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
@@ -337,6 +348,7 @@ let package = Package(
                 "TestSupportKit",
                 "FleetTokenStoreTesting",
                 "FleetTokenHTTP",
+                "FleetTokenHTTPSyntax",
                 "FleetTokenStore",
                 "DevTokenIssuer",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),

@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 @testable import FleetTokenHTTP
+@testable import FleetTokenHTTPSyntax
 @testable import FleetTokenStore
 
 /// `tokenKey` and `expirationKey` as JSON pointers (RFC 6901) for answers that wrap the token.

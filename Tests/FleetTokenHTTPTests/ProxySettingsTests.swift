@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 @testable import FleetTokenHTTP
+@testable import FleetTokenHTTPSyntax
 @testable import FleetTokenStore
 
 @Suite("Proxy settings: HTTPS_PROXY, HTTP_PROXY, NO_PROXY and the agent's overrides", .paced)

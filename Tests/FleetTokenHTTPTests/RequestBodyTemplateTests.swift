@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 @testable import FleetTokenHTTP
+@testable import FleetTokenHTTPSyntax
 @testable import FleetTokenStore
 
 @Suite("Request body templates: {kind} and {id} in JSON, form and plain-text bodies", .paced)

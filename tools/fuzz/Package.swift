@@ -30,7 +30,7 @@ let package = Package(
             dependencies: [
                 "FuzzSupport",
                 .product(name: "FleetTokenStore", package: "FleetTokenStore"),
-                .product(name: "FleetTokenHTTP", package: "FleetTokenStore"),
+                .product(name: "FleetTokenHTTPSyntax", package: "FleetTokenStore"),
             ],
             swiftSettings: strictSettings
         ),
@@ -47,7 +47,7 @@ let package = Package(
             dependencies: [
                 "FuzzSupport",
                 .product(name: "FleetTokenStore", package: "FleetTokenStore"),
-                .product(name: "FleetTokenHTTP", package: "FleetTokenStore"),
+                .product(name: "FleetTokenHTTPSyntax", package: "FleetTokenStore"),
             ],
             swiftSettings: strictSettings
         ),
@@ -56,7 +56,7 @@ let package = Package(
             dependencies: [
                 "FuzzSupport",
                 .product(name: "FleetTokenStore", package: "FleetTokenStore"),
-                .product(name: "FleetTokenHTTP", package: "FleetTokenStore"),
+                .product(name: "FleetTokenHTTPSyntax", package: "FleetTokenStore"),
             ],
             swiftSettings: strictSettings
         ),

@@ -17,7 +17,7 @@
 
 // @testable: the harness reads bodies with the library's own JSON reader, JSONValue, which is
 // package-only (the fuzz build is a debug build, so testing is enabled).
-import FleetTokenHTTP
+import FleetTokenHTTPSyntax
 @testable import FleetTokenStore
 import Foundation
 import FuzzSupport

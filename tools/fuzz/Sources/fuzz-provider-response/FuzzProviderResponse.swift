@@ -1,8 +1,8 @@
 // libFuzzer harness for the provider-response parser, through its public entry point
 // `ProviderResponseFormat.parse(_:for:now:providerDate:)` (what `HTTPTokenFetcher.fetchToken`
 // runs on a received body), followed by what the engine does next: `TokenValidator.validate`,
-// and the descriptions an agent prints. The parser is in FleetTokenHTTP, beside the fetcher
-// that runs it.
+// and the descriptions an agent prints. The parser is in FleetTokenHTTPSyntax; the fetcher in
+// FleetTokenHTTP runs it.
 //
 // Input: byte 0 picks the configuration, byte 1 the clock; the rest is the response body.
 //   byte 0, bits 0-1: expiration format (auto, epoch-seconds, epoch-millis, relative-seconds)
@@ -14,7 +14,7 @@
 
 // @testable: JSONValue (the library's own JSON reader), RelativeTime and TokenValidator are
 // package-only (the fuzz build is a debug build, so testing is enabled).
-import FleetTokenHTTP
+import FleetTokenHTTPSyntax
 @testable import FleetTokenStore
 import Foundation
 import FuzzSupport

@@ -20,7 +20,7 @@
 // matches; `*` and `--no-proxy` always go direct; matching ignores ASCII case; a host listed
 // in NO_PROXY matches itself.
 
-import FleetTokenHTTP
+import FleetTokenHTTPSyntax
 import FleetTokenStore
 import Foundation
 import FuzzSupport
