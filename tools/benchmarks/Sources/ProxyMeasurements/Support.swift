@@ -413,6 +413,17 @@ func contextSwitches(of pid: pid_t) -> (voluntary: Int, involuntary: Int) {
     return (voluntary, involuntary)
 }
 
+/// CPU time of all of `pid`'s threads so far, in nanoseconds (the scheduler's own count, in
+/// `/proc/PID/task/TID/schedstat`: finer than the clock ticks of `/proc/PID/stat`).
+func cpuNanoseconds(of pid: pid_t) -> Int {
+    var total = 0
+    for thread in (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? [] {
+        let stat = (try? String(contentsOfFile: "/proc/\(pid)/task/\(thread)/schedstat", encoding: .utf8)) ?? ""
+        total += stat.split(separator: " ").first.flatMap { Int($0) } ?? 0
+    }
+    return total
+}
+
 // MARK: - The token a direct caller attaches
 
 
@@ -426,6 +437,9 @@ final class NginxRelay {
     let restPort: Int
     let version: String
     private let child: Child
+
+    /// nginx's process (one, `master_process off`), for its CPU time per call.
+    var pid: pid_t { child.pid }
 
     /// Starts nginx and waits until both ports accept; nil when nginx is not installed.
     static func start(upstreamPort: Int, scratch: String) async throws -> NginxRelay? {

@@ -112,11 +112,15 @@ do {
     let directGRPC = grpcCall(try await http2Connection(port: upstreamPort, group: loop), loop: loop,
                               headers: grpcHeaders(port: upstreamPort, token: token))
     // The agent's context switches per call it proxied (warm-up and rounds): where a call's time
-    // goes on an idle machine, with each hop between threads a wake-up.
+    // goes on an idle machine, with each hop between threads a wake-up. And its CPU time per call
+    // (all its threads), beside nginx's for the same calls below: the work a proxy does per call,
+    // apart from the wake-ups.
     let switchesBefore = contextSwitches(of: agent.pid)
+    var cpuBefore = cpuNanoseconds(of: agent.pid)
     let grpc = try await paired(proxy: proxyGRPC, direct: directGRPC, rounds: rounds, callsPerRound: callsPerRound, loop: loop)
     let switchesAfter = contextSwitches(of: agent.pid)
     let proxiedCalls = Double(200 + rounds * callsPerRound)
+    let agentGRPCMicroseconds = Double(cpuNanoseconds(of: agent.pid) - cpuBefore) / proxiedCalls / 1000
 
     func restHead(port: Int, token: String?) -> HTTPRequestHead {
         var headers = HTTPHeaders()
@@ -127,7 +131,9 @@ do {
     }
     let proxyREST = try await http1Call(port: port, group: loop, head: restHead(port: port, token: nil))
     let directREST = try await http1Call(port: upstreamPort, group: loop, head: restHead(port: upstreamPort, token: token))
+    cpuBefore = cpuNanoseconds(of: agent.pid)
     let rest = try await paired(proxy: proxyREST, direct: directREST, rounds: rounds, callsPerRound: callsPerRound, loop: loop)
+    let agentRESTMicroseconds = Double(cpuNanoseconds(of: agent.pid) - cpuBefore) / proxiedCalls / 1000
 
     // The limit for any proxy in a process of its own: nginx (Debian's) relaying the same calls,
     // the caller's token passed through, gRPC by grpc_pass and REST by proxy_pass, each with
@@ -140,9 +146,13 @@ do {
         let nginxGRPC = grpcCall(try await http2Connection(port: relay.grpcPort, group: loop), loop: loop,
                                  headers: grpcHeaders(port: relay.grpcPort, token: token))
         let nginxREST = try await http1Call(port: relay.restPort, group: loop, head: restHead(port: relay.restPort, token: token))
+        var nginxBefore = cpuNanoseconds(of: relay.pid)
         let nginxGRPCvsDirect = try await paired(proxy: nginxGRPC, direct: directGRPC, rounds: rounds, callsPerRound: callsPerRound, loop: loop)
+        let nginxGRPCMicroseconds = Double(cpuNanoseconds(of: relay.pid) - nginxBefore) / proxiedCalls / 1000
         let proxyGRPCvsNginx = try await paired(proxy: proxyGRPC, direct: nginxGRPC, rounds: rounds, callsPerRound: callsPerRound, loop: loop)
+        nginxBefore = cpuNanoseconds(of: relay.pid)
         let nginxRESTvsDirect = try await paired(proxy: nginxREST, direct: directREST, rounds: rounds, callsPerRound: callsPerRound, loop: loop)
+        let nginxRESTMicroseconds = Double(cpuNanoseconds(of: relay.pid) - nginxBefore) / proxiedCalls / 1000
         let proxyRESTvsNginx = try await paired(proxy: proxyREST, direct: nginxREST, rounds: rounds, callsPerRound: callsPerRound, loop: loop)
         reference = [
             "nginx_relay_grpc_vs_direct": nginxGRPCvsDirect.ratio,
@@ -152,6 +162,8 @@ do {
             "nginx_relay_grpc_p50_microseconds": nginxGRPCvsDirect.proxyP50,
             "nginx_relay_rest_p50_microseconds": nginxRESTvsDirect.proxyP50,
             "nginx_relay": relay.version,
+            "nginx_relay_grpc_cpu_microseconds_per_call": rounded(nginxGRPCMicroseconds, 1),
+            "nginx_relay_rest_cpu_microseconds_per_call": rounded(nginxRESTMicroseconds, 1),
         ]
     } else {
         note("nginx not found: the relay reference is not measured (apt-get install nginx-light or nginx)")
@@ -174,6 +186,8 @@ do {
         "direct_rest_p50_microseconds": rest.directP50,
         "proxy_grpc_agent_voluntary_switches_per_call": rounded(Double(switchesAfter.voluntary - switchesBefore.voluntary) / proxiedCalls, 2),
         "proxy_grpc_agent_involuntary_switches_per_call": rounded(Double(switchesAfter.involuntary - switchesBefore.involuntary) / proxiedCalls, 2),
+        "proxy_grpc_agent_cpu_microseconds_per_call": rounded(agentGRPCMicroseconds, 1),
+        "proxy_rest_agent_cpu_microseconds_per_call": rounded(agentRESTMicroseconds, 1),
         "proxy_grpc_calls_per_second": rounded(rate.perSecond, 0),
         "proxy_grpc_throughput_callers": callerCount,
         "proxy_grpc_throughput_failures": rate.failures,
