@@ -140,6 +140,50 @@ public enum RawHTTP {
         return true
     }
 
+    /// Whether the server has read everything written on the loopback TCP connection `fd`, from
+    /// /proc/net/tcp: this end's send queue is empty (the server's TCP acknowledged every byte,
+    /// so all of it reached the server's socket) and so is the server end's receive queue (its
+    /// process took all of it). Tells a request the server's event loop has read from one still
+    /// in the kernel. Nil when either row is not found.
+    public static func serverHasRead(_ fd: Int32) -> Bool? {
+        func port(_ get: (Int32, UnsafeMutablePointer<sockaddr>, UnsafeMutablePointer<socklen_t>) -> Int32) -> Int? {
+            var address = sockaddr_in()
+            var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+            let result = withUnsafeMutablePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { get(fd, $0, &length) } }
+            return result == 0 ? Int(UInt16(bigEndian: address.sin_port)) : nil
+        }
+        guard let client = port({ getsockname($0, $1, $2) }), let server = port({ getpeername($0, $1, $2) }),
+              let table = procTable("/proc/net/tcp") else { return nil }
+        let (clientEnd, serverEnd) = (String(format: "0100007F:%04X", client), String(format: "0100007F:%04X", server))
+        // A row's fifth field is tx_queue:rx_queue, in hexadecimal.
+        func queues(local: String, remote: String) -> (sent: Int, received: Int)? {
+            for line in table.split(separator: "\n").dropFirst() {
+                let fields = line.split(separator: " ")
+                guard fields.count > 4, fields[1] == local, fields[2] == remote else { continue }
+                let parts = fields[4].split(separator: ":").compactMap { Int($0, radix: 16) }
+                return parts.count == 2 ? (parts[0], parts[1]) : nil
+            }
+            return nil
+        }
+        guard let mine = queues(local: clientEnd, remote: serverEnd), let theirs = queues(local: serverEnd, remote: clientEnd) else { return nil }
+        return mine.sent == 0 && theirs.received == 0
+    }
+
+    /// A /proc table read whole: its files state a size of 0, so they are read until the end
+    /// (with many connections, /proc/net/tcp is longer than one read).
+    public static func procTable(_ path: String) -> String? {
+        let fd = open(path, O_RDONLY)
+        guard fd >= 0 else { return nil }
+        defer { close(fd) }
+        var bytes: [UInt8] = []
+        var buffer = [UInt8](repeating: 0, count: 65536)
+        while true {
+            let count = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+            guard count > 0 else { return count == 0 ? String(decoding: bytes, as: UTF8.self) : nil }
+            bytes += buffer[..<count]
+        }
+    }
+
     /// Reads `fd` until the peer closes; a read error (the receive timeout) throws.
     public static func readToEnd(_ fd: Int32) throws -> [UInt8] {
         var received: [UInt8] = []

@@ -426,7 +426,7 @@ struct CappedAgent {
     /// Connections waiting in the accept queue of the loopback TCP listener on `port` (the
     /// `rx_queue` of its LISTEN row in /proc/net/tcp), nil when there is no such listener.
     static func acceptQueue(port: Int) -> Int? {
-        guard let table = try? String(contentsOfFile: "/proc/net/tcp", encoding: .utf8) else { return nil }
+        guard let table = RawHTTP.procTable("/proc/net/tcp") else { return nil }
         let local = String(format: "0100007F:%04X", port)
         for line in table.split(separator: "\n").dropFirst() {
             let fields = line.split(separator: " ")

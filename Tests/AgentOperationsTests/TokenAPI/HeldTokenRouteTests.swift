@@ -165,7 +165,9 @@ struct HeldTokenRouteTests {
             #expect(first.hasPrefix("HTTP/1.1 200"), "\(first.prefix(300))")
             let head = Array("GET /v1/token/vehicle/v-0 HTTP/1.1\r\nHost: localhost\r\nFleet-Token-Request: true\r\n\(headEnd)".utf8)
             #expect(RawHTTP.writeAll(connection, head))
-            try await Task.sleep(for: .milliseconds(500))  // read by the agent's event loop meanwhile
+            // The head read by the agent's event loop before the stop (a connection with nothing
+            // read is idle, and a stop closes it): its end's receive queue empty.
+            #expect(await eventually(within: 30) { RawHTTP.serverHasRead(connection) == true }, "the agent did not read the request's head")
             agent.process.signal(SIGTERM)
             // The stop has begun once the listener is closed; its connections are told then.
             #expect(await eventually(within: 30) { (try? RawHTTP.connect(.tcp(port: port), timeout: 1)).map { close($0); return false } ?? true },
