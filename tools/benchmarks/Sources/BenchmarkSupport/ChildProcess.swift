@@ -19,6 +19,23 @@ public struct MeasurementError: Error, CustomStringConvertible {
     public init(_ description: String) { self.description = description }
 }
 
+/// A file of /proc read whole. Foundation's `String(contentsOfFile:)` trusts the size a file
+/// states, and /proc's state 0: it returns the first read only, about 4 KiB (of /proc/PID/smaps,
+/// the first few mappings of hundreds). Empty when the file cannot be read.
+public func procFile(_ path: String) -> String {
+    let fd = open(path, O_RDONLY)
+    guard fd >= 0 else { return "" }
+    defer { close(fd) }
+    var bytes: [UInt8] = []
+    var buffer = [UInt8](repeating: 0, count: 65536)
+    while true {
+        let count = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+        guard count > 0 else { break }
+        bytes += buffer[..<count]
+    }
+    return String(decoding: bytes, as: UTF8.self)
+}
+
 /// A line on stderr, named by the program.
 public func note(_ text: String) {
     let program = (CommandLine.arguments.first ?? "measurements").split(separator: "/").last.map(String.init) ?? "measurements"
@@ -110,7 +127,7 @@ public final class Child {
 
     /// CPU time used so far (user and system), in seconds.
     public func cpuSeconds() -> Double {
-        let stat = (try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8)) ?? ""
+        let stat = procFile("/proc/\(pid)/stat")
         // The fields after the command name, which is in parentheses and may hold spaces.
         guard let close = stat.lastIndex(of: ")") else { return 0 }
         let fields = stat[stat.index(after: close)...].split(separator: " ")
@@ -121,7 +138,7 @@ public final class Child {
     /// Resident memory now, in KiB (VmRSS), its peak (VmHWM), and the current split between
     /// anonymous memory (RssAnon: heap, stacks) and mapped files (RssFile: the binary, libraries).
     public func residentKiB() -> (current: Int, peak: Int, anonymous: Int, files: Int) {
-        let status = (try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)) ?? ""
+        let status = procFile("/proc/\(pid)/status")
         func field(_ name: String) -> Int {
             guard let line = status.split(separator: "\n").first(where: { $0.hasPrefix(name + ":") }) else { return 0 }
             return Int(line.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first ?? "") ?? 0
@@ -143,7 +160,7 @@ public final class Child {
     /// counts pages the kernel mapped around each one faulted in (fault-around) and pages used
     /// only while starting; this is the part the process went on using.
     public func referencedFileKiB() -> Int {
-        let smaps = (try? String(contentsOfFile: "/proc/\(pid)/smaps", encoding: .utf8)) ?? ""
+        let smaps = procFile("/proc/\(pid)/smaps")
         var total = 0
         var inFile = false
         for line in smaps.split(separator: "\n") {

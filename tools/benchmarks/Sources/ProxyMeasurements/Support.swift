@@ -402,7 +402,7 @@ final class ManagedAtomicFlag: Sendable {
 func contextSwitches(of pid: pid_t) -> (voluntary: Int, involuntary: Int) {
     var voluntary = 0, involuntary = 0
     for thread in (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? [] {
-        let status = (try? String(contentsOfFile: "/proc/\(pid)/task/\(thread)/status", encoding: .utf8)) ?? ""
+        let status = procFile("/proc/\(pid)/task/\(thread)/status")
         for line in status.split(separator: "\n") {
             let parts = line.split(separator: ":")
             guard parts.count == 2, let value = Int(parts[1].trimmingCharacters(in: .whitespaces)) else { continue }
@@ -418,7 +418,7 @@ func contextSwitches(of pid: pid_t) -> (voluntary: Int, involuntary: Int) {
 func cpuNanoseconds(of pid: pid_t) -> Int {
     var total = 0
     for thread in (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? [] {
-        let stat = (try? String(contentsOfFile: "/proc/\(pid)/task/\(thread)/schedstat", encoding: .utf8)) ?? ""
+        let stat = procFile("/proc/\(pid)/task/\(thread)/schedstat")
         total += stat.split(separator: " ").first.flatMap { Int($0) } ?? 0
     }
     return total
