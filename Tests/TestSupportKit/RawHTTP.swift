@@ -153,35 +153,49 @@ public enum RawHTTP {
             return result == 0 ? Int(UInt16(bigEndian: address.sin_port)) : nil
         }
         guard let client = port({ getsockname($0, $1, $2) }), let server = port({ getpeername($0, $1, $2) }),
-              let table = procTable("/proc/net/tcp") else { return nil }
-        let (clientEnd, serverEnd) = (String(format: "0100007F:%04X", client), String(format: "0100007F:%04X", server))
-        // A row's fifth field is tx_queue:rx_queue, in hexadecimal.
-        func queues(local: String, remote: String) -> (sent: Int, received: Int)? {
-            for line in table.split(separator: "\n").dropFirst() {
-                let fields = line.split(separator: " ")
-                guard fields.count > 4, fields[1] == local, fields[2] == remote else { continue }
-                let parts = fields[4].split(separator: ":").compactMap { Int($0, radix: 16) }
-                return parts.count == 2 ? (parts[0], parts[1]) : nil
-            }
-            return nil
-        }
-        guard let mine = queues(local: clientEnd, remote: serverEnd), let theirs = queues(local: serverEnd, remote: clientEnd) else { return nil }
-        return mine.sent == 0 && theirs.received == 0
+              let rows = loopbackTCPRows() else { return nil }
+        guard let mine = rows.first(where: { $0.localPort == client && $0.remotePort == server }),
+              let theirs = rows.first(where: { $0.localPort == server && $0.remotePort == client }) else { return nil }
+        return mine.sendQueue == 0 && theirs.receiveQueue == 0
     }
 
-    /// A /proc table read whole: its files state a size of 0, so they are read until the end
-    /// (with many connections, /proc/net/tcp is longer than one read).
-    public static func procTable(_ path: String) -> String? {
+    /// One socket of 127.0.0.1 as /proc/net/tcp lists it.
+    public struct TCPRow: Sendable {
+        public let localPort: Int
+        public let remotePort: Int
+        /// The kernel's state, in hexadecimal as listed (`0A`: listening).
+        public let state: String
+        /// Bytes not yet acknowledged by the peer.
+        public let sendQueue: Int
+        /// Bytes received and not yet read; for a listening socket, connections not yet accepted.
+        public let receiveQueue: Int
+    }
+
+    /// The sockets of 127.0.0.1 in /proc/net/tcp (read whole), or nil when it cannot be read.
+    public static func loopbackTCPRows() -> [TCPRow]? {
+        guard let table = procTable("/proc/net/tcp") else { return nil }
+        func port(_ address: Substring, prefix: String) -> Int? {
+            address.hasPrefix(prefix) ? Int(address.dropFirst(prefix.count), radix: 16) : nil
+        }
+        return table.split(separator: "\n").dropFirst().compactMap { line in
+            // sl, local address, remote address, state, tx_queue:rx_queue, ... (hexadecimal)
+            let fields = line.split(separator: " ")
+            guard fields.count > 4, let local = port(fields[1], prefix: "0100007F:") else { return nil }
+            let queues = fields[4].split(separator: ":").compactMap { Int($0, radix: 16) }
+            guard queues.count == 2 else { return nil }
+            // A listening socket's remote address is 00000000:0000.
+            let remote = port(fields[2], prefix: "0100007F:") ?? 0
+            return TCPRow(localPort: local, remotePort: remote, state: String(fields[3]), sendQueue: queues[0], receiveQueue: queues[1])
+        }
+    }
+
+    /// A /proc table read whole: its files state a size of 0, and Foundation's
+    /// `String(contentsOfFile:)` trusts that and returns the first read only (about 4 KiB).
+    static func procTable(_ path: String) -> String? {
         let fd = open(path, O_RDONLY)
         guard fd >= 0 else { return nil }
         defer { close(fd) }
-        var bytes: [UInt8] = []
-        var buffer = [UInt8](repeating: 0, count: 65536)
-        while true {
-            let count = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-            guard count > 0 else { return count == 0 ? String(decoding: bytes, as: UTF8.self) : nil }
-            bytes += buffer[..<count]
-        }
+        return (try? readToEnd(fd)).map { String(decoding: $0, as: UTF8.self) }
     }
 
     /// Reads `fd` until the peer closes; a read error (the receive timeout) throws.

@@ -426,14 +426,7 @@ struct CappedAgent {
     /// Connections waiting in the accept queue of the loopback TCP listener on `port` (the
     /// `rx_queue` of its LISTEN row in /proc/net/tcp), nil when there is no such listener.
     static func acceptQueue(port: Int) -> Int? {
-        guard let table = RawHTTP.procTable("/proc/net/tcp") else { return nil }
-        let local = String(format: "0100007F:%04X", port)
-        for line in table.split(separator: "\n").dropFirst() {
-            let fields = line.split(separator: " ")
-            guard fields.count > 4, fields[1] == local, fields[3] == "0A" else { continue }
-            return fields[4].split(separator: ":").last.flatMap { Int($0, radix: 16) }
-        }
-        return nil
+        RawHTTP.loopbackTCPRows()?.first { $0.localPort == port && $0.state == "0A" }?.receiveQueue
     }
 
     func stop() async -> Int32? {
