@@ -28,8 +28,7 @@ func cpuSeconds() -> Double {
 }
 
 func residentBytes() -> Int {
-    guard let text = try? String(contentsOfFile: "/proc/self/statm", encoding: .utf8) else { return 0 }
-    let fields = text.split(separator: " ")
+    let fields = procFile("/proc/self/statm").split(separator: " ")
     return (Int(fields.count > 1 ? fields[1] : "0") ?? 0) * Int(sysconf(Int32(_SC_PAGESIZE)))
 }
 

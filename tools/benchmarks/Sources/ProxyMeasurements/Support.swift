@@ -397,12 +397,16 @@ final class ManagedAtomicFlag: Sendable {
     func clear() { value.store(false, ordering: .releasing) }
 }
 
+/// The file `name` of each thread of `pid` (`/proc/PID/task/TID/name`), read whole.
+func threadFiles(of pid: pid_t, _ name: String) -> [String] {
+    ((try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []).map { procFile("/proc/\(pid)/task/\($0)/\(name)") }
+}
+
 /// Context switches of every thread of `pid` so far (voluntary: a thread that blocked and was
 /// woken again; each hop of a call between threads costs one when the other thread was idle).
 func contextSwitches(of pid: pid_t) -> (voluntary: Int, involuntary: Int) {
     var voluntary = 0, involuntary = 0
-    for thread in (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? [] {
-        let status = procFile("/proc/\(pid)/task/\(thread)/status")
+    for status in threadFiles(of: pid, "status") {
         for line in status.split(separator: "\n") {
             let parts = line.split(separator: ":")
             guard parts.count == 2, let value = Int(parts[1].trimmingCharacters(in: .whitespaces)) else { continue }
@@ -416,12 +420,14 @@ func contextSwitches(of pid: pid_t) -> (voluntary: Int, involuntary: Int) {
 /// CPU time of all of `pid`'s threads so far, in nanoseconds (the scheduler's own count, in
 /// `/proc/PID/task/TID/schedstat`: finer than the clock ticks of `/proc/PID/stat`).
 func cpuNanoseconds(of pid: pid_t) -> Int {
-    var total = 0
-    for thread in (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? [] {
-        let stat = procFile("/proc/\(pid)/task/\(thread)/schedstat")
-        total += stat.split(separator: " ").first.flatMap { Int($0) } ?? 0
-    }
-    return total
+    threadFiles(of: pid, "schedstat").reduce(0) { $0 + ($1.split(separator: " ").first.flatMap { Int($0) } ?? 0) }
+}
+
+/// `work`'s result, and the CPU time `pid` spent meanwhile divided by `calls`, in microseconds.
+func cpuPerCall<T>(of pid: pid_t, calls: Double, _ work: () async throws -> T) async rethrows -> (T, Double) {
+    let before = cpuNanoseconds(of: pid)
+    let result = try await work()
+    return (result, Double(cpuNanoseconds(of: pid) - before) / calls / 1000)
 }
 
 // MARK: - The token a direct caller attaches

@@ -115,12 +115,12 @@ do {
     // goes on an idle machine, with each hop between threads a wake-up. And its CPU time per call
     // (all its threads), beside nginx's for the same calls below: the work a proxy does per call,
     // apart from the wake-ups.
-    let switchesBefore = contextSwitches(of: agent.pid)
-    var cpuBefore = cpuNanoseconds(of: agent.pid)
-    let grpc = try await paired(proxy: proxyGRPC, direct: directGRPC, rounds: rounds, callsPerRound: callsPerRound, loop: loop)
-    let switchesAfter = contextSwitches(of: agent.pid)
     let proxiedCalls = Double(200 + rounds * callsPerRound)
-    let agentGRPCMicroseconds = Double(cpuNanoseconds(of: agent.pid) - cpuBefore) / proxiedCalls / 1000
+    let switchesBefore = contextSwitches(of: agent.pid)
+    let (grpc, agentGRPCMicroseconds) = try await cpuPerCall(of: agent.pid, calls: proxiedCalls) {
+        try await paired(proxy: proxyGRPC, direct: directGRPC, rounds: rounds, callsPerRound: callsPerRound, loop: loop)
+    }
+    let switchesAfter = contextSwitches(of: agent.pid)
 
     func restHead(port: Int, token: String?) -> HTTPRequestHead {
         var headers = HTTPHeaders()
@@ -131,9 +131,9 @@ do {
     }
     let proxyREST = try await http1Call(port: port, group: loop, head: restHead(port: port, token: nil))
     let directREST = try await http1Call(port: upstreamPort, group: loop, head: restHead(port: upstreamPort, token: token))
-    cpuBefore = cpuNanoseconds(of: agent.pid)
-    let rest = try await paired(proxy: proxyREST, direct: directREST, rounds: rounds, callsPerRound: callsPerRound, loop: loop)
-    let agentRESTMicroseconds = Double(cpuNanoseconds(of: agent.pid) - cpuBefore) / proxiedCalls / 1000
+    let (rest, agentRESTMicroseconds) = try await cpuPerCall(of: agent.pid, calls: proxiedCalls) {
+        try await paired(proxy: proxyREST, direct: directREST, rounds: rounds, callsPerRound: callsPerRound, loop: loop)
+    }
 
     // The limit for any proxy in a process of its own: nginx (Debian's) relaying the same calls,
     // the caller's token passed through, gRPC by grpc_pass and REST by proxy_pass, each with
@@ -146,13 +146,13 @@ do {
         let nginxGRPC = grpcCall(try await http2Connection(port: relay.grpcPort, group: loop), loop: loop,
                                  headers: grpcHeaders(port: relay.grpcPort, token: token))
         let nginxREST = try await http1Call(port: relay.restPort, group: loop, head: restHead(port: relay.restPort, token: token))
-        var nginxBefore = cpuNanoseconds(of: relay.pid)
-        let nginxGRPCvsDirect = try await paired(proxy: nginxGRPC, direct: directGRPC, rounds: rounds, callsPerRound: callsPerRound, loop: loop)
-        let nginxGRPCMicroseconds = Double(cpuNanoseconds(of: relay.pid) - nginxBefore) / proxiedCalls / 1000
+        let (nginxGRPCvsDirect, nginxGRPCMicroseconds) = try await cpuPerCall(of: relay.pid, calls: proxiedCalls) {
+            try await paired(proxy: nginxGRPC, direct: directGRPC, rounds: rounds, callsPerRound: callsPerRound, loop: loop)
+        }
         let proxyGRPCvsNginx = try await paired(proxy: proxyGRPC, direct: nginxGRPC, rounds: rounds, callsPerRound: callsPerRound, loop: loop)
-        nginxBefore = cpuNanoseconds(of: relay.pid)
-        let nginxRESTvsDirect = try await paired(proxy: nginxREST, direct: directREST, rounds: rounds, callsPerRound: callsPerRound, loop: loop)
-        let nginxRESTMicroseconds = Double(cpuNanoseconds(of: relay.pid) - nginxBefore) / proxiedCalls / 1000
+        let (nginxRESTvsDirect, nginxRESTMicroseconds) = try await cpuPerCall(of: relay.pid, calls: proxiedCalls) {
+            try await paired(proxy: nginxREST, direct: directREST, rounds: rounds, callsPerRound: callsPerRound, loop: loop)
+        }
         let proxyRESTvsNginx = try await paired(proxy: proxyREST, direct: nginxREST, rounds: rounds, callsPerRound: callsPerRound, loop: loop)
         reference = [
             "nginx_relay_grpc_vs_direct": nginxGRPCvsDirect.ratio,
