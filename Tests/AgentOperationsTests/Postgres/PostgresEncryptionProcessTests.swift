@@ -41,7 +41,7 @@ struct PostgresEncryptionProcessTests {
 
         var agents: [RunningProcess] = []
         defer { for agent in agents where agent.isRunning { agent.signal(SIGKILL) } }
-        var killedMidWave: [String] = []
+        var killedMidWave: [Int] = []
         for round in 0..<3 {
             let agent = try AgentFixture.launch(arguments, environment: ["PGPASSWORD": server.password], in: scratch)
             agents.append(agent)
@@ -59,7 +59,7 @@ struct PostgresEncryptionProcessTests {
             agent.signal(SIGKILL)
             try #require(waveBegan, "round \(round): no refresh began within \(2 * lifetime + 5) s: \(agent.stderr.suffix(3000))")
             #expect(await agent.wait(upTo: 5) != nil, "round \(round): the agent survived SIGKILL")
-            killedMidWave.append("\(begun)/\(subjects.count)")
+            killedMidWave.append(Int(begun) ?? 0)
             // What the killed agent left: every row sealed, and each opens to a token issued for it.
             let problems = try await Self.unopenedRows(server, database, key: key, issued: issuer.issuedTokens(), subjects: subjects)
             #expect(problems.isEmpty, "round \(round), right after SIGKILL: \(problems)")
@@ -87,7 +87,12 @@ struct PostgresEncryptionProcessTests {
         let issued = try await issuer.issuedTokens()
         #expect(Set(issued.keys) == Set(subjects), "\(issued.keys.sorted())")
         let allIssued = issued.values.flatMap { $0 }
-        #expect(allIssued.count >= 3 * subjects.count, "only \(allIssued.count) tokens issued: the agents barely refreshed")
+        // What the rounds prove was fetched, each a token of its own: the first agent's one per
+        // subject (the store was empty), each wave's rows seen before its kill, the last agent's
+        // one per subject. More is timing: a killed wave's unwritten fetches, a restart that found
+        // tokens due. (3 per subject was asked here once; a quick CI run issued 20 of 24.)
+        let proven = subjects.count + killedMidWave.reduce(0, +) + subjects.count
+        #expect(allIssued.count >= proven, "only \(allIssued.count) tokens issued, fewer than the \(proven) the rounds saw stored")
         let problems = try await Self.unopenedRows(server, database, key: key, issued: issued, subjects: subjects)
         #expect(problems.isEmpty, "after the last agent stopped: \(problems)")
         let sealedValues = try await psql("SELECT token FROM \(table) WHERE token IS NOT NULL").split(separator: "\n").map(String.init)
@@ -118,7 +123,7 @@ struct PostgresEncryptionProcessTests {
             }
         }
         #expect(leaks.isEmpty, "\(leaks.count) of \(allIssued.count) issued tokens found in the cluster's files: \(leaks.prefix(5))")
-        print("sealed on disk: killed when \(killedMidWave) of the keys' refreshes were written; \(leaks.count) of \(allIssued.count) issued tokens found in \(scan.files) files (\(scan.bytes) bytes) of the cluster; \(sealedValues.count) sealed rows")
+        print("sealed on disk: killed when \(killedMidWave.map { "\($0)/\(subjects.count)" }) of the keys' refreshes were written; \(leaks.count) of \(allIssued.count) issued tokens found in \(scan.files) files (\(scan.bytes) bytes) of the cluster; \(sealedValues.count) sealed rows")
     }
 
     // MARK: - tokenctl on a sealed store
