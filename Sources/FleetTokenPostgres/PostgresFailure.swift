@@ -31,8 +31,13 @@ enum PostgresFailure {
         if error is HostMoved {
             return .databaseUnavailable(path: store, reason: "the store moved to another host while the statement waited for an answer")
         }
-        if error is CancellationError || error is DeadlinePassed {
+        if error is DeadlinePassed {
             return .databaseUnavailable(path: store, reason: "no answer within \(statementTimeout)")
+        }
+        // The caller's own cancellation (a stopping engine, a request whose client left): the
+        // database was not judged at all, so the reason must not claim a timeout.
+        if error is CancellationError {
+            return .databaseUnavailable(path: store, reason: "the call was cancelled before the database answered")
         }
         // The pool's, NIO's socket and TLS failures: their descriptions name addresses, not data.
         return .databaseUnavailable(path: store, reason: String(describing: error))

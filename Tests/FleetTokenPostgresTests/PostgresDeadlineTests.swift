@@ -29,6 +29,15 @@ struct PostgresDeadlineTests {
         await #expect(throws: Refused.self) { try await PostgresFailure.withDeadline(.seconds(10)) { throw Refused() } }
     }
 
+    @Test("a call ended by its deadline is reported as unanswered; one ended by its caller's cancellation as cancelled, never as a timeout")
+    func cancellationIsNotATimeout() {
+        let timeout = PostgresFailure.storeError(PostgresFailure.DeadlinePassed(), store: "db", statementTimeout: .seconds(30))
+        #expect(timeout.code == .databaseUnavailable && timeout.reason == "no answer within 30.0 seconds", "\(timeout)")
+        let cancelled = PostgresFailure.storeError(CancellationError(), store: "db", statementTimeout: .seconds(30))
+        #expect(cancelled.code == .databaseUnavailable, "\(cancelled)")
+        #expect(cancelled.reason == "the call was cancelled before the database answered", "\(cancelled)")
+    }
+
     /// Whether `task` ends within `limit` (polled; the task is not waited for beyond it).
     private static func ends(_ task: Task<Int, any Error>, within limit: Duration) async -> Bool {
         let done = Atomic<Bool>(false)

@@ -192,7 +192,10 @@ final class GroupCommitter: Sendable {
             do throws(TokenStoreError) {
                 try await write(&batch)
             } catch {
-                health.writeFailed(error)
+                // A write ended by this loop's cancellation (the engine stopping) says nothing
+                // about the store: the shutdown's drain, not cancelled, writes the batch again
+                // and reports its failure if it fails.
+                if !Task.isCancelled { health.writeFailed(error) }
                 // Keep the newest write per key for the next attempt; memory keeps serving.
                 let stopping = state.withLock { state in
                     for token in batch.tokens where state.pending[token.key] == nil { state.pending[token.key] = .token(token) }
