@@ -30,7 +30,7 @@ struct PostgresChangeBurstTests {
 
     @Test("a purge of 15,500 rows from another connection: each of the 500 subjects an engine holds is refetched, none served purged")
     func purgeBurst() async throws {
-        let (server, database, configuration) = try freshDatabase()
+        let (server, database, configuration) = try await freshDatabase()
         let held = try (0..<500).map { try TokenKey.vehicle("h\($0)") }
         let fetcher = Self.minting()
         try await PostgresTokenRepository.withRepository(configuration, logger: logger) { store in
@@ -72,7 +72,7 @@ struct PostgresChangeBurstTests {
 
     @Test("a purge committed between track()'s load and run(): the purged token is not served once run() listens")
     func purgeBeforeRun() async throws {
-        let (_, _, configuration) = try freshDatabase()
+        let (_, _, configuration) = try await freshDatabase()
         let key = try TokenKey.vehicle("start-gap")
         let fetcher = Self.minting()
         try await PostgresTokenRepository.withRepository(configuration, logger: logger) { store in
@@ -104,7 +104,7 @@ struct PostgresChangeBurstTests {
 
     @Test("a change committed after changes() and before the background work's LISTEN is reported (itemized or .unknown)")
     func changeBeforeListen() async throws {
-        let (_, _, configuration) = try freshDatabase()
+        let (_, _, configuration) = try await freshDatabase()
         try await PostgresTokenRepository.withRepository(configuration, logger: logger) { store in
             try await PostgresTokenRepository.withRepository(configuration, logger: logger) { other in
                 let recorder = StreamRecorder(store.changes())

@@ -11,11 +11,13 @@ import TestSupportKit
 private let refusedKey = TokenKey(uncheckedKind: .vehicle, subjectID: "")
 
 private let postgres = RepositoryContract.Subject(name: "PostgresTokenRepository", refusedKey: refusedKey) { body in
-    let (_, _, configuration) = try freshDatabase()
+    let (server, database, configuration) = try await freshDatabase()
     let logger = Logger(label: "contract")
-    try await PostgresTokenRepository.withRepository(configuration, logger: logger) { store in
-        try await PostgresTokenRepository.withRepository(configuration, logger: logger) { other in
-            try await body(RepositoryContract.Fixture(store: store, otherProcess: other, tearDown: {}))
+    try await reportingServerState(server, database) {
+        try await PostgresTokenRepository.withRepository(configuration, logger: logger) { store in
+            try await PostgresTokenRepository.withRepository(configuration, logger: logger) { other in
+                try await body(RepositoryContract.Fixture(store: store, otherProcess: other, tearDown: {}))
+            }
         }
     }
 }

@@ -17,7 +17,7 @@ struct PostgresFailureDigestMigrationTests {
 
     @Test("a version 2 schema migrates to 3 and keeps its failures, their digest unknown; a version 3 schema is refused by a build that knows 2")
     func migratesAndOlderBuildRefuses() async throws {
-        let (server, database, configuration) = try freshDatabase()
+        let (server, database, configuration) = try await freshDatabase()
         var old = configuration
         old.migrations = EmbeddedMigrations.postgres.filter { $0.version <= 2 }
         let key = try TokenKey.vehicle("v-tls")

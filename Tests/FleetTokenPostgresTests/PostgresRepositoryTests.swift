@@ -120,7 +120,7 @@ struct PostgresMigrationTests {
 
     @Test("a schema written by a newer release is refused with the typed error and left untouched")
     func newerSchemaRefused() async throws {
-        let (server, database, configuration) = try freshDatabase()
+        let (server, database, configuration) = try await freshDatabase()
         try await PostgresTokenRepository.withRepository(configuration, logger: logger) { store in
             try await store.upsert(token(try .vehicle("kept"), expiresIn: 600))
         }
@@ -146,7 +146,7 @@ struct PostgresMigrationTests {
 
     @Test("a missing schema is refused by the admin modes and created by the agent's")
     func missingSchema() async throws {
-        let (_, _, configuration) = try freshDatabase(schema: "fleet_b")
+        let (_, _, configuration) = try await freshDatabase(schema: "fleet_b")
         for mode in [StoreOpenMode.readOnly, .adminReadWrite] {
             await #expect {
                 try await PostgresTokenRepository.withRepository(configuration, mode: mode, logger: logger) { _ in }
@@ -158,7 +158,7 @@ struct PostgresMigrationTests {
 
     @Test("four hosts opening an old schema at once: each migration runs once, every open succeeds")
     func concurrentMigrations() async throws {
-        let (server, database, base) = try freshDatabase()
+        let (server, database, base) = try await freshDatabase()
         var old = base
         old.migrations = [EmbeddedMigrations.postgres[0]]
         try await PostgresTokenRepository.withRepository(old, logger: logger) { _ in }
@@ -184,7 +184,7 @@ struct PostgresMigrationTests {
 
     @Test("a failing migration is rolled back whole and named; the earlier schema stays")
     func failingMigration() async throws {
-        let (server, database, base) = try freshDatabase()
+        let (server, database, base) = try await freshDatabase()
         var broken = base
         broken.migrations = EmbeddedMigrations.postgres + [EmbeddedMigration(identifier: "V0004__broken", sql: """
             CREATE TABLE half_done (id integer);
@@ -278,7 +278,7 @@ struct PostgresFeedTests {
 
     @Test("a lost LISTEN connection is re-established; subscribers get .unknown, then changes again")
     func reconnects() async throws {
-        let (server, database, base) = try freshDatabase()
+        let (server, database, base) = try await freshDatabase()
         var configuration = base
         configuration.feedReconnectInitial = .milliseconds(50)
         try await PostgresTokenRepository.withRepository(configuration, logger: logger) { store in
@@ -312,7 +312,7 @@ struct PostgresFeedTests {
 
     @Test("two engines without run() on one database fetch a missing key once; the waiter ends through the feed")
     func twoEnginesOneFetch() async throws {
-        let (_, _, configuration) = try freshDatabase()
+        let (_, _, configuration) = try await freshDatabase()
         let fetcher = ScriptedFetcher { key, _ in FetchedToken(value: TestJWT.make(for: key, issuedAt: Date(), lifetime: 3600)) }
         let key = try TokenKey.vehicle("shared")
         try await PostgresTokenRepository.withRepository(configuration, logger: logger) { first in

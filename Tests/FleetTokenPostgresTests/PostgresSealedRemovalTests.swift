@@ -15,7 +15,7 @@ import TestSupportKit
 struct PostgresSealedRemovalTests {
     @Test("an altered value is read; another host stores a valid token before the removal: the valid token stays")
     func validTokenWrittenBeforeRemovalStays() async throws {
-        let (_, _, settings) = try freshDatabase()
+        let (_, _, settings) = try await freshDatabase()
         let keyring = TokenKeyring(primary: .random())
         let log = LogRecorder()
         let truck = try TokenKey.vehicle("truck-1")

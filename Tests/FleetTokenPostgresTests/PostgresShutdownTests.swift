@@ -16,7 +16,7 @@ struct PostgresShutdownTests {
 
     @Test("run() cancelled while its flight holds a refresh lease: another host takes the lease at once, not after it expires")
     func cancelReleasesLeases() async throws {
-        let (_, _, configuration) = try freshDatabase()
+        let (_, _, configuration) = try await freshDatabase()
         let fetcher = ScriptedFetcher { key, _ in FetchedToken(value: TestJWT.make(for: key, issuedAt: Date(), lifetime: 3600)) }
         let key = try TokenKey.vehicle("leased")
         try await PostgresTokenRepository.withRepository(configuration, logger: logger) { first in

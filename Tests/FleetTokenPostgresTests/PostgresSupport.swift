@@ -48,8 +48,37 @@ func configuration(hosts: String, database: String, passfile: String) throws -> 
     return configuration
 }
 
-/// A fresh database on the shared server, and its configuration.
-func freshDatabase(schema: String? = nil) throws -> (server: PostgresServer, database: String, configuration: PostgresStoreConfiguration) {
-    let (server, database) = try PostgresServer.makeDatabase()
+/// A fresh database on the shared server, and its configuration. Made off the cooperative pool:
+/// `CREATE DATABASE` through psql takes seconds on a loaded machine.
+func freshDatabase(schema: String? = nil) async throws -> (server: PostgresServer, database: String, configuration: PostgresStoreConfiguration) {
+    let (server, database) = try await PostgresServer.makeDatabase()
     return (server, database, try configuration(server, database, schema: schema))
+}
+
+/// Runs `body`; when it throws, prints what `server` was doing (every session not idle, in every
+/// database, with what it waits for, and the locks waited for) and its log's tail, then
+/// rethrows. A check that ran out of time on the shared server then says what held it.
+func reportingServerState<T>(_ server: PostgresServer, _ database: String, _ body: () async throws -> T) async throws -> T {
+    do {
+        return try await body()
+    } catch {
+        let sessions = (try? await server.psql("""
+            SELECT pid, datname, backend_type, state, coalesce(wait_event_type || ':' || wait_event, '-'),
+                   round(extract(epoch FROM now() - query_start)::numeric, 1), left(query, 120)
+            FROM pg_stat_activity WHERE state IS DISTINCT FROM 'idle' AND pid <> pg_backend_pid()
+            """)) ?? "(pg_stat_activity could not be read)"
+        let waits = (try? await server.psql("""
+            SELECT pid, locktype, mode, coalesce(relation::text, '-'), coalesce(database::text, '-') FROM pg_locks WHERE NOT granted
+            """)) ?? "(pg_locks could not be read)"
+        print("""
+            \(database) failed: \(error)
+            sessions not idle (pid|database|type|state|waiting for|seconds in statement|statement):
+            \(sessions)
+            locks waited for (pid|type|mode|relation|database):
+            \(waits)
+            server log's tail:
+            \(server.logTail(lines: 40))
+            """)
+        throw error
+    }
 }

@@ -1,35 +1,32 @@
-// Reports when Swift's cooperative pool stops running tasks. On a 2-core machine the pool has two
-// threads: two tests blocking one each (a process waited for, a sleep, a synchronous pg_ctl)
-// stall every other test in the process, and a timing bound somewhere else fails with nothing
-// to say why. The watchdog turns that into a line in the test output, and, with
-// FTS_STALL_DUMP=DIR and gdb installed, a dump of every thread's stack taken during the stall.
+// Reports when Swift's cooperative pool, or one of NIO's shared event loops, stops running
+// work. On a 2-core machine the pool has two threads: two tests blocking one each (a process
+// waited for, a sleep, a synchronous pg_ctl) stall every other test in the process, and a timing
+// bound somewhere else fails with nothing to say why. An event loop blocked or kept busy stalls
+// every connection it carries (postgres-nio's, AsyncHTTPClient's, the tests' servers') the same
+// way. The watchdog turns either into a line in the test output, and, with FTS_STALL_DUMP=DIR and
+// gdb installed, a dump of every thread's stack taken during the stall.
 
 import Foundation
+import NIOCore
+import NIOPosix
 import Synchronization
 #if canImport(Glibc)
 import Glibc
 #endif
 
-/// Measures, from a thread of its own, how long a task just enqueued waits before it runs.
+/// Measures, from a thread of its own, how long work just handed to the cooperative pool and to
+/// each of NIO's shared event loops waits before it runs.
 public enum CooperativePoolWatchdog {
     /// A stall at least this long is reported.
     public static let threshold: Duration = .seconds(2)
 
-    /// Stalls seen so far in this process: when each began and how long it lasted.
-    public static var stalls: [(began: Date, seconds: Double)] { state.withLock { $0.stalls } }
-
-    private struct State {
-        var started = false
-        var stalls: [(began: Date, seconds: Double)] = []
-    }
-
-    private static let state = Mutex(State())
+    private static let started = Mutex(false)
 
     /// Starts the watchdog once per process; later calls do nothing.
     public static func start() {
-        let first = state.withLock { state -> Bool in
-            defer { state.started = true }
-            return !state.started
+        let first = started.withLock { started -> Bool in
+            defer { started = true }
+            return !started
         }
         guard first else { return }
         let thread = Thread { watch() }
@@ -37,27 +34,54 @@ public enum CooperativePoolWatchdog {
         thread.start()
     }
 
+    /// Something the watchdog hands work to: the cooperative pool, or one event loop.
+    private struct Executor: Sendable {
+        let name: String
+        let submit: @Sendable (@escaping @Sendable () -> Void) -> Void
+    }
+
+    private static let executors: [Executor] = {
+        var executors = [Executor(name: "cooperative pool") { job in Task.detached { job() } }]
+        for (index, loop) in MultiThreadedEventLoopGroup.singleton.makeIterator().enumerated() {
+            executors.append(Executor(name: "NIO's shared event loop \(index)") { job in loop.execute(job) })
+        }
+        return executors
+    }()
+
+    private final class Probe: Sendable {
+        let ran = Atomic<Bool>(false)
+    }
+
     private static func watch() {
         let clock = ContinuousClock()
         while true {
-            let ran = Atomic<Bool>(false)
             let sent = clock.now
             let began = Date()
-            Task.detached { ran.store(true, ordering: .releasing) }
+            let probes = executors.map { executor in
+                let probe = Probe()
+                executor.submit { probe.ran.store(true, ordering: .releasing) }
+                return probe
+            }
+            var waited: [Duration?] = probes.map { _ in nil }
             var dumped = false
-            while !ran.load(ordering: .acquiring) {
+            while waited.contains(where: { $0 == nil }) {
                 usleep(20_000)
-                if !dumped, clock.now - sent >= threshold {
+                for (index, probe) in probes.enumerated() where waited[index] == nil && probe.ran.load(ordering: .acquiring) {
+                    waited[index] = clock.now - sent
+                }
+                let late = executors.indices.filter { waited[$0] == nil }
+                if !dumped, !late.isEmpty, clock.now - sent >= threshold {
                     dumped = true
-                    report("cooperative pool stalled: a task enqueued at \(stamp(began)) has not run after \(threshold)")
+                    for index in late {
+                        report("\(executors[index].name) stalled: work handed to it at \(stamp(began)) has not run after \(threshold)")
+                    }
                     dumpStacks()
                 }
             }
-            let waited = clock.now - sent
-            if waited >= threshold {
-                let seconds = Double(waited.components.seconds) + Double(waited.components.attoseconds) / 1e18
-                state.withLock { $0.stalls.append((began, seconds)) }
-                report("cooperative pool stalled for \(String(format: "%.1f", seconds)) s from \(stamp(began))")
+            for (index, time) in waited.enumerated() {
+                guard let time, time >= threshold else { continue }
+                let seconds = Double(time.components.seconds) + Double(time.components.attoseconds) / 1e18
+                report("\(executors[index].name) stalled for \(String(format: "%.1f", seconds)) s from \(stamp(began))")
             }
             usleep(100_000)
         }

@@ -78,7 +78,8 @@ extension PostgresServer {
     /// Fast and not crash-safe against the machine going down (fsync off), but a commit is
     /// written to the kernel before it is acknowledged (synchronous_commit on, a write() without
     /// an fsync): with it off, `shutDown(mode: .immediate)` right after a commit lost that commit,
-    /// and tests that crash the server would see acknowledged writes vanish.
+    /// and tests that crash the server would see acknowledged writes vanish. A lock waited for
+    /// longer than deadlock_timeout (1 s) is logged with its holder, for a failed test's report.
     private static func settings(port: Int, layout: ClusterLayout) -> String {
         """
         listen_addresses = '127.0.0.1'
@@ -88,6 +89,7 @@ extension PostgresServer {
         synchronous_commit = on
         full_page_writes = off
         max_connections = 200
+        log_lock_waits = on
         shared_buffers = 32MB
         ssl = on
         ssl_cert_file = '\(layout.serverCertificate)'
