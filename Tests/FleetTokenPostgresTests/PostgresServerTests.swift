@@ -60,9 +60,9 @@ struct SharedPostgresServerTests {
     func wrongPasswordRefused() async throws {
         let (server, database) = try await PostgresServer.makeDatabase()
         let conninfo = server.conninfo(database: database, sslmode: "verify-full")
-        let wrong = #expect(throws: ProcessFailure.self) { try server.psql("SELECT 1", conninfo: conninfo, password: server.password + "x") }
+        let wrong = await #expect(throws: ProcessFailure.self) { try await server.psql("SELECT 1", conninfo: conninfo, password: server.password + "x") }
         #expect(wrong?.message.contains("password authentication failed for user \"fleet\"") == true, "\(wrong?.message ?? "")")
-        let none = #expect(throws: ProcessFailure.self) { try server.psql("SELECT 1", conninfo: conninfo, password: nil) }
+        let none = await #expect(throws: ProcessFailure.self) { try await server.psql("SELECT 1", conninfo: conninfo, password: nil) }
         #expect(none?.message.contains("no password supplied") == true, "\(none?.message ?? "")")
     }
 
@@ -72,7 +72,7 @@ struct SharedPostgresServerTests {
         let other = try await PostgresServer.make()
         defer { other.stopInBackground() }
         let conninfo = server.conninfo(database: database, sslmode: "verify-full").replacingOccurrences(of: server.caFile, with: other.caFile)
-        let failure = #expect(throws: ProcessFailure.self) { try server.psql("SELECT 1", conninfo: conninfo, password: server.password) }
+        let failure = await #expect(throws: ProcessFailure.self) { try await server.psql("SELECT 1", conninfo: conninfo, password: server.password) }
         #expect(failure?.message.contains("certificate verify failed") == true, "\(failure?.message ?? "")")
     }
 }
@@ -116,7 +116,7 @@ struct PrivatePostgresServerTests {
         #expect(!FileManager.default.fileExists(atPath: server.directory))
         #expect(!acceptsConnections(port: server.port))
         try await offCooperativePool { try server.stop() }
-        #expect(throws: ProcessFailure.self) { try server.start() }
+        await #expect(throws: ProcessFailure.self) { try await server.start() }
     }
 
     @Test("a cluster whose test process died is stopped and removed by the sweep; live ones are left")

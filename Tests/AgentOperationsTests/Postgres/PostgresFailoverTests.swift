@@ -71,14 +71,14 @@ struct PostgresFailoverTests {
         let wroteMore = await eventually(within: 2 * lifetime) { (Int((try? primary.psql(committedSince, database: "failover")) ?? "") ?? 0) >= 5 }
         #expect(wroteMore, "the agents committed fewer than 5 tokens on the primary within \(2 * lifetime) s of the standby's stop")
         // The old primary's rows just before its crash: a later issued_at than the new primary's is a lost committed write.
-        let onOldPrimary = try Self.issuedAt(primary)
+        let onOldPrimary = try await Self.issuedAt(primary)
         let stopped = Date().timeIntervalSince1970
         try await primary.shutDown(mode: .immediate)
         try await standby.start()
         try await standby.promote()
         let promoted = Date().timeIntervalSince1970
         // What the new primary holds at promotion: a later issue of the key was lost with the old one.
-        let atPromotion = try Self.issuedAt(standby)
+        let atPromotion = try await Self.issuedAt(standby)
         let lostCommitted = Set(ids.filter { (onOldPrimary[$0] ?? 0) > (atPromotion[$0] ?? 0) })
         #expect(!lostCommitted.isEmpty, "no committed write was lost with the old primary: the test did not exercise a lost write")
 
@@ -163,8 +163,8 @@ struct PostgresFailoverTests {
     }
 
     /// issued_at by vehicle id on `server`.
-    private static func issuedAt(_ server: PostgresServer) throws -> [String: Double] {
-        let rows = try server.psql("SELECT subject_id || ' ' || issued_at FROM fleet_token_store.tokens WHERE token IS NOT NULL", database: "failover")
+    private static func issuedAt(_ server: PostgresServer) async throws -> [String: Double] {
+        let rows = try await server.psql("SELECT subject_id || ' ' || issued_at FROM fleet_token_store.tokens WHERE token IS NOT NULL", database: "failover")
         var result: [String: Double] = [:]
         for row in rows.split(separator: "\n") {
             let fields = row.split(separator: " ")

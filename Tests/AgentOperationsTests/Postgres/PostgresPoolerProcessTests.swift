@@ -32,8 +32,8 @@ struct PostgresPoolerProcessTests {
         }
         defer { for replica in replicas { replica.signal(SIGTERM) } }
         func tails() -> String { replicas.enumerated().map { "[\($0.offset)] \($0.element.stderr.suffix(1500))" }.joined(separator: "\n") }
-        func stored() -> [String: String] {
-            let rows = (try? server.psql("SELECT subject_id || ' ' || token FROM fleet_token_store.tokens WHERE token IS NOT NULL",
+        func stored() async -> [String: String] {
+            let rows = (try? await server.psql("SELECT subject_id || ' ' || token FROM fleet_token_store.tokens WHERE token IS NOT NULL",
                                          database: database)) ?? ""
             return Dictionary(rows.split(separator: "\n").compactMap { row -> (String, String)? in
                 let fields = row.split(separator: " ", maxSplits: 1)
@@ -44,13 +44,13 @@ struct PostgresPoolerProcessTests {
             (try? String(contentsOfFile: "\(sink)/vehicle/\(id).jwt", encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines)
         }
         /// Every replica's sink holds the database's token of every key.
-        func converged() -> Bool {
-            let tokens = stored()
+        func converged() async -> Bool {
+            let tokens = await stored()
             return tokens.count == ids.count && sinks.allSatisfy { sink in ids.allSatisfy { held(sink, $0) == tokens[$0] } }
         }
         // (Ends early when both replicas exited: the store refused to open.)
-        _ = await eventually(within: 60) { converged() || replicas.allSatisfy { !$0.isRunning } }
-        try #require(converged(), "the replicas did not both hold all \(ids.count) keys: \(tails())")
+        _ = await eventually(within: 60) { await converged() || replicas.allSatisfy { !$0.isRunning } }
+        try #require(await converged(), "the replicas did not both hold all \(ids.count) keys: \(tails())")
 
         // Two lifetimes and a bit: every key refreshed at least twice, by one replica or the other.
         let firstIssue = try await issuer.issuedTimes().values.compactMap(\.first).min() ?? Date().timeIntervalSince1970
@@ -68,20 +68,20 @@ struct PostgresPoolerProcessTests {
         #expect(tooFew.isEmpty, "keys issued fewer than twice in 2.3 lifetimes: \(tooFew.prefix(10))")
         #expect(twice.isEmpty, "keys issued twice within one lifetime (single flight across replicas broken through PgBouncer): \(twice.prefix(10))")
         // Each key's refresh is done by one replica; the other holds it only by the change feed.
-        #expect(await eventually(within: 5) { converged() }, "the replicas' sinks do not both hold the database's tokens: \(tails())")
+        #expect(await eventually(within: 5) { await converged() }, "the replicas' sinks do not both hold the database's tokens: \(tails())")
 
         // A change from outside: tokenctl purges one key through PgBouncer too; both replicas
         // refetch it (once between them) within 2 s. Purged in a later second than the last
         // issue, so the new token differs from the old (whole-second claims, deterministic RS256).
         let target = ids[0]
-        let old = stored()[target]
+        let old = await stored()[target]
         let issuedBefore = (try await issuer.issuedTimes())["vehicle/\(target)"]?.count ?? 0
         let lastIssue = try await issuer.issuedTimes().values.flatMap { $0 }.max() ?? 0
         #expect(await eventually(within: 30) { Date().timeIntervalSince1970 >= lastIssue.rounded(.down) + 1.05 })
         let purge = try await runToEnd("tokenctl", ["purge", "--vehicle", target, "--db", url], environment: environment, in: scratch)
         try #require(purge.status == 0, "\(purge.stdout) \(purge.stderr)")
         let refetched = await eventually(within: 2) {
-            guard let new = stored()[target], new != old else { return false }
+            guard let new = await stored()[target], new != old else { return false }
             return sinks.allSatisfy { held($0, target) == new }
         }
         #expect(refetched, "within 2 s of the purge the replicas did not both hold a new token for \(target): \(tails())")

@@ -158,14 +158,14 @@ struct PostgresReplicaTests {
         // Ask both replicas for every key every 0.25 s from before the restart until writes resume.
         let probe = Self.Probe(replicas, ids: ids, floor: min(30, 0.1 * lifetime), scratch: scratch)
         #expect(await eventually(within: 30) { probe.completedRounds >= 2 }, "the probe asked both replicas before the restart")
-        let before = try Self.expiries(server, database)
+        let before = try await Self.expiries(server, database)
         let restartBegan = Date()
         try await server.restart()
         let restarted = Date()
         let restartSeconds = restarted.timeIntervalSince(restartBegan)
 
         // Nothing committed is lost: the first read after the restart has every key at least as fresh.
-        let after = try Self.expiries(server, database)
+        let after = try await Self.expiries(server, database)
         for id in ids {
             #expect((after[id] ?? 0) >= (before[id] ?? .infinity), "\(id): expires_at went from \(before[id] ?? -1) to \(after[id] ?? -1) across the restart")
         }
@@ -218,7 +218,7 @@ struct PostgresReplicaTests {
 
         let probe = Self.Probe(replicas, ids: ids, floor: min(30, 0.1 * lifetime), scratch: scratch)
         #expect(await eventually(within: 30) { probe.completedRounds >= 2 }, "the probe asked both replicas before the outage")
-        let before = try Self.expiries(server, database)
+        let before = try await Self.expiries(server, database)
         // Longer than a failed lease (10 s) + a failed write (10 s) + a lifetime, so every replica
         // has fetched in memory and failed a write before the server is back.
         let outage = 30.0
@@ -227,7 +227,7 @@ struct PostgresReplicaTests {
         try await Task.sleep(for: .seconds(outage)) // the outage itself
         try await server.start()
         let back = Date()
-        let after = try Self.expiries(server, database)
+        let after = try await Self.expiries(server, database)
         for id in ids {
             #expect((after[id] ?? 0) >= (before[id] ?? .infinity), "\(id): expires_at went from \(before[id] ?? -1) to \(after[id] ?? -1) across the outage")
         }
@@ -278,7 +278,7 @@ struct PostgresReplicaTests {
             (try? String(contentsOfFile: "\(sink)/vehicle/\(target).jwt", encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines)
         }
         try #require(await eventually(within: 30) {
-            guard let stored = try? server.psql(tokenSQL, database: database), !stored.isEmpty else { return false }
+            guard let stored = try? await server.psql(tokenSQL, database: database), !stored.isEmpty else { return false }
             return sinks.allSatisfy { sinkToken($0) == stored }
         }, "the replicas did not all hold \(target)'s token: \(Self.tails(replicas))")
         let old = try await server.psql(tokenSQL, database: database)
@@ -496,8 +496,8 @@ struct PostgresReplicaTests {
     }
 
     /// expires_at by vehicle id.
-    private static func expiries(_ server: PostgresServer, _ database: String) throws -> [String: Double] {
-        let rows = try server.psql("SELECT subject_id || ' ' || expires_at FROM fleet_token_store.tokens WHERE token IS NOT NULL", database: database)
+    private static func expiries(_ server: PostgresServer, _ database: String) async throws -> [String: Double] {
+        let rows = try await server.psql("SELECT subject_id || ' ' || expires_at FROM fleet_token_store.tokens WHERE token IS NOT NULL", database: database)
         var result: [String: Double] = [:]
         for row in rows.split(separator: "\n") {
             let fields = row.split(separator: " ")
