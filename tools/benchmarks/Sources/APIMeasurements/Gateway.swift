@@ -1,7 +1,7 @@
 // A vehicle gateway's agent (issue 32): the release token-agent built with the Swift runtime
-// linked statically (`swift build -c release --static-swift-stdlib`, as a gateway image ships
-// it: one file, no Swift libraries on the box), five vehicles, the token API on a Unix socket
-// and the file sink on.
+// linked statically by tools/package/swift-build-static (as the Debian package and a gateway
+// image ship it: one file, no Swift libraries on the box), five vehicles, the token API on a Unix
+// socket and the file sink on.
 //
 // - Memory: VmRSS once every subject has been refreshed `refreshes` times (tokens of a short
 //   lifetime from a development issuer of its own, so refreshes come every few seconds) and the
