@@ -19,9 +19,13 @@ public final class FreezingRelay: Sendable {
     private let listener: Int32
     private let state = Mutex(State())
 
+    /// Every shutdown() and close() of the relay's descriptors happens under this lock, and a
+    /// descriptor is shut down only while it is still open: a number the relay has closed may
+    /// already belong to another socket of the process (a test's connection to a shared server).
     private struct State {
         var frozen = false
         var stopped = false
+        var listenerOpen = true
         var descriptors: Set<Int32> = []
         var relayed = 0
     }
@@ -52,31 +56,33 @@ public final class FreezingRelay: Sendable {
     /// From now on nothing passes either way on open connections, which stay open, and new
     /// connections are refused (the listening socket is closed).
     public func freeze() {
-        let first = state.withLock { state -> Bool in
-            defer { state.frozen = true }
-            return !state.frozen
+        state.withLock { state in
+            guard !state.frozen else { return }
+            state.frozen = true
+            if state.listenerOpen { shutdown(listener, Int32(SHUT_RDWR)) }
         }
-        if first { shutdown(listener, Int32(SHUT_RDWR)) }
     }
 
     /// Closes every connection and the listener; the relay's threads end within 100 ms.
     public func stop() {
-        let descriptors = state.withLock { state -> Set<Int32>? in
-            guard !state.stopped else { return nil }
+        state.withLock { state in
+            guard !state.stopped else { return }
             state.stopped = true
-            defer { state.descriptors = [] }
-            return state.descriptors
+            if state.listenerOpen { shutdown(listener, Int32(SHUT_RDWR)) }
+            for descriptor in state.descriptors { shutdown(descriptor, Int32(SHUT_RDWR)) }
         }
-        guard let descriptors else { return }
-        shutdown(listener, Int32(SHUT_RDWR))
-        for descriptor in descriptors { shutdown(descriptor, Int32(SHUT_RDWR)) }
     }
 
     private var frozen: Bool { state.withLock { $0.frozen } }
     private var stopped: Bool { state.withLock { $0.stopped } }
 
     private func acceptLoop() {
-        defer { close(listener) }
+        defer {
+            state.withLock { state in
+                state.listenerOpen = false
+                close(listener)
+            }
+        }
         while !stopped, !frozen {
             guard Self.readable(listener) else { continue }
             let client = accept(listener, nil, nil)
@@ -105,9 +111,11 @@ public final class FreezingRelay: Sendable {
     /// nothing and keeps both sockets open.
     private func relay(_ client: Int32, _ upstream: Int32) {
         defer {
-            state.withLock { $0.descriptors.subtract([client, upstream]) }
-            close(client)
-            close(upstream)
+            state.withLock { state in
+                state.descriptors.subtract([client, upstream])
+                close(client)
+                close(upstream)
+            }
         }
         var buffer = [UInt8](repeating: 0, count: 16 * 1024)
         while !stopped {
