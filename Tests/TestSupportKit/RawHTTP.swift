@@ -38,12 +38,24 @@ public enum RawHTTP {
 
     /// Sends every request of `requests` (whole HTTP/1.1 requests, the last one asking to close)
     /// in one burst on one connection, from a thread of its own, while reading the answers here
-    /// until the server closes or `timeout` seconds pass without a byte; everything read.
+    /// until the server closes or `timeout` seconds pass without a byte; everything read. Returns
+    /// once the writing thread has stopped using the connection.
     public static func pipelined(_ endpoint: Endpoint, _ requests: [String], timeout: Int = 60) throws -> String {
         let fd = try connect(endpoint, timeout: timeout)
-        defer { close(fd) }
+        let written = DispatchSemaphore(value: 0)
+        // The writer must be done with `fd` before it is closed: its next send would go to
+        // whatever socket of the process took the number since. shutdown() ends a send that
+        // waits for a server no longer reading.
+        defer {
+            shutdown(fd, Int32(SHUT_RDWR))
+            written.wait()
+            close(fd)
+        }
         let bytes = Array(requests.joined().utf8)
-        Thread { _ = writeAll(fd, bytes) }.start()
+        Thread {
+            _ = writeAll(fd, bytes)
+            written.signal()
+        }.start()
         return String(decoding: try readToEnd(fd), as: UTF8.self)
     }
 
