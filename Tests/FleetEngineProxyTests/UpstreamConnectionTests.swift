@@ -102,6 +102,7 @@ struct UpstreamConnectionTests {
         // answer comes (a black-holed relay). Before the set-up deadline, the loop's connection
         // stayed "being made" for ever, and every call of that loop waited on it.
         let silent = try SilentSocket(listening: true)
+        defer { silent.close() }
         let upstream = try FleetEngineUpstream(endpoint: try FleetEngineEndpoint(parsing: "https://127.0.0.1:\(silent.port)"), caFile: pki.caPath,
                                                logger: Logger(label: "test"), setUpTimeout: .milliseconds(3000))
         defer { upstream.close() }

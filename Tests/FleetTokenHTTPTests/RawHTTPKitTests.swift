@@ -51,7 +51,8 @@ struct RawHTTPKitTests {
 final class HalfClosingServer: Sendable {
     let port: Int
     private let descriptor: Int32
-    private let state = Mutex((draining: false, drained: 0, closed: false))
+    /// The listener is shut down and closed under this lock, and shut down only while open.
+    private let state = Mutex((draining: false, drained: 0, closed: false, listenerOpen: true))
 
 
     init() throws {
@@ -82,12 +83,19 @@ final class HalfClosingServer: Sendable {
 
     /// Ends the server; its thread closes the connection within 100 ms.
     func close() {
-        state.withLock { $0.closed = true }
-        shutdown(descriptor, Int32(SHUT_RDWR))
+        state.withLock { state in
+            state.closed = true
+            if state.listenerOpen { shutdown(descriptor, Int32(SHUT_RDWR)) }
+        }
     }
 
     private func serve() {
-        defer { Glibc.close(descriptor) }
+        defer {
+            state.withLock { state in
+                state.listenerOpen = false
+                Glibc.close(descriptor)
+            }
+        }
         var entry = pollfd(fd: descriptor, events: Int16(POLLIN), revents: 0)
         while !state.withLock({ $0.closed }), poll(&entry, 1, 100) == 0 {}
         let connection = accept(descriptor, nil, nil)

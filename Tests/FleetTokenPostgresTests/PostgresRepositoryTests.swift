@@ -383,6 +383,7 @@ struct PostgresTLSTests {
     @Test("a database that refuses connections is reported as refusing them, and one that never answers as the connect deadline passing")
     func connectionFailuresSayWhy() async throws {
         let closed = try SilentSocket(listening: false)
+        defer { closed.close() }
         var refused = try PostgresStoreConfiguration(url: "postgres://fleet@127.0.0.1:\(closed.port)/db?sslmode=disable")
         refused.environment = ["PGPASSWORD": "unused"]
         await #expect {
@@ -393,6 +394,7 @@ struct PostgresTLSTests {
         }
         // Listening, never accepting: TCP completes, no startup answer ever comes.
         let silent = try SilentSocket(listening: true)
+        defer { silent.close() }
         var unanswered = try PostgresStoreConfiguration(url: "postgres://fleet@127.0.0.1:\(silent.port)/db?sslmode=disable")
         unanswered.environment = ["PGPASSWORD": "unused"]
         unanswered.connectTimeout = .seconds(1)

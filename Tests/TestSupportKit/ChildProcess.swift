@@ -46,7 +46,9 @@ public final class ChildProcess: @unchecked Sendable {
         var actions = posix_spawn_file_actions_t()
         posix_spawn_file_actions_init(&actions)
         defer { posix_spawn_file_actions_destroy(&actions) }
-        var parentEnds: [Int32] = []
+        // The parent's ends belong to their FileHandles, which close them when released, on
+        // every path: closed here as well, a number could be closed twice (another thread's
+        // socket or store file by then).
         var childEnds: [Int32] = []
         defer { for descriptor in childEnds { close(descriptor) } }
         func pipeEnds() throws -> (read: Int32, write: Int32) {
@@ -63,7 +65,6 @@ public final class ChildProcess: @unchecked Sendable {
             let ends = try pipeEnds()
             posix_spawn_file_actions_adddup2(&actions, ends.read, 0)
             childEnds.append(ends.read)
-            parentEnds.append(ends.write)
             inputHandle = FileHandle(fileDescriptor: ends.write, closeOnDealloc: true)
         }
         var outputHandles: [FileHandle?] = []
@@ -109,7 +110,6 @@ public final class ChildProcess: @unchecked Sendable {
         var pid: pid_t = 0
         let result = posix_spawn(&pid, executable, &actions, &attributes, argv, envp)
         guard result == 0 else {
-            for descriptor in parentEnds { close(descriptor) }
             throw ProcessFailure(message: "cannot start \(executable): \(String(cString: strerror(result)))")
         }
         processIdentifier = pid

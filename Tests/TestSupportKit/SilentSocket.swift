@@ -2,6 +2,7 @@
 // of the PostgreSQL store's host search.
 
 import Foundation
+import Synchronization
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -13,6 +14,7 @@ public final class SilentSocket: Sendable {
     /// The bound port.
     public let port: Int
     private let descriptor: Int32
+    private let isOpen = Atomic(true)
 
     /// Binds a free port of 127.0.0.1, listening (connections hang) or not (refused).
     public init(listening: Bool) throws {
@@ -39,8 +41,11 @@ public final class SilentSocket: Sendable {
         port = Int(UInt16(bigEndian: actual.sin_port))
     }
 
-    /// Closes the socket.
-    public func close() { Glibc.close(descriptor) }
+    /// Closes the socket; later calls do nothing (a second close could hit another socket that
+    /// took the number).
+    public func close() {
+        if isOpen.exchange(false, ordering: .acquiringAndReleasing) { Glibc.close(descriptor) }
+    }
 
     /// The step of binding that failed.
     public struct SocketError: Error { public let step: String }
