@@ -54,24 +54,8 @@ final class HalfClosingServer: Sendable {
     /// The listener is shut down and closed under this lock, and shut down only while open.
     private let state = Mutex((draining: false, drained: 0, closed: false, listenerOpen: true))
 
-
     init() throws {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let ready = fd >= 0 && withUnsafeMutablePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                bind(fd, $0, length) == 0 && listen(fd, 4) == 0 && getsockname(fd, $0, &length) == 0
-            }
-        }
-        guard ready else {
-            if fd >= 0 { Glibc.close(fd) }
-            throw ServerFailed(errno: errno)
-        }
-        descriptor = fd
-        port = Int(UInt16(bigEndian: address.sin_port))
+        (descriptor, port) = try boundLoopbackSocket(listening: 4)
         Thread { [self] in serve() }.start()
     }
 
@@ -122,6 +106,4 @@ final class HalfClosingServer: Sendable {
             state.withLock { $0.drained += count }
         }
     }
-
-    struct ServerFailed: Error { let errno: Int32 }
 }

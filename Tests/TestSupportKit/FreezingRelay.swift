@@ -32,20 +32,7 @@ public final class FreezingRelay: Sendable {
 
     /// Listens on a free port of 127.0.0.1 and relays each connection to 127.0.0.1:`target`.
     public init(target: Int) throws {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        guard fd >= 0 else { throw ProcessFailure(message: "relay: socket() failed: errno \(errno)") }
-        var address = Self.loopback(port: 0)
-        let length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let bound = withUnsafePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) } }
-        guard bound == 0, listen(fd, 64) == 0 else {
-            close(fd)
-            throw ProcessFailure(message: "relay: bind/listen failed: errno \(errno)")
-        }
-        var actual = sockaddr_in()
-        var actualLength = length
-        _ = withUnsafeMutablePointer(to: &actual) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &actualLength) } }
-        listener = fd
-        port = Int(UInt16(bigEndian: actual.sin_port))
+        (listener, port) = try boundLoopbackSocket(listening: 64)
         self.target = target
         Thread { [self] in acceptLoop() }.start()
     }

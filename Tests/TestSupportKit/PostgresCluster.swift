@@ -118,18 +118,9 @@ extension PostgresServer {
     }
 
     static func freePort() throws -> Int {
-        let socketDescriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        guard socketDescriptor >= 0 else { throw ProcessFailure(message: "socket failed: errno \(errno)") }
-        defer { close(socketDescriptor) }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let bound = withUnsafeMutablePointer(to: &address) { pointer in
-            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(socketDescriptor, $0, length) == 0 && getsockname(socketDescriptor, $0, &length) == 0 }
-        }
-        guard bound else { throw ProcessFailure(message: "binding 127.0.0.1:0 failed: errno \(errno)") }
-        return Int(UInt16(bigEndian: address.sin_port))
+        let (descriptor, port) = try boundLoopbackSocket(listening: nil)
+        close(descriptor)
+        return port
     }
 
     /// After a failed init: stop whatever started and remove the directory.
