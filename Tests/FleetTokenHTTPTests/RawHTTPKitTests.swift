@@ -17,10 +17,14 @@ struct RawHTTPKitTests {
     func writerStopsBeforeTheClose() async throws {
         let server = try HalfClosingServer()
         defer { server.close() }
-        // More than the kernel buffers between the two ends hold: the writer waits in send()
-        // (up to the 2 s timeout) when the server's end of the answers makes reading end.
-        let burst = String(repeating: "GET /v1/token/vehicle/v-1 HTTP/1.1\r\nHost: localhost\r\n\r\n", count: 600_000)
-        let answers = try await offCooperativePool { try RawHTTP.pipelined(.tcp(port: server.port), [burst], timeout: 2) }
+        // 16 MB, more than the kernel buffers between the two ends hold (about 4 MB here): the
+        // writer waits in send() (up to the 2 s timeout) when the server's end of the answers
+        // makes reading end. Made inside the call, so that it is freed when pipelined()
+        // returns: the uptime tests read the whole process's live heap.
+        let answers = try await offCooperativePool {
+            let burst = String(repeating: "GET /v1/token/vehicle/v-1 HTTP/1.1\r\nHost: localhost\r\n\r\n", count: 285_000)
+            return try RawHTTP.pipelined(.tcp(port: server.port), [burst], timeout: 2)
+        }
         #expect(answers.isEmpty)
 
         // The kernel hands out the lowest free number: the connection's, if it was closed.
