@@ -93,11 +93,12 @@ extension EngineParts: RefreshEffects {
         let corrected = moment.corrected
         var token = fetched
         token.lastUsedAt = markUsed ? corrected : memory.entry(key)?.lastUsed.nonDistant
-        // Queued for the commit before memory holds it: whoever sees the new token in memory
-        // also sees its commit pending (the change follower must not drop it as removed).
+        // Queued for the commit and installed in one step of the committer's lock: whoever sees
+        // the new token in memory also sees its commit pending (the change follower must not
+        // drop it as removed), and its `.refreshed` event, sent once it is written, comes after
+        // memory holds it (a sink woken by it must find it).
         lease.handOver(key)
-        committer.enqueue(token)
-        memory.install(token, source: .provider, lastUsed: markUsed ? corrected : nil)
+        committer.enqueue(token) { memory.install(token, source: .provider, lastUsed: markUsed ? corrected : nil) }
         metrics.refreshes.increment()
         // Debug, not info: thousands of keys refresh every hour; events() reports them.
         logger.debug("token refreshed", metadata: [

@@ -22,7 +22,8 @@ import Synchronization
 /// key's commit is pending in the same step as it changes memory. Whether a key's removal waits
 /// for the store is the refresh machine's to judge (no adoption meanwhile): each change of it is
 /// reported to `invalidationPending` while this lock is held, so the key's state in memory
-/// changes in the same order as this queue.
+/// changes in the same order as this queue. So this lock is taken before memory's (that
+/// report and ``enqueue(_:publishing:)``'s install run under it), never after.
 final class GroupCommitter: Sendable {
     /// Delay between attempts to write results after the store failed.
     static let storeRetryDelay: TimeInterval = 2
@@ -83,9 +84,13 @@ final class GroupCommitter: Sendable {
         self.invalidationPending = invalidationPending
     }
 
-    /// Queues `token` for the next batch (replacing an older pending write of its key).
-    func enqueue(_ token: StoredToken) {
-        enqueue(token.key, .token(token))
+    /// Queues `token` for the next batch (replacing an older pending write of its key) and
+    /// calls `publish` (memory's install) in the same step, under this queue's lock: no batch
+    /// can take the token before memory holds it, so its `.refreshed` event, sent once it is
+    /// written, never reaches a subscriber that would find memory without it; and whoever
+    /// finds it in memory finds its commit pending.
+    func enqueue(_ token: StoredToken, publishing publish: () -> Void) {
+        enqueue(token.key, .token(token), publishing: publish)
     }
 
     /// Queues the removal of `key`'s stored token (an invalidation) for the next batch,
@@ -95,11 +100,12 @@ final class GroupCommitter: Sendable {
         enqueue(key, .removal)
     }
 
-    private func enqueue(_ key: TokenKey, _ write: Write) {
+    private func enqueue(_ key: TokenKey, _ write: Write, publishing publish: () -> Void = {}) {
         let looping = state.withLock { state in
             let wasRemoving = Self.isRemovalPending(key, in: state)
             state.pending[key] = write
             reportRemoval(of: key, in: state, was: wasRemoving)
+            publish()
             if !state.looping && !state.writing {
                 state.writing = true
                 state.oneOff = Task { await self.writeBatches() }

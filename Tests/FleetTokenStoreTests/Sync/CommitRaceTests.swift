@@ -134,6 +134,49 @@ struct CommitRaceTests {
         #expect(await engine.settle(), "the refresh that follows ends before the test does")
     }
 
+    // Seen as a flaky FileSinkDirectoryTests test: a sink woken by a token's .refreshed event
+    // read the engine, found no token yet and wrote no file, and nothing woke it again. The
+    // token was queued for its commit before memory held it, and the committer, on another
+    // thread, could write it and report it in between.
+    @Test("a .refreshed event comes after memory holds its token: a subscriber that reads the engine at the event finds that token")
+    func eventAfterMemory() async throws {
+        let time = TestTime()
+        let answered = Mutex(false)
+        let checked = DispatchSemaphore(value: 0)
+        // The first jitter drawn after the provider answered (for the install) waits, up to a
+        // second, for the event to be checked: time enough for the committer to write and
+        // report the token first, if it could.
+        let random: @Sendable () -> Double = {
+            if answered.withLock({ answered in defer { answered = false }; return answered }) {
+                _ = checked.wait(timeout: .now() + 1)
+            }
+            return 0.5
+        }
+        let fetcher = ScriptedFetcher { key, _ in
+            answered.withLock { $0 = true }
+            return FetchedToken(value: TestJWT.make(for: key, issuedAt: time.now, lifetime: 3600))
+        }
+        let engine = TokenSyncEngine(repository: InMemoryTokenRepository(), fetcher: fetcher, logger: LogRecorder().logger,
+                                     clock: time.clock, now: time.wall, random: random)
+        let running = Task { try await engine.run() }
+        defer { running.cancel() }
+        #expect(await eventually(within: 30) { await engine.isRunning })
+        let key = try TokenKey.vehicle("event-after-memory")
+        let events = engine.events()
+        let seen = Task { () -> (reported: TokenFingerprint, held: TokenFingerprint?)? in
+            for await event in events {
+                guard case .refreshed(key, let fingerprint, _, .provider) = event else { continue }
+                defer { checked.signal() }
+                return (fingerprint, engine.heldToken(for: key)?.token.fingerprint)
+            }
+            return nil
+        }
+        let token = try await engine.token(for: key)
+        let event = try #require(await seen.value, "the refresh was reported")
+        #expect(event.reported == token.fingerprint)
+        #expect(event.held == token.fingerprint, "memory held the token when its event came")
+    }
+
     /// An engine over a gated store on a test clock, its `run()` started and running (cancel
     /// `running` to stop it).
     private static func runningEngine(policy: RefreshPolicy = RefreshPolicy()) async
