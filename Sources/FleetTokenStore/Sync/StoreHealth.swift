@@ -18,18 +18,29 @@ final class StoreHealth: Sendable {
         self.logger = logger
     }
 
+    // Each transition is logged and sent under the lock that changes the state: a flight's
+    // failed write and the committer's good one can cross, and a report sent after the lock
+    // could overtake the one it ends (the last word would be "degraded" of a store that works).
+    // Sending only yields to the subscribers' streams; nothing calls back into this lock.
+
     func writeFailed(_ error: TokenStoreError) {
         metrics.storeWriteFailures.increment()
-        guard !degraded.withLock({ was in defer { was = true }; return was }) else { return }
-        logger.error("token store write failed; serving from memory until it works again", metadata: [
-            "error": .string(error.description),
-        ])
-        events.emit(.storeDegraded(error))
+        degraded.withLock { degraded in
+            guard !degraded else { return }
+            degraded = true
+            logger.error("token store write failed; serving from memory until it works again", metadata: [
+                "error": .string(error.description),
+            ])
+            events.emit(.storeDegraded(error))
+        }
     }
 
     func writeSucceeded() {
-        guard degraded.withLock({ was in defer { was = false }; return was }) else { return }
-        logger.notice("token store writes work again")
-        events.emit(.storeRecovered)
+        degraded.withLock { degraded in
+            guard degraded else { return }
+            degraded = false
+            logger.notice("token store writes work again")
+            events.emit(.storeRecovered)
+        }
     }
 }
