@@ -97,9 +97,10 @@ extension EngineParts: RefreshEffects {
         // the new token in memory also sees its commit pending (the change follower must not
         // drop it as removed), and its `.refreshed` event, sent once it is written, comes after
         // memory holds it (a sink woken by it must find it).
+        // Counted first, so that whoever sees the token (served, or by its event) sees it counted.
+        metrics.refreshes.increment()
         lease.handOver(key)
         committer.enqueue(token) { memory.install(token, source: .provider, lastUsed: markUsed ? corrected : nil) }
-        metrics.refreshes.increment()
         // Debug, not info: thousands of keys refresh every hour; events() reports them.
         logger.debug("token refreshed", metadata: [
             "key": .string(key.description), "fingerprint": .string(token.fingerprint.description),
