@@ -136,8 +136,15 @@ struct PostgresReplicaTests {
         #expect(b.isRunning, "B exited: \(b.stderr.suffix(2000))")
 
         let tookOver = b.stderr.contains("took over the refresh lease of a process that died")
-        let fetchedByB = Set(Self.events(b.stdout).filter { $0["event"] == "refreshed" && $0["source"] == "provider" }.compactMap { $0["id"] })
-        let notFetched = orphaned.filter { !fetchedByB.contains($0) }
+        // B prints a key's `refreshed` after its row is written and its lease released (one more
+        // round trip to the server): the lines are waited for, not read once when the rows are in.
+        var fetchedByB: Set<String> = []
+        var notFetched = orphaned
+        _ = await eventually(within: 10) {
+            fetchedByB = Set(Self.events(b.stdout).filter { $0["event"] == "refreshed" && $0["source"] == "provider" }.compactMap { $0["id"] })
+            notFetched = orphaned.filter { !fetchedByB.contains($0) }
+            return notFetched.isEmpty
+        }
         #expect(tookOver || notFetched.isEmpty,
                 "B neither logged a take-over nor fetched the keys A held when killed (\(notFetched)): \(b.stderr.suffix(3000))")
         #expect(notFetched.isEmpty, "keys A was fetching when killed that B did not fetch: \(notFetched); B fetched \(fetchedByB.sorted())")
@@ -186,13 +193,18 @@ struct PostgresReplicaTests {
             // to a restart; the store goes degraded (StoreHealth) only when a write fails, and a
             // write waits up to the 10 s statement timeout, longer than this restart (pg_ctl
             // restart -m fast takes a fraction of a second here), so usually none does.
-            let lost = agent.stderr.range(of: "token database change feed lost its connection")
-            let back = agent.stderr.range(of: "token database change feed is back", range: (lost?.upperBound ?? agent.stderr.endIndex)..<agent.stderr.endIndex)
-            #expect(lost != nil && back != nil, "replica \(index) did not log the change feed's reconnect: \(agent.stderr.suffix(3000))")
-            if let degraded = agent.stdout.range(of: "store-degraded") {
-                #expect(agent.stdout[degraded.upperBound...].contains("store-recovered"),
-                        "replica \(index) reported store-degraded and never store-recovered: \(agent.stdout.suffix(2000))")
+            // Waited for, not read once when the rows are in: the other replica may have written
+            // them all while this one's feed was still reconnecting or its write still to retry.
+            let reconnected = await eventually(within: 30) {
+                guard let lost = agent.stderr.range(of: "token database change feed lost its connection") else { return false }
+                return agent.stderr[lost.upperBound...].contains("token database change feed is back")
             }
+            #expect(reconnected, "replica \(index) did not log the change feed's reconnect: \(agent.stderr.suffix(3000))")
+            let recovered = await eventually(within: 30) {
+                guard let degraded = agent.stdout.range(of: "store-degraded", options: .backwards) else { return true }
+                return agent.stdout[degraded.upperBound...].contains("store-recovered")
+            }
+            #expect(recovered, "replica \(index) reported store-degraded and not store-recovered after it within 30 s: \(agent.stdout.suffix(2000))")
         }
         let degraded = replicas.filter { $0.process.stdout.contains("store-degraded") }.count
         print("restart: pg_ctl restart took \(String(format: "%.1f", restartSeconds)) s; writes resumed \(String(format: "%.1f", resumeSeconds)) s after it; \(degraded) of 2 replicas reported store-degraded; \(rounds) probe rounds via \(probe.via)")

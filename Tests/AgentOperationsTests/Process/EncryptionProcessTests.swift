@@ -122,9 +122,10 @@ struct EncryptionProcessTests {
         #expect(try Data(contentsOf: URL(fileURLWithPath: scratch.file(main))) == damaged, "the quarantined file is not the damaged file")
 
         // Scanned while the agent runs (its -wal and -shm in use) and again after a kill -9.
+        let rows = try sealedRows(db)
         var issued = try await issuer.issuedTokens()
         expectNoPlaintext(of: issued, inStoreAt: db, extraFiles: moved.map(scratch.file), context: "fresh store, agent running")
-        try expectAllSealed(db, with: key, subjects: subjects.keys, issued: issued, context: "fresh store")
+        expectAllSealed(rows, with: key, subjects: subjects.keys, issued: issued, context: "fresh store")
         agent.signal(SIGKILL)
         #expect(await agent.wait(upTo: 10) != nil)
         issued = try await issuer.issuedTokens()
@@ -747,7 +748,13 @@ func valueKeyCounts(_ db: String) throws -> [String: Int] {
 /// the issuer issued for that subject (by fingerprint): the store is neither empty nor garbage.
 func expectAllSealed(_ db: String, with key: KeyFile, subjects: [String], issued: [String: [String]], context: String,
                      sourceLocation: SourceLocation = #_sourceLocation) throws {
-    let rows = try sealedRows(db)
+    expectAllSealed(try sealedRows(db), with: key, subjects: subjects, issued: issued, context: context, sourceLocation: sourceLocation)
+}
+
+/// The same check on `rows` read earlier: with the agent running, read the rows before the
+/// issuer's list, so a refresh between the two reads lengthens the list instead of failing.
+func expectAllSealed(_ rows: [String: SealedRow], with key: KeyFile, subjects: [String], issued: [String: [String]], context: String,
+                     sourceLocation: SourceLocation = #_sourceLocation) {
     #expect(Set(rows.keys) == Set(subjects), "\(context): stored subjects \(rows.keys.sorted())", sourceLocation: sourceLocation)
     for (subject, row) in rows.sorted(by: { $0.key < $1.key }) {
         #expect(row.keyID == key.id, "\(context): \(subject) has value_key_id \(row.keyID ?? "NULL"), not \(key.id)", sourceLocation: sourceLocation)

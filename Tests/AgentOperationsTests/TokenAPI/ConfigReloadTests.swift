@@ -88,8 +88,11 @@ struct ConfigReloadTests {
             #expect(events.contains(["event": "untracked", "kind": "vehicle", "id": "gone"]))
             #expect(await eventually(within: 30) { SubjectReloadTests.refreshed(agent.process).contains("vehicle/new") })
             #expect(await eventually(within: 30) { agent.process.stderr.contains("token refreshed") }, "debug lines appear after the reload")
-            #expect(agent.process.stderr.contains("changed options take effect only after a restart"))
-            #expect(agent.process.stderr.contains("options=retention,socket-mode"))
+            // Logged just after config_reloaded is printed: waited for, like the lines above.
+            #expect(await eventually(within: 30) {
+                agent.process.stderr.contains("changed options take effect only after a restart")
+                    && agent.process.stderr.contains("options=retention,socket-mode")
+            }, "\(agent.process.stderr.suffix(3000))")
             #expect(try await api.send("/v1/token/trip/t-1").status == 200, "the new pattern allows trips")
             #expect(try await SubjectReloadTests.tracked(api)["vehicle/gone"] == false)
             // The socket keeps its mode: socket-mode needs a restart.
