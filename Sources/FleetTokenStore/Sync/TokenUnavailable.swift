@@ -90,13 +90,17 @@ public enum TokenSource: String, Sendable, Equatable, Codable {
 /// Something the engine did, for agents that report progress (``TokenSyncEngine/events()``).
 /// Carries fingerprints, never token values.
 public enum TokenSyncEvent: Sendable, Equatable {
-    /// A new token is held (and, for `.provider`, committed to the store).
+    /// A new token is held (and, for `.provider`, committed to the store): when it arrives,
+    /// memory already holds this token, or what replaced it since (a newer token, an
+    /// invalidation, an idle eviction).
     case refreshed(key: TokenKey, fingerprint: TokenFingerprint, expiresAt: Date, source: TokenSource)
     /// A refresh failed; the next attempt is due at `nextAttemptAt`.
     case refreshFailed(key: TokenKey, error: TokenProviderError, consecutiveFailures: Int, nextAttemptAt: Date)
     /// Another process removed the key's token (e.g. `tokenctl purge`).
     case removedExternally(key: TokenKey)
-    /// Writing to the store failed; tokens keep being served from memory.
+    /// Writing to the store failed; tokens keep being served from memory. It and
+    /// ``storeRecovered`` alternate, in the order the store's state changed, so the last of
+    /// them a subscriber saw tells the state now.
     case storeDegraded(TokenStoreError)
     /// Writing to the store works again after a failure.
     case storeRecovered
