@@ -8,6 +8,7 @@ import Foundation
 import Logging
 import Synchronization
 import Testing
+import TestSupportKit
 @testable import FleetTokenStore
 
 /// Holds the thread that logs a message beginning with `prefix` (after saying so on `entered`)
@@ -49,21 +50,26 @@ struct StoreHealthTests {
         let health = StoreHealth(events: events, metrics: SyncMetrics(factory: NOOPMetricsHandler.instance), logger: logger)
         let failureDone = DispatchSemaphore(value: 0), successDone = DispatchSemaphore(value: 0)
 
-        // Threads of their own: a blocked GCD worker need not be replaced by another at once.
-        Thread.detachNewThread {
-            health.writeFailed(.databaseUnavailable(path: "tokens", reason: "a test's failure"))
-            failureDone.signal()
+        // The waits below block a thread: not one of the cooperative pool's. Threads of their
+        // own for the two writes too: a blocked GCD worker need not be replaced at once.
+        let (reported, failureEnded, successEnded) = try await offCooperativePool { () -> (Bool, Bool, Bool) in
+            Thread.detachNewThread {
+                health.writeFailed(.databaseUnavailable(path: "tokens", reason: "a test's failure"))
+                failureDone.signal()
+            }
+            guard entered.wait(timeout: .now() + 10) == .success else { return (false, false, false) }
+            // The success, while the failure is held in its report (half a second to finish).
+            Thread.detachNewThread {
+                health.writeSucceeded()
+                successDone.signal()
+            }
+            let successFirst = successDone.wait(timeout: .now() + 0.5) == .success
+            release.signal()
+            let failureEnded = failureDone.wait(timeout: .now() + 10) == .success
+            return (true, failureEnded, successFirst || successDone.wait(timeout: .now() + 10) == .success)
         }
-        try #require(entered.wait(timeout: .now() + 10) == .success, "the failure was reported")
-        // The success, while the failure is held in its report (half a second to finish).
-        Thread.detachNewThread {
-            health.writeSucceeded()
-            successDone.signal()
-        }
-        let successFinishedFirst = successDone.wait(timeout: .now() + 0.5) == .success
-        release.signal()
-        #expect(failureDone.wait(timeout: .now() + 10) == .success)
-        if !successFinishedFirst { #expect(successDone.wait(timeout: .now() + 10) == .success) }
+        try #require(reported, "the failure was reported")
+        #expect(failureEnded && successEnded, "both writes' reports ended")
         events.finish()
 
         var transitions: [String] = []
