@@ -186,6 +186,43 @@ struct FileSinkDirectoryTests {
 }
 
 extension FileSinkDirectoryTests {
+    // Found by a review of event races: a reload that tracked a subject whose token was already
+    // stored (loaded, not fetched: no refresh event) got its file only at the next event of
+    // another subject or at the check, 5 s later by default; an untracked subject's file went
+    // the same way. An event that came between the tracking change and the load could also use
+    // up the sink's look at it while the token was not yet in memory.
+    @Test("a change of tracking is followed once it has taken effect, with no event: a subject tracked with its token already stored gets its file at once, an untracked subject's file goes")
+    func followsTrackingWithoutEvents() async throws {
+        let scratch = Scratch()
+        let logs = LogRecorder(label: "sink-test", level: .debug)
+        let time = TestTime(start: Date())
+        let store = InMemoryTokenRepository()
+        let v1 = try TokenKey.vehicle("v-1"), v2 = try TokenKey.vehicle("v-2")
+        // v-2's token is in the store already, as an earlier run or another replica left it.
+        let now = time.now
+        let stored = StoredToken(key: v2, value: TestJWT.make(for: v2, issuedAt: now, lifetime: 3600), expiresAt: now + 3600,
+                                 issuedAt: now, fetchedAt: now)
+        try await store.upsert([stored], clearFailure: true)
+        let fetcher = ScriptedFetcher.minting(time)
+        let engine = TokenSyncEngine(repository: store, leases: store, fetcher: fetcher, logger: logs.logger)
+        await engine.track([v1])
+        // No periodic check during the test: nothing but the tracking changes moves v-2's file.
+        let sink = TokenFileSink(engine: engine, directory: scratch.file("sink"), checkInterval: .seconds(3600), logger: logs.logger)
+        try sink.prepare()
+        let file1 = scratch.file("sink/vehicle/v-1.jwt"), file2 = scratch.file("sink/vehicle/v-2.jwt")
+
+        try await Self.running([engine, sink], logger: logs.logger) {
+            #expect(await eventually(within: 30) { FileManager.default.fileExists(atPath: file1) }, "\(logs.allText)")
+            await engine.track([v2])
+            #expect(await eventually(within: 10) { Self.contents(file2) == stored.value }, "\(logs.allText)")
+            #expect(fetcher.count(v2) == 0, "loaded from the store, not fetched: no refresh event")
+            await engine.untrack([v1])
+            #expect(await eventually(within: 10) { !FileManager.default.fileExists(atPath: file1) }, "\(logs.allText)")
+            let kept = Self.contents(file2) == stored.value
+            #expect(kept, "v-2's file still holds its stored token")
+        }
+    }
+
     // From FileSinkLoadTests, whose agent test moved to AgentOperationsTests: in-process.
     @Test("between its checks the sink follows events and tracking changes: an untracked subject's refresh writes nothing, an untracked subject's file goes and a re-tracked one's comes back at the next event; the engine's tracked generation moves only with a change")
     func followsTrackingBetweenChecks() async throws {

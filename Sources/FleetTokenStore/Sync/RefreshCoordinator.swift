@@ -26,6 +26,10 @@ actor RefreshCoordinator<Effects: CoordinatorEffects> {
     }
     /// ``tracked`` and its generation, behind a lock: read by the engine without an actor hop.
     nonisolated let trackedSnapshot = Mutex(TrackedKeys())
+    /// The tracked keys after each ``track(_:)`` (once its stored tokens are loaded) and
+    /// ``untrack(_:)``: for edges that mirror tracking and must not wait for a refresh event
+    /// (a newly tracked key loaded from the store has none). A slow reader keeps the newest.
+    nonisolated let trackingChanges = EventBroadcaster<TrackedKeys>(buffering: .bufferingNewest(1))
     /// Flights the scheduler started and that have not ended: they count against the fetch bound.
     private var backgroundFlights = 0
     /// Background refreshes asked for by hits, on their way to the actor.
@@ -91,6 +95,7 @@ actor RefreshCoordinator<Effects: CoordinatorEffects> {
         tracked.formUnion(keys)
         await effects.load(keys.filter { effects.held($0) == nil })
         for key in keys { effects.scheduleNextRefresh(key) }
+        trackingChanges.emit(trackedSnapshot.withLock { $0 })
     }
 
     /// The keys kept fresh proactively.
@@ -98,6 +103,7 @@ actor RefreshCoordinator<Effects: CoordinatorEffects> {
 
     func untrack(_ keys: [TokenKey]) {
         tracked.subtract(keys)
+        trackingChanges.emit(trackedSnapshot.withLock { $0 })
     }
 
     func invalidate(_ key: TokenKey) {
@@ -305,6 +311,7 @@ actor RefreshCoordinator<Effects: CoordinatorEffects> {
             await effects.drainForShutdown()
         }
         effects.endShutdown(finished: finished)
+        trackingChanges.finish()
     }
 }
 

@@ -277,6 +277,15 @@ public final class TokenSyncEngine: Service, Sendable {
         coordinator.trackedSnapshot.withLock { $0 }
     }
 
+    /// The tracked keys each time ``track(_:)`` has taken effect (the stored tokens of the keys
+    /// it added are loaded, so ``heldToken(for:)`` answers for them) and each time
+    /// ``untrack(_:)`` has. For edges that mirror tracking (the file sink): a key tracked with a
+    /// token already stored brings no refresh event. Each call returns a new stream, which
+    /// keeps only the newest value for a slow reader and ends when the engine stops.
+    package func trackingChanges() -> AsyncStream<TrackedKeys> {
+        coordinator.trackingChanges.subscribe()
+    }
+
     /// Whether `key` is kept fresh proactively (see ``track(_:)``): one lock and a hash lookup.
     package func isTracked(_ key: TokenKey) -> Bool {
         coordinator.trackedSnapshot.withLock { $0.keys.contains(key) }

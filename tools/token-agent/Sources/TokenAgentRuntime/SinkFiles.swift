@@ -70,11 +70,12 @@ struct SinkFiles {
     }
 
     /// Follows what changed, at a cost in proportion to it: syncs each key of `changed` once,
-    /// retries failed keys, and only when the tracked keys' generation moved, removes the files
-    /// of keys no longer tracked and writes those of newly tracked keys that hold a token.
-    mutating func follow(_ changed: Set<TokenKey>, tracked: TrackedKeys) async {
+    /// retries failed keys, and only when the tracked keys' generation moved (or
+    /// `lookAtTracked`: a change of tracking has taken effect), removes the files of keys no
+    /// longer tracked and writes those of newly tracked keys that hold a token.
+    mutating func follow(_ changed: Set<TokenKey>, tracked: TrackedKeys, lookAtTracked: Bool = false) async {
         var keys = changed.union(failed)
-        if tracked.generation != trackedGeneration {
+        if tracked.generation != trackedGeneration || lookAtTracked {
             keys.formUnion(written.keys.filter { !tracked.keys.contains($0) })
             keys.formUnion(tracked.keys.filter { written[$0] == nil && sink.engine.heldToken(for: $0) != nil })
             trackedGeneration = tracked.generation

@@ -20,8 +20,8 @@ import Glibc
 ///   same directory, `fsync`ed, renamed over the old file, and the directory is `fsync`ed; a
 ///   reader sees the old file or the new one, never a partial one.
 /// - **When:** at start (tokens the store already holds), on every refresh event of a tracked
-///   subject, and in a check every `checkInterval` (default 5 s) that also repairs missed or
-///   failed writes. An event costs what changed (see ``run()``), not a walk of every subject, so
+///   subject, when a change of tracking has taken effect (the engine's `trackingChanges()`), and
+///   in a check every `checkInterval` (default 5 s) that also repairs missed or failed writes. An event costs what changed (see ``run()``), not a walk of every subject, so
 ///   a file follows its token's refresh however many untracked subjects refresh beside it.
 /// - **Removal:** the file of a subject that is no longer tracked, or whose token the engine no
 ///   longer holds usable (purged by `tokenctl purge`, or below the floor), is deleted. A purged
@@ -132,12 +132,14 @@ package struct TokenFileSink: Service, CustomStringConvertible {
     /// drops those about untracked subjects (a lock and a hash lookup: pattern-allowed subjects
     /// refreshed on demand never reach the writer); the one writer drains everything pending at
     /// once and syncs each distinct key once, and looks through the tracked keys only when
-    /// their generation (the engine's `TrackedKeys.generation`) moved. So a burst never queues up behind
+    /// their generation (the engine's `TrackedKeys.generation`) moved or a change of tracking has
+    /// taken effect (a reload: its files follow at once). So a burst never queues up behind
     /// itself, and a file follows its token's refresh within one pass of the writer. The check
     /// every `checkInterval` brings every file in line, whatever an event missed.
     package func run() async {
         // Subscribed before the first pass, so nothing that happens in between is missed.
         let events = engine.events()
+        let trackingChanges = engine.trackingChanges()
         let inbox = SinkInbox()
         let interval = checkInterval
         let engine = self.engine
@@ -157,6 +159,12 @@ package struct TokenFileSink: Service, CustomStringConvertible {
                         generation = tracked.generation
                     }
                 }
+                // A tracking change that has taken effect (a reload): the writer looks at the
+                // tracked keys at once. A key tracked with a token already stored brings no
+                // event, and an event that came before its load found no token to write.
+                group.addTask {
+                    for await _ in trackingChanges { inbox.trackingChanged() }
+                }
                 group.addTask {
                     while (try? await Task.sleep(for: interval)) != nil { inbox.check() }
                 }
@@ -168,7 +176,7 @@ package struct TokenFileSink: Service, CustomStringConvertible {
                     if work.check {
                         await files.reconcile(tracked: engine.tracked)
                     } else {
-                        await files.follow(work.keys, tracked: engine.tracked)
+                        await files.follow(work.keys, tracked: engine.tracked, lookAtTracked: work.tracking)
                     }
                 }
                 group.cancelAll()
@@ -185,6 +193,8 @@ final class SinkInbox: Sendable {
     struct Work: Sendable {
         var keys: Set<TokenKey> = []
         var check = false
+        /// Tracking changed: look at every tracked key, whatever the generation says.
+        var tracking = false
     }
 
     private let pending = Mutex(Work())
@@ -205,6 +215,12 @@ final class SinkInbox: Sendable {
     /// Wakes the writer with nothing new: it retries failed writes and follows a change of the
     /// tracked keys on every pass.
     func wake() { ring.yield() }
+
+    /// A change of the tracked keys has taken effect.
+    func trackingChanged() {
+        pending.withLock { $0.tracking = true }
+        ring.yield()
+    }
 
     /// The periodic check is due.
     func check() {
