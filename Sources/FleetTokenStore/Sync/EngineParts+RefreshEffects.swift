@@ -100,7 +100,11 @@ extension EngineParts: RefreshEffects {
         // Counted first, so that whoever sees the token (served, or by its event) sees it counted.
         metrics.refreshes.increment()
         lease.handOver(key)
-        committer.enqueue(token) { memory.install(token, source: .provider, lastUsed: markUsed ? corrected : nil) }
+        // Drawn before: the injected jitter source is not called under the committer's lock.
+        let jitter = memory.random()
+        committer.enqueue(token) {
+            memory.install(token, source: .provider, lastUsed: markUsed ? corrected : nil, jitter: jitter)
+        }
         // Debug, not info: thousands of keys refresh every hour; events() reports them.
         logger.debug("token refreshed", metadata: [
             "key": .string(key.description), "fingerprint": .string(token.fingerprint.description),

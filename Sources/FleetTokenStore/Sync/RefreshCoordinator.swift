@@ -27,7 +27,7 @@ actor RefreshCoordinator<Effects: CoordinatorEffects> {
     /// ``tracked`` and its generation, behind a lock: read by the engine without an actor hop.
     nonisolated let trackedSnapshot = Mutex(TrackedKeys())
     /// The tracked keys after each ``track(_:)`` (once its stored tokens are loaded) and
-    /// ``untrack(_:)``: for edges that mirror tracking and must not wait for a refresh event
+    /// ``untrack(_:)`` that changed them: for edges that mirror tracking and must not wait for a refresh event
     /// (a newly tracked key loaded from the store has none). A slow reader keeps the newest.
     nonisolated let trackingChanges = EventBroadcaster<TrackedKeys>(buffering: .bufferingNewest(1))
     /// Flights the scheduler started and that have not ended: they count against the fetch bound.
@@ -92,18 +92,22 @@ actor RefreshCoordinator<Effects: CoordinatorEffects> {
         // At start-up, sized once for the whole list rather than grown step by step; a later
         // call (a reload) names mostly keys already tracked, so it reserves nothing.
         if tracked.isEmpty { tracked.reserveCapacity(keys.count) }
+        let before = tracked.count
         tracked.formUnion(keys)
+        let added = tracked.count != before
         await effects.load(keys.filter { effects.held($0) == nil })
         for key in keys { effects.scheduleNextRefresh(key) }
-        trackingChanges.emit(trackedSnapshot.withLock { $0 })
+        // Only a change: a reload calls this (and untrack) on every reload, mostly with nothing new.
+        if added { trackingChanges.emit(trackedSnapshot.withLock { $0 }) }
     }
 
     /// The keys kept fresh proactively.
     var trackedKeys: Set<TokenKey> { tracked }
 
     func untrack(_ keys: [TokenKey]) {
+        let before = tracked.count
         tracked.subtract(keys)
-        trackingChanges.emit(trackedSnapshot.withLock { $0 })
+        if tracked.count != before { trackingChanges.emit(trackedSnapshot.withLock { $0 }) }
     }
 
     func invalidate(_ key: TokenKey) {

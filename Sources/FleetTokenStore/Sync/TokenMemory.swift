@@ -126,9 +126,11 @@ final class TokenMemory: Sendable {
     }
 
     /// Installs `token` with a freshly jittered soft point, clearing failure state.
+    /// `jitter` drawn by the caller, when it installs under a lock of its own (the committer's):
+    /// the injected `random` is then not called under that lock.
     func install(_ token: StoredToken, source: TokenSource, failure: RefreshFailureState? = nil,
-                 lastUsed: Date? = nil) {
-        let jitter = random()
+                 lastUsed: Date? = nil, jitter drawn: Double? = nil) {
+        let jitter = drawn ?? random()
         state.withLock { state in
             let previous = state[entry: token.key]
             state[entry: token.key] = machine.installing(

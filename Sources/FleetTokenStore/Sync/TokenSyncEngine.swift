@@ -277,9 +277,9 @@ public final class TokenSyncEngine: Service, Sendable {
         coordinator.trackedSnapshot.withLock { $0 }
     }
 
-    /// The tracked keys each time ``track(_:)`` has taken effect (the stored tokens of the keys
-    /// it added are loaded, so ``heldToken(for:)`` answers for them) and each time
-    /// ``untrack(_:)`` has. For edges that mirror tracking (the file sink): a key tracked with a
+    /// The tracked keys each time a ``track(_:)`` that added keys has taken effect (their stored
+    /// tokens are loaded, so ``heldToken(for:)`` answers for them) and each time an
+    /// ``untrack(_:)`` removed some. For edges that mirror tracking (the file sink): a key tracked with a
     /// token already stored brings no refresh event. Each call returns a new stream, which
     /// keeps only the newest value for a slow reader and ends when the engine stops.
     package func trackingChanges() -> AsyncStream<TrackedKeys> {

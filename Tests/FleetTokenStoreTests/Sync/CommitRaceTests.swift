@@ -144,11 +144,11 @@ struct CommitRaceTests {
         let answered = Mutex(false)
         let checked = DispatchSemaphore(value: 0)
         // The first jitter drawn after the provider answered (for the install) waits, up to
-        // half a second, for the event to be checked: time enough for the committer to write
-        // and report the token first, if it could (it took 30 to 80 ms on the old code).
+        // a quarter of a second, for the event to be checked: time enough for the committer to
+        // write and report the token first, if it could (it took 30 to 80 ms on the old code).
         let random: @Sendable () -> Double = {
             if answered.withLock({ answered in defer { answered = false }; return answered }) {
-                _ = checked.wait(timeout: .now() + 0.5)
+                _ = checked.wait(timeout: .now() + 0.25)
             }
             return 0.5
         }
