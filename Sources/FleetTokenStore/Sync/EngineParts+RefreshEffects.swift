@@ -93,15 +93,15 @@ extension EngineParts: RefreshEffects {
         let corrected = moment.corrected
         var token = fetched
         token.lastUsedAt = markUsed ? corrected : memory.entry(key)?.lastUsed.nonDistant
-        // Queued for the commit and installed in one step of the committer's lock: whoever sees
-        // the new token in memory also sees its commit pending (the change follower must not
-        // drop it as removed), and its `.refreshed` event, sent once it is written, comes after
-        // memory holds it (a sink woken by it must find it).
         // Counted first, so that whoever sees the token (served, or by its event) sees it counted.
         metrics.refreshes.increment()
         lease.handOver(key)
         // Drawn before: the injected jitter source is not called under the committer's lock.
         let jitter = memory.random()
+        // Queued for the commit and installed in one step of the committer's lock: whoever sees
+        // the new token in memory also sees its commit pending (the change follower must not
+        // drop it as removed), and its `.refreshed` event, sent once it is written, comes after
+        // memory holds it (a sink woken by it must find it).
         committer.enqueue(token) {
             memory.install(token, source: .provider, lastUsed: markUsed ? corrected : nil, jitter: jitter)
         }

@@ -27,8 +27,9 @@ actor RefreshCoordinator<Effects: CoordinatorEffects> {
     /// ``tracked`` and its generation, behind a lock: read by the engine without an actor hop.
     nonisolated let trackedSnapshot = Mutex(TrackedKeys())
     /// The tracked keys after each ``track(_:)`` (once its stored tokens are loaded) and
-    /// ``untrack(_:)`` that changed them: for edges that mirror tracking and must not wait for a refresh event
-    /// (a newly tracked key loaded from the store has none). A slow reader keeps the newest.
+    /// ``untrack(_:)`` that changed them: for edges that mirror tracking and must not wait for
+    /// a refresh event (a newly tracked key loaded from the store has none). A slow reader
+    /// keeps the newest.
     nonisolated let trackingChanges = EventBroadcaster<TrackedKeys>(buffering: .bufferingNewest(1))
     /// Flights the scheduler started and that have not ended: they count against the fetch bound.
     private var backgroundFlights = 0

@@ -279,9 +279,10 @@ public final class TokenSyncEngine: Service, Sendable {
 
     /// The tracked keys each time a ``track(_:)`` that added keys has taken effect (their stored
     /// tokens are loaded, so ``heldToken(for:)`` answers for them) and each time an
-    /// ``untrack(_:)`` removed some. For edges that mirror tracking (the file sink): a key tracked with a
-    /// token already stored brings no refresh event. Each call returns a new stream, which
-    /// keeps only the newest value for a slow reader and ends when the engine stops.
+    /// ``untrack(_:)`` removed some. For edges that mirror tracking (the file sink): a key
+    /// tracked with a token already stored brings no refresh event. Each call returns a new
+    /// stream, which keeps only the newest value for a slow reader and ends when the engine
+    /// stops.
     package func trackingChanges() -> AsyncStream<TrackedKeys> {
         coordinator.trackingChanges.subscribe()
     }

@@ -21,8 +21,9 @@ import Glibc
 ///   reader sees the old file or the new one, never a partial one.
 /// - **When:** at start (tokens the store already holds), on every refresh event of a tracked
 ///   subject, when a change of tracking has taken effect (the engine's `trackingChanges()`), and
-///   in a check every `checkInterval` (default 5 s) that also repairs missed or failed writes. An event costs what changed (see ``run()``), not a walk of every subject, so
-///   a file follows its token's refresh however many untracked subjects refresh beside it.
+///   in a check every `checkInterval` (default 5 s) that also repairs missed or failed writes.
+///   An event costs what changed (see ``run()``), not a walk of every subject, so a file
+///   follows its token's refresh however many untracked subjects refresh beside it.
 /// - **Removal:** the file of a subject that is no longer tracked, or whose token the engine no
 ///   longer holds usable (purged by `tokenctl purge`, or below the floor), is deleted. A purged
 ///   subject that is still tracked is fetched again at once, and its file comes back with the
