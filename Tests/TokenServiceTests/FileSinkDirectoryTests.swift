@@ -224,7 +224,7 @@ extension FileSinkDirectoryTests {
     }
 
     // From FileSinkLoadTests, whose agent test moved to AgentOperationsTests: in-process.
-    @Test("between its checks the sink follows events and tracking changes: an untracked subject's refresh writes nothing, an untracked subject's file goes and a re-tracked one's comes back at the next event; the engine's tracked generation moves only with a change")
+    @Test("between its checks the sink follows events and tracking changes: an untracked subject's refresh writes nothing, an untracked subject's file goes and a re-tracked one's comes back, other subjects' events beside them; the engine's tracked generation moves only with a change")
     func followsTrackingBetweenChecks() async throws {
         let scratch = Scratch()
         let logs = LogRecorder(label: "sink-test", level: .debug)
@@ -253,12 +253,14 @@ extension FileSinkDirectoryTests {
             #expect(await eventually(within: 30) { Self.contents(file2) == engine.heldToken(for: v2)?.token.value }, "\(logs.allText)")
             #expect(!FileManager.default.fileExists(atPath: scratch.file("sink/trip")), "no file for an untracked subject")
 
-            // Untracked: its file goes at the next event (here another on-demand fetch).
+            // Untracked: its file goes (told by the tracking change; an on-demand fetch's event
+            // comes beside it and must not hold it up).
             await engine.untrack([v1])
             #expect(engine.tracked.keys == [v2] && engine.tracked.generation == 3)
             _ = try await engine.token(for: try .trip("t-2"))
             #expect(await eventually(within: 5) { !FileManager.default.fileExists(atPath: file1) }, "\(logs.allText)")
-            // Tracked again: still held (fresh), so nothing is fetched; its file comes back at the next event.
+            // Tracked again: still held (fresh), so nothing is fetched and no event of its own
+            // comes; its file comes back.
             await engine.track([v1])
             _ = try await engine.token(for: try .trip("t-3"))
             #expect(await eventually(within: 5) { Self.contents(file1) == engine.heldToken(for: v1)?.token.value }, "\(logs.allText)")

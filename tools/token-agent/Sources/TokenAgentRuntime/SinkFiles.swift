@@ -18,8 +18,6 @@ struct SinkFiles {
     var failed: Set<TokenKey> = []
     /// Kind directories the last sweep for stale files skipped, with the reason (logged once).
     var unsweptDirectories: [TokenKind: String] = [:]
-    /// The generation of the tracked keys the files were last brought in line with.
-    var trackedGeneration: UInt64?
 
     init(sink: TokenFileSink) { self.sink = sink }
 
@@ -70,28 +68,25 @@ struct SinkFiles {
     }
 
     /// Follows what changed, at a cost in proportion to it: syncs each key of `changed` once,
-    /// retries failed keys, and only when the tracked keys' generation moved (or
-    /// `lookAtTracked`: a change of tracking has taken effect), removes the files of keys no
-    /// longer tracked and writes those of newly tracked keys that hold a token.
-    mutating func follow(_ changed: Set<TokenKey>, tracked: TrackedKeys, lookAtTracked: Bool = false) async {
+    /// retries failed keys, and only when `lookAtTracked` (a change of tracking has taken
+    /// effect), removes the files of keys no longer tracked and writes those of newly tracked
+    /// keys that hold a token.
+    mutating func follow(_ changed: Set<TokenKey>, tracked: Set<TokenKey>, lookAtTracked: Bool) async {
         var keys = changed.union(failed)
-        if tracked.generation != trackedGeneration || lookAtTracked {
-            keys.formUnion(written.keys.filter { !tracked.keys.contains($0) })
-            keys.formUnion(tracked.keys.filter { written[$0] == nil && sink.engine.heldToken(for: $0) != nil })
-            trackedGeneration = tracked.generation
+        if lookAtTracked {
+            keys.formUnion(written.keys.filter { !tracked.contains($0) })
+            keys.formUnion(tracked.filter { written[$0] == nil && sink.engine.heldToken(for: $0) != nil })
         }
-        for key in keys { await sync(key, tracked: tracked.keys) }
+        for key in keys { await sync(key, tracked: tracked) }
     }
 
     /// Brings every file in line: each tracked key, the files of keys no longer tracked and
     /// failed keys, then deletes `*.jwt` files in the kind directories that belong to no tracked
     /// key (left by an earlier run, or missed). Only kind directories that pass the checks are
     /// swept, through their held descriptors; one that does not is logged once (until its
-    /// problem changes) and left alone. The safety net under ``follow(_:tracked:)``: it costs a
+    /// problem changes) and left alone. The safety net under ``follow(_:tracked:lookAtTracked:)``: it costs a
     /// look at every tracked key, so it runs at start and every check interval, not per event.
-    mutating func reconcile(tracked snapshot: TrackedKeys) async {
-        let tracked = snapshot.keys
-        trackedGeneration = snapshot.generation
+    mutating func reconcile(tracked: Set<TokenKey>) async {
         for key in tracked.sorted() { await sync(key, tracked: tracked) }
         for key in Set(written.keys).subtracting(tracked).union(failed).subtracting(tracked) { await sync(key, tracked: tracked) }
         let expected = Dictionary(grouping: tracked, by: \.kind).mapValues { Set($0.map { Array(TokenFileSink.fileName(for: $0.subjectID).utf8) }) }

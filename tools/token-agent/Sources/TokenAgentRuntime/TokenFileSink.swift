@@ -132,11 +132,11 @@ package struct TokenFileSink: Service, CustomStringConvertible {
     /// Each event costs what it is about: one reader takes the engine's events as they come and
     /// drops those about untracked subjects (a lock and a hash lookup: pattern-allowed subjects
     /// refreshed on demand never reach the writer); the one writer drains everything pending at
-    /// once and syncs each distinct key once, and looks through the tracked keys only when
-    /// their generation (the engine's `TrackedKeys.generation`) moved or a change of tracking has
-    /// taken effect (a reload: its files follow at once). So a burst never queues up behind
-    /// itself, and a file follows its token's refresh within one pass of the writer. The check
-    /// every `checkInterval` brings every file in line, whatever an event missed.
+    /// once and syncs each distinct key once, and looks through the tracked keys only when a
+    /// change of tracking has taken effect (the engine's `trackingChanges()`, after a reload: its
+    /// files follow at once). So a burst never queues up behind itself, and a file follows its
+    /// token's refresh within one pass of the writer. The check every `checkInterval` brings
+    /// every file in line, whatever an event missed.
     package func run() async {
         // Subscribed before the first pass, so nothing that happens in between is missed.
         let events = engine.events()
@@ -147,22 +147,19 @@ package struct TokenFileSink: Service, CustomStringConvertible {
         await cancelWhenGracefulShutdown {
             await withDiscardingTaskGroup { group in
                 group.addTask {
-                    var generation = engine.tracked.generation
                     for await event in events {
-                        let tracked = engine.tracked
-                        if let key = event.key, tracked.keys.contains(key) {
-                            inbox.changed(key)
-                        } else if event.key == nil || tracked.generation != generation {
-                            // The store degraded or recovered (a moment to retry failed writes),
-                            // or tracking changed since the last event: the writer looks.
+                        if let key = event.key {
+                            if engine.isTracked(key) { inbox.changed(key) }
+                        } else {
+                            // The store degraded or recovered: a moment to retry failed writes.
                             inbox.wake()
                         }
-                        generation = tracked.generation
                     }
                 }
                 // A tracking change that has taken effect (a reload): the writer looks at the
                 // tracked keys at once. A key tracked with a token already stored brings no
-                // event, and an event that came before its load found no token to write.
+                // event, and a file of a key no longer tracked has no event to remove it. The
+                // only way the writer looks at the tracked keys between checks.
                 group.addTask {
                     for await _ in trackingChanges { inbox.trackingChanged() }
                 }
@@ -171,13 +168,13 @@ package struct TokenFileSink: Service, CustomStringConvertible {
                 }
                 // One writer: writes and removals never run concurrently.
                 var files = SinkFiles(sink: self)
-                await files.reconcile(tracked: engine.tracked)
+                await files.reconcile(tracked: engine.tracked.keys)
                 for await _ in inbox.bell {
                     let work = inbox.take()
                     if work.check {
-                        await files.reconcile(tracked: engine.tracked)
+                        await files.reconcile(tracked: engine.tracked.keys)
                     } else {
-                        await files.follow(work.keys, tracked: engine.tracked, lookAtTracked: work.tracking)
+                        await files.follow(work.keys, tracked: engine.tracked.keys, lookAtTracked: work.tracking)
                     }
                 }
                 group.cancelAll()
@@ -194,7 +191,7 @@ final class SinkInbox: Sendable {
     struct Work: Sendable {
         var keys: Set<TokenKey> = []
         var check = false
-        /// Tracking changed: look at every tracked key, whatever the generation says.
+        /// Tracking changed: look at every tracked key.
         var tracking = false
     }
 
@@ -213,8 +210,7 @@ final class SinkInbox: Sendable {
         ring.yield()
     }
 
-    /// Wakes the writer with nothing new: it retries failed writes and follows a change of the
-    /// tracked keys on every pass.
+    /// Wakes the writer with nothing new: it retries failed writes on every pass.
     func wake() { ring.yield() }
 
     /// A change of the tracked keys has taken effect.
