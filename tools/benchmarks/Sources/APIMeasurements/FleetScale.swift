@@ -12,6 +12,8 @@
 // - The status listing: ten pages of `GET /v1/subjects?limit=1000`, each after the one before;
 //   the median time to a whole page.
 // - A Prometheus scrape: `GET /metrics`, ten in turn; the median time to the whole answer.
+// - Memory of the binary the Debian package ships (when given: the gateway's static agent),
+//   reported beside the goal's figure: the same store, flags and subjects, each served once.
 //
 // The same agent flags as the 10,000-subject figures in main.swift; the token provider is the
 // development issuer, which must not be asked for anything (counted).
@@ -34,7 +36,7 @@ func readinessRequest() -> [UInt8] {
     Array("GET /readyz HTTP/1.1\r\nHost: localhost\r\n\r\n".utf8)
 }
 
-func measureFleetScale(agentPath: String, issuer: DevTokenIssuer, scratch: String,
+func measureFleetScale(agentPath: String, staticAgentPath: String?, issuer: DevTokenIssuer, scratch: String,
                        settings: FleetScaleSettings) async throws -> [String: Any] {
     var results: [String: Any] = [:]
     let label = settings.subjects == 100_000 ? "100k" : "\(settings.subjects)"
@@ -90,6 +92,21 @@ func measureFleetScale(agentPath: String, issuer: DevTokenIssuer, scratch: Strin
     results.merge(try readinessProbeFigures(of: agent, on: probes, label: label)) { $1 }
     results.merge(try subjectsPageFigures(on: probes, label: label)) { $1 }
     results.merge(try metricsScrapeFigures(on: probes, label: label)) { $1 }
+    agent.stop()
+
+    // The binary a dispatch host installs from the package: linked statically, so no shared
+    // Swift libraries are mapped, and by the package's link. Its memory beside the goal's figure.
+    if let staticAgentPath {
+        unlink(socket)
+        let shipped = try Child(staticAgentPath, arguments, log: directory + "/agent-static.log")
+        defer { shipped.stop() }
+        let connection = try waitUntilServing(socket, readinessRequest(), child: shipped)
+        try serveEachOnce(keys, on: connection, run: "the \(label) memory run of the static agent")
+        try await Task.sleep(for: .seconds(2))
+        results.merge(residentFigures(of: shipped, suffix: "\(label)_tracked_static")) { $1 }
+        let fetches = issuer.issuedCount - issuedBefore
+        guard fetches == 0 else { throw MeasurementError("the static \(label) agent fetched \(fetches) tokens although every stored token was fresh") }
+    }
     return results
 }
 

@@ -418,7 +418,8 @@ guard only.map(sections.contains) ?? true else {
     exit(64)
 }
 func runs(_ section: String) -> Bool { only == nil || only == section }
-// The statically linked agent for the gateway figures; without it they are left out.
+// The statically linked agent for the gateway figures and the 100,000-subject memory of the
+// binary that ships; without it they are left out.
 let gatewayAgentPath = option("--gateway-agent")
 var fleetScaleSettings = FleetScaleSettings()
 fleetScaleSettings.subjects = option("--fleet-subjects").flatMap(Int.init) ?? fleetScaleSettings.subjects
@@ -615,7 +616,7 @@ do {
         results.merge(figures) { $1 }
     }
     if runs("fleet-scale") {
-        let figures = try await measureFleetScale(agentPath: agentPath, issuer: issuer, scratch: scratch, settings: fleetScaleSettings)
+        let figures = try await measureFleetScale(agentPath: agentPath, staticAgentPath: gatewayAgentPath, issuer: issuer, scratch: scratch, settings: fleetScaleSettings)
         results.merge(figures) { $1 }
     }
     if runs("nginx-throughput") {
