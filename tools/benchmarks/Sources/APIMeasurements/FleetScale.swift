@@ -70,9 +70,8 @@ func measureFleetScale(agentPath: String, staticAgentPath: String?, issuer: DevT
                           environment: ["NOTIFY_SOCKET": notify.path, "WATCHDOG_USEC": "30000000"])
     defer { agent.stop() }
     let connection = try waitUntilServing(socket, readinessRequest(), child: agent)
-    try serveEachOnce(keys, on: connection, run: "the \(label) memory run")
-    try await Task.sleep(for: .seconds(2))
-    results.merge(residentFigures(of: agent, suffix: "\(label)_tracked")) { $1 }
+    results.merge(try await residentAfterServingEach(keys, of: agent, on: connection, run: "the \(label) memory run",
+                                                     suffix: "\(label)_tracked")) { $1 }
 
     let (cpuBefore, wallBefore) = (agent.cpuSeconds(), monotonicNanoseconds())
     try await Task.sleep(for: .seconds(settings.idleSeconds))
@@ -101,9 +100,9 @@ func measureFleetScale(agentPath: String, staticAgentPath: String?, issuer: DevT
         let shipped = try Child(staticAgentPath, arguments, log: directory + "/agent-static.log")
         defer { shipped.stop() }
         let connection = try waitUntilServing(socket, readinessRequest(), child: shipped)
-        try serveEachOnce(keys, on: connection, run: "the \(label) memory run of the static agent")
-        try await Task.sleep(for: .seconds(2))
-        results.merge(residentFigures(of: shipped, suffix: "\(label)_tracked_static")) { $1 }
+        results.merge(try await residentAfterServingEach(keys, of: shipped, on: connection,
+                                                         run: "the \(label) memory run of the static agent",
+                                                         suffix: "\(label)_tracked_static")) { $1 }
         let fetches = issuer.issuedCount - issuedBefore
         guard fetches == 0 else { throw MeasurementError("the static \(label) agent fetched \(fetches) tokens although every stored token was fresh") }
     }

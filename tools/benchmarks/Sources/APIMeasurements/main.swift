@@ -341,6 +341,15 @@ func serveEachOnce(_ keys: [TokenKey], on connection: Connection, run: String) t
     }
 }
 
+/// The memory figures of a settled agent (``residentFigures(of:suffix:)``): every key's token
+/// GET once on `connection` (``serveEachOnce(_:on:run:)``), then two seconds for its work to end.
+func residentAfterServingEach(_ keys: [TokenKey], of agent: Child, on connection: Connection, run: String,
+                              suffix: String) async throws -> [String: Any] {
+    try serveEachOnce(keys, on: connection, run: run)
+    try await Task.sleep(for: .seconds(2))
+    return residentFigures(of: agent, suffix: suffix)
+}
+
 /// The agent's VmRSS now, its peak, and the split between anonymous memory and mapped files, in
 /// MiB, as `agent_rss_mib_SUFFIX`, `agent_peak_rss_mib_SUFFIX`, `agent_rss_anonymous_mib_SUFFIX`
 /// and `agent_rss_files_mib_SUFFIX`.
@@ -605,9 +614,8 @@ do {
             let agent = try Child(agentPath, agentArguments(10_000, socket: socket), log: directory + "/agent-rss.log")
             defer { agent.stop() }
             let connection = try waitUntilServing(socket, tokenRequest("vehicle", keys[0].subjectID), child: agent)
-            try serveEachOnce(keys, on: connection, run: "the 10k memory run")
-            try await Task.sleep(for: .seconds(2))
-            results.merge(residentFigures(of: agent, suffix: "10k_tracked")) { $1 }
+            results.merge(try await residentAfterServingEach(keys, of: agent, on: connection, run: "the 10k memory run",
+                                                             suffix: "10k_tracked")) { $1 }
         }
         results["agent_fetches_total"] = issuer.issuedCount
     }
