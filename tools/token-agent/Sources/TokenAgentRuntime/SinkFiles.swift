@@ -84,8 +84,9 @@ struct SinkFiles {
     /// failed keys, then deletes `*.jwt` files in the kind directories that belong to no tracked
     /// key (left by an earlier run, or missed). Only kind directories that pass the checks are
     /// swept, through their held descriptors; one that does not is logged once (until its
-    /// problem changes) and left alone. The safety net under ``follow(_:tracked:lookAtTracked:)``: it costs a
-    /// look at every tracked key, so it runs at start and every check interval, not per event.
+    /// problem changes) and left alone. The safety net under
+    /// ``follow(_:tracked:lookAtTracked:)``: it costs a look at every tracked key, so it runs at
+    /// start and every check interval, not per event.
     mutating func reconcile(tracked: Set<TokenKey>) async {
         for key in tracked.sorted() { await sync(key, tracked: tracked) }
         for key in Set(written.keys).subtracting(tracked).union(failed).subtracting(tracked) { await sync(key, tracked: tracked) }
