@@ -179,12 +179,8 @@ public final class HTTPTokenFetcher: TokenFetcher, Sendable {
         return httpDate(trimmed).map { min(max(0, $0.timeIntervalSinceNow), maximumRetryAfter) }
     }
 
-    /// Parses an RFC 9110 IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`).
+    /// Parses an RFC 9110 HTTP-date in any of its three forms (``HTTPDate``).
     static func httpDate(_ value: String) -> Date? {
-        let formatter = DateFormatter()
-        formatter.locale = Locale(identifier: "en_US_POSIX")
-        formatter.timeZone = TimeZone(identifier: "GMT")
-        formatter.dateFormat = "EEE, dd MMM yyyy HH:mm:ss 'GMT'"
-        return formatter.date(from: value)
+        HTTPDate.parse(value)
     }
 }

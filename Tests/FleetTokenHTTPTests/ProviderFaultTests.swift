@@ -77,13 +77,9 @@ struct ProviderFault: Sendable, CustomTestStringConvertible {
                       retryable: true, retryAfter: 3600...3600, repeats: 1) {
             $0 == .httpStatus(code: 503, retryAfter: 86_400)
         },
-        ProviderFault(name: "HTTP 503 with Retry-After as an HTTP date", endpoint: .canned {
-            CannedAnswer(status: 503, headers: [("Content-Type", "application/json"),
-                                                ("Retry-After", httpDate(Date().addingTimeInterval(90)))],
-                         body: .text(#"{"error":"busy"}"#))
-        }, retryable: true, retryAfter: 85...91) {
-            $0.code == .httpStatus && $0.statusCode == 503 && $0.retryAfter.map { (85...91).contains($0) } == true
-        },
+        retryAfterInNinetySeconds(as: "an HTTP date", httpDate),
+        // RFC 9110: a recipient must accept the obsolete forms too (the fetcher once ignored them).
+        retryAfterInNinetySeconds(as: "an asctime date", asctimeDate),
         ProviderFault(name: "HTTP 401", endpoint: .issuer(query: "fault=status&status=401"), retryable: false) {
             $0 == .httpStatus(code: 401, retryAfter: nil)
         },
@@ -123,6 +119,17 @@ struct ProviderFault: Sendable, CustomTestStringConvertible {
             $0 == .bodyTooLarge(limitBytes: 1 << 20)
         },
     ]
+
+    /// HTTP 503 with a `Retry-After` 90 s ahead, written by `format`.
+    private static func retryAfterInNinetySeconds(as form: String, _ format: @escaping @Sendable (Date) -> String) -> ProviderFault {
+        ProviderFault(name: "HTTP 503 with Retry-After as \(form)", endpoint: .canned {
+            CannedAnswer(status: 503, headers: [("Content-Type", "application/json"),
+                                                ("Retry-After", format(Date().addingTimeInterval(90)))],
+                         body: .text(#"{"error":"busy"}"#))
+        }, retryable: true, retryAfter: 85...91) {
+            $0.code == .httpStatus && $0.statusCode == 503 && $0.retryAfter.map { (85...91).contains($0) } == true
+        }
+    }
 }
 
 /// An engine on a fresh store file whose fetcher talks HTTP to a development issuer, and can be

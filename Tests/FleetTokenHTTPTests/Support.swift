@@ -36,9 +36,26 @@ func fetcher(_ template: String, _ configure: (inout HTTPTokenFetcherConfigurati
 
 /// `date` as an HTTP date (`Retry-After`, `Date`): "Sun, 06 Nov 1994 08:49:37 GMT".
 func httpDate(_ date: Date) -> String {
+    gmtText(date, "EEE, dd MMM yyyy HH:mm:ss 'GMT'")
+}
+
+/// `date` in HTTP-date's obsolete asctime form: "Sun Nov  6 08:49:37 1994" (a one-digit day
+/// padded with a space).
+func asctimeDate(_ date: Date) -> String {
+    let parts = gmtText(date, "EEE MMM d HH:mm:ss yyyy").split(separator: " ")
+    return "\(parts[0]) \(parts[1]) \(parts[2].count == 1 ? " " : "")\(parts[2]) \(parts[3]) \(parts[4])"
+}
+
+/// `date` in HTTP-date's obsolete RFC 850 form: "Sunday, 06-Nov-94 08:49:37 GMT".
+func rfc850Date(_ date: Date) -> String {
+    gmtText(date, "EEEE, dd-MMM-yy HH:mm:ss 'GMT'")
+}
+
+/// `date` written by a formatter (an oracle independent of the parser under test) in GMT.
+private func gmtText(_ date: Date, _ pattern: String) -> String {
     let formatter = DateFormatter()
     formatter.locale = Locale(identifier: "en_US_POSIX")
     formatter.timeZone = TimeZone(identifier: "GMT")
-    formatter.dateFormat = "EEE, dd MMM yyyy HH:mm:ss 'GMT'"
+    formatter.dateFormat = pattern
     return formatter.string(from: date)
 }
