@@ -35,6 +35,20 @@ extension PostgresTokenRepository: RefreshLeaseStore {
             """, bindings)
     }
 
+    /// Deletes up to `limit` leases that expired before `cutoff`, in one statement.
+    /// - Throws: `TokenStoreError`; on failure nothing was deleted.
+    public func deleteExpiredRefreshLeases(before cutoff: Date, limit: Int) async throws(TokenStoreError) -> Int {
+        var bindings = PostgresBindings()
+        bindings.append(cutoff.timeIntervalSince1970)
+        bindings.append(limit)
+        return try await runner.count("""
+            WITH gone AS (DELETE FROM refresh_leases WHERE (kind, subject_id) IN
+                            (SELECT kind, subject_id FROM refresh_leases WHERE expires_at < $1 LIMIT $2)
+                          RETURNING 1)
+            SELECT count(*) FROM gone
+            """, bindings)
+    }
+
     /// The claim in one statement: the insert or update happens only when the lease is free,
     /// expired, already `holder`'s or `replacing`'s, so two hosts asking at once cannot both
     /// win (the second's conflict check waits for the first's row). When it did not happen,

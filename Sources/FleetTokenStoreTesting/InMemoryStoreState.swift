@@ -102,6 +102,13 @@ struct InMemoryStoreState: Sendable {
         for key in keys where leases[key]?.holder == holder { leases[key] = nil }
     }
 
+    /// Deletes up to `limit` leases that expired before `cutoff`; returns how many.
+    mutating func deleteExpiredLeases(before cutoff: Date, limit: Int) -> Int {
+        let expired = leases.filter { $0.value.until < cutoff }.keys.prefix(max(0, limit))
+        for key in expired { leases[key] = nil }
+        return expired.count
+    }
+
     /// The earliest death at or after `notBefore` (every entry's when nil), nil when none.
     func earliestDeath(notBefore: Date?) -> Date? {
         entries.values.map(Self.diedAt).filter { died in notBefore.map { died >= $0 } ?? true }.min()

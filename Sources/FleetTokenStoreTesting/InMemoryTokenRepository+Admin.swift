@@ -30,6 +30,12 @@ extension InMemoryTokenRepository {
         try write { $0.releaseLeases(keys, holder: holder) }
     }
 
+    /// Deletes up to `limit` leases that expired before `cutoff`; returns how many.
+    /// - Throws: `TokenStoreError.closed(path:)` after ``close()``.
+    public func deleteExpiredRefreshLeases(before cutoff: Date, limit: Int) async throws(TokenStoreError) -> Int {
+        try write { $0.deleteExpiredLeases(before: cutoff, limit: limit) }
+    }
+
     // MARK: - TokenStoreAdmin
 
     /// Entries matching `filter` in key order, one page at a time.

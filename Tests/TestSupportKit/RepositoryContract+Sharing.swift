@@ -65,6 +65,29 @@ extension RepositoryContract {
         #expect(try await store.acquireRefreshLease(for: key, holder: "A", now: now + 61, duration: 5) == .acquired(current: nil))
     }
 
+    func expiredLeaseSweep(_ store: any ContractRepository, _ other: any ContractRepository) async throws {
+        let now = Self.now
+        // Five leases of a holder that died (never released), ending at now + 30.
+        let left = try (0..<5).map { try TokenKey.trip("crashed-\($0)") }
+        for key in left { #expect(try await store.acquireRefreshLease(for: key, holder: "A", now: now, duration: 30) == .acquired(current: nil)) }
+        let recent = try TokenKey.trip("recent"), live = try TokenKey.vehicle("truck-7")
+        #expect(try await other.acquireRefreshLease(for: recent, holder: "B", now: now + 50, duration: 30) == .acquired(current: nil))
+        #expect(try await other.acquireRefreshLease(for: live, holder: "B", now: now + 55, duration: 300) == .acquired(current: nil))
+        // The cutoff is strict: a lease ending at it is not before it.
+        #expect(try await store.deleteExpiredRefreshLeases(before: now + 30, limit: 100) == 0)
+        // At most the limit at a time, from any view.
+        #expect(try await other.deleteExpiredRefreshLeases(before: now + 60, limit: 3) == 3)
+        #expect(try await store.deleteExpiredRefreshLeases(before: now + 60, limit: 3) == 2)
+        #expect(try await store.deleteExpiredRefreshLeases(before: now + 60, limit: 3) == 0)
+        // The others are as they were: still held until their ends.
+        #expect(try await store.acquireRefreshLease(for: recent, holder: "C", now: now + 60, duration: 30)
+                == .heldElsewhere(holder: "B", until: now + 80, current: nil))
+        #expect(try await store.acquireRefreshLease(for: live, holder: "C", now: now + 60, duration: 30)
+                == .heldElsewhere(holder: "B", until: now + 355, current: nil))
+        // Past every end, every lease goes.
+        #expect(try await other.deleteExpiredRefreshLeases(before: now + 356, limit: 100) == 2)
+    }
+
     func leaseTakeOver(_ store: any ContractRepository, _ other: any ContractRepository) async throws {
         let now = Self.now
         let key = try TokenKey.vehicle("truck-7")

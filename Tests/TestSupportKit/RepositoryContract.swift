@@ -95,6 +95,7 @@ public struct RepositoryContract: Sendable {
         case leaseRelease = "a holder releases only its own leases"
         case leaseExpiry = "a lease past its time is free for anyone"
         case leaseTakeOver = "a take-over succeeds only from the named holder (or on a free lease)"
+        case expiredLeaseSweep = "leases expired before a cutoff are deleted, at most the limit at a time; the others stay"
         case changeFeed = "the change feed reports another view's upserts and removals, never its own writes"
         case healthCheck = "check reports a fresh store healthy, with its schema version"
         case failureConfigurationDigest = "a failure keeps the digest of the configuration that failed; a success clears it"
@@ -135,6 +136,7 @@ public struct RepositoryContract: Sendable {
         case .leaseRelease: try await leaseRelease(store, fixture.otherProcess ?? store)
         case .leaseExpiry: try await leaseExpiry(store, fixture.otherProcess ?? store)
         case .leaseTakeOver: try await leaseTakeOver(store, fixture.otherProcess ?? store)
+        case .expiredLeaseSweep: try await expiredLeaseSweep(store, fixture.otherProcess ?? store)
         case .changeFeed:
             guard let other = fixture.otherProcess else { return }
             try await changeFeed(store, other)

@@ -135,6 +135,12 @@ public struct EncryptedTokenRepository: TokenRepository, RefreshLeaseStore {
         try await base.releaseRefreshLeases(for: keys, holder: holder)
     }
 
+    /// Deletes the base store's leases that expired before `cutoff` (no values involved).
+    /// - Throws: ``TokenStoreError``; on failure nothing was deleted.
+    public func deleteExpiredRefreshLeases(before cutoff: Date, limit: Int) async throws(TokenStoreError) -> Int {
+        try await base.deleteExpiredRefreshLeases(before: cutoff, limit: limit)
+    }
+
     private func opened(_ lease: RefreshLease) async -> RefreshLease {
         switch lease {
         case .acquired(let current?): .acquired(current: await opened(current))

@@ -35,6 +35,20 @@ public protocol RefreshLeaseStore: Sendable {
     /// Gives up `holder`'s leases on `keys` (others' leases are left alone).
     /// - Throws: ``TokenStoreError``; on failure the leases run until they expire.
     func releaseRefreshLeases(for keys: [TokenKey], holder: String) async throws(TokenStoreError)
+
+    /// Deletes up to `limit` leases that expired before `cutoff`, and returns how many it
+    /// deleted: leases whose holders were killed (or lost power) while fetching, for keys
+    /// nobody has asked for since. A claim already treats such a lease as free; the retention
+    /// sweep calls this so that the rows do not stay for good, one for each key in flight at
+    /// each crash.
+    /// - Throws: ``TokenStoreError``; on failure nothing was deleted.
+    func deleteExpiredRefreshLeases(before cutoff: Date, limit: Int) async throws(TokenStoreError) -> Int
+}
+
+extension RefreshLeaseStore {
+    /// Deletes nothing: for a store whose expired leases need no sweeping (they are not kept
+    /// in rows, or something else deletes them). A store that keeps them in rows implements it.
+    public func deleteExpiredRefreshLeases(before cutoff: Date, limit: Int) async throws(TokenStoreError) -> Int { 0 }
 }
 
 /// The outcome of asking for a key's refresh lease.

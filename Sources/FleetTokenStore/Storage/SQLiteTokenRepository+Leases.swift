@@ -35,6 +35,19 @@ extension SQLiteTokenRepository: RefreshLeaseStore {
         }
     }
 
+    /// Deletes up to `limit` leases that expired before `cutoff`; see
+    /// ``RefreshLeaseStore/deleteExpiredRefreshLeases(before:limit:)``.
+    /// - Throws: ``TokenStoreError``; on failure nothing was deleted.
+    public func deleteExpiredRefreshLeases(before cutoff: Date, limit: Int) async throws(TokenStoreError) -> Int {
+        try await runner.write { db in
+            try db.cachedStatement(sql: """
+                DELETE FROM refresh_leases WHERE (kind, subject_id) IN
+                  (SELECT kind, subject_id FROM refresh_leases WHERE expires_at < ? LIMIT ?)
+                """).execute(arguments: [cutoff.timeIntervalSince1970, limit])
+            return db.changesCount
+        }
+    }
+
     /// Inside a write transaction: reads `key`'s entry and lease, and gives the lease to
     /// `holder` unless a holder other than `holder` and `replacing` has it past `now`.
     private static func claim(_ key: TokenKey, holder: String, replacing: String?, now: Date,

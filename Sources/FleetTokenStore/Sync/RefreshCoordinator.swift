@@ -343,8 +343,8 @@ extension RefreshCoordinator where Effects == EngineParts {
             lease: lease, slots: FetchSlots(limit: policy.maxConcurrentFetches), scheduler: scheduler,
             committer: committer, skew: ClockSkewTracker(policy: policy, memory: memory, logger: logger, clock: clock, now: now),
             health: health, events: events, metrics: metrics, logger: logger, now: now, random: random, shutdown: shutdown)
-        let sweeper = RetentionSweeper(repository: repository, retention: policy.retention, clock: clock, now: now,
-                                       logger: logger, shutdown: shutdown)
+        let sweeper = RetentionSweeper(repository: repository, leases: leases, retention: policy.retention, clock: clock,
+                                       now: now, logger: logger, shutdown: shutdown)
         self.init(effects: parts, sweeper: sweeper)
     }
 

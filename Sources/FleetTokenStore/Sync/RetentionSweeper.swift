@@ -37,8 +37,8 @@ struct RetentionSchedule: Sendable, Equatable {
 
 /// Deletes the rows of keys nobody here tracks or holds that have been dead for the retention
 /// period, when the earliest becomes eligible (``RetentionSchedule``), ``batch`` rows per
-/// transaction so readers and writers never wait long. Runs as a child task of the engine's
-/// `run()`.
+/// transaction so readers and writers never wait long; with them, refresh leases that expired
+/// as long ago (their holders died holding them). Runs as a child task of the engine's `run()`.
 struct RetentionSweeper: Sendable {
     /// Rows deleted per transaction.
     static let batch = 500
@@ -49,6 +49,8 @@ struct RetentionSweeper: Sendable {
     static let eligibilityMargin: TimeInterval = 1
 
     let repository: any TokenRepository
+    /// Where refresh leases are kept, when their expired rows are to be swept too.
+    var leases: (any RefreshLeaseStore)? = nil
     let retention: TimeInterval
     let clock: any Clock<Duration>
     let now: @Sendable () -> Date
@@ -111,7 +113,33 @@ struct RetentionSweeper: Sendable {
                 "rows": .stringConvertible(deleted), "retention_seconds": .stringConvertible(Int(retention)),
             ])
         }
-        return complete && !Task.isCancelled && !shutdown.isSet
+        let leasesSwept = await sweepLeases(before: cutoff)
+        return complete && leasesSwept && !Task.isCancelled && !shutdown.isSet
+    }
+
+    /// Deletes the leases that expired before `cutoff`, in batches. Returns false when the store
+    /// failed.
+    private func sweepLeases(before cutoff: Date) async -> Bool {
+        guard let leases else { return true }
+        var deleted = 0
+        do {
+            while !Task.isCancelled && !shutdown.isSet {
+                let batch = try await leases.deleteExpiredRefreshLeases(before: cutoff, limit: Self.batch)
+                deleted += batch
+                if batch < Self.batch { break }
+                await Task.yield()
+            }
+        } catch {
+            logger.warning("could not delete expired refresh leases; will retry", metadata: ["error": .string(error.description)])
+            return false
+        }
+        if deleted > 0 {
+            // Each was left by a process that ended while fetching (killed, or the power cut).
+            logger.info("deleted refresh leases left by processes that ended while fetching", metadata: [
+                "leases": .stringConvertible(deleted), "retention_seconds": .stringConvertible(Int(retention)),
+            ])
+        }
+        return true
     }
 
     /// Sleeps on the engine's clock; false when cancelled.

@@ -122,6 +122,8 @@ struct EncryptedRepositoryTests {
         try await sealed.releaseRefreshLeases(for: [truck, altered], holder: "a")
         let free = try await base.acquireRefreshLease(for: truck, holder: "c", now: referenceNow, duration: 30)
         #expect(free != RefreshLease.acquired(current: nil))
+        // Expired leases are swept in the wrapped store (truck's, now c's, and altered's, b's).
+        #expect(try await sealed.deleteExpiredRefreshLeases(before: referenceNow.addingTimeInterval(31), limit: 10) == 2)
     }
 
     @Test("replacing values changes only those still as read", arguments: SealedStoreKind.allCases)

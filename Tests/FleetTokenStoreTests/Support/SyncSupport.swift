@@ -42,6 +42,9 @@ final class CountingRepository: TokenRepository, RefreshLeaseStore, Sendable {
         tick(); return try await base.takeOverRefreshLease(for: key, from: deadHolder, holder: holder, now: now, duration: duration)
     }
     func releaseRefreshLeases(for keys: [TokenKey], holder: String) async throws(TokenStoreError) { tick(); try await base.releaseRefreshLeases(for: keys, holder: holder) }
+    func deleteExpiredRefreshLeases(before cutoff: Date, limit: Int) async throws(TokenStoreError) -> Int {
+        tick(); return try await base.deleteExpiredRefreshLeases(before: cutoff, limit: limit)
+    }
 }
 
 /// An engine on a fresh store in a temporary directory, with a test clock.

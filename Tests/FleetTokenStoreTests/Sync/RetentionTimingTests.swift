@@ -49,4 +49,43 @@ struct RetentionTimingTests {
         #expect(await eventually(within: 60) { (try? await h.store.count(TokenFilter(kind: .trip))) == 0 },
                 "rows written after a sweep were not deleted when they became eligible")
     }
+
+    // A process killed while fetching leaves its refresh leases behind. A claim treats an
+    // expired one as free, but nothing deleted the rows: a key nobody asked for again (a
+    // finished trip) kept its lease row for good, one more for each key in flight at each crash.
+    @Test("refresh leases left by a process that died while fetching are deleted once expired for the retention period; newer ones stay")
+    func expiredLeasesSwept() async throws {
+        var policy = RefreshPolicy()
+        policy.retention = 90
+        let h = try EngineHarness(policy: policy)
+        let dead = "host/pid-1-dead@machine"
+        let left = try (0..<12).map { try TokenKey.trip("crashed-\($0)") }
+        for key in left {
+            #expect(try await h.store.acquireRefreshLease(for: key, holder: dead, now: h.time.now, duration: 30) == .acquired(current: nil))
+        }
+        let running = h.start()
+        defer { running.cancel() }
+        #expect(await eventually { await h.engine.isRunning })
+        #expect(await h.engine.settle())
+        let asleep = h.time.clock.sleeperCount
+        let backAsleep = { await h.engine.isSettled && h.time.clock.sleeperCount >= asleep }
+        let leaseCount = { try await LeaseRows(h.dir.file("tokens.sqlite")).count }
+
+        // With no token rows to wait for, the sweep comes at the longest interval: the leases
+        // stay until then (they expired at 30 s, past the retention at 120 s).
+        for _ in 0..<(3_500 / 30) { await h.time.advance(by: 30) }
+        #expect(await eventually(within: 60) { await backAsleep() })
+        #expect(try await leaseCount() == 12)
+        // Two more, a minute before the sweep: one expired by then, but not for the retention
+        // period; one still running.
+        for _ in 0..<2 { await h.time.advance(by: 30) }
+        let recent = try TokenKey.trip("recently-crashed"), live = try TokenKey.trip("fetching-now")
+        _ = try await h.store.acquireRefreshLease(for: recent, holder: dead, now: h.time.now, duration: 1)
+        _ = try await h.store.acquireRefreshLease(for: live, holder: "host/pid-2-alive@machine", now: h.time.now, duration: 300)
+        for _ in 0..<3 { await h.time.advance(by: 30) }
+        #expect(await eventually(within: 60) { (try? await leaseCount()) == 2 }, "the expired leases were not deleted at the hourly sweep")
+        let rows = try await LeaseRows(h.dir.file("tokens.sqlite"))
+        #expect(Set(rows.leases.keys) == [recent.description, live.description])
+        #expect(h.log.messages(at: .info).contains { $0.contains("deleted refresh leases left by processes that ended while fetching") })
+    }
 }
