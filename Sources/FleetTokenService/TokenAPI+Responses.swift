@@ -44,7 +44,8 @@ extension TokenAPI {
     package func accessRefusal(_ key: TokenKey, peer: PeerIdentity?) -> String? {
         let (allowList, clients) = subjectsInForce.state.withLock { ($0.allowList, $0.clients) }
         if clients.isEmpty {
-            return allowList.allows(key) ? nil : "\(key) is not a configured subject and matches no allow pattern"
+            let configured = allowList.allows(key) || (configuration.allowsTrackedSubjects && engine.isTracked(key))
+            return configured ? nil : "\(key) is not a configured subject and matches no allow pattern"
         }
         // Client rules decide alone: the answer names the caller and the subject it asked for,
         // never which subjects exist or whom they are granted to.

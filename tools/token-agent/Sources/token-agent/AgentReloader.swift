@@ -179,8 +179,10 @@ struct AgentReloader: Sendable {
         api?.replaceAccess(patterns: plan.patterns, clients: plan.clients)
         let change = SubjectListChange(from: subjects.current, to: plan.keys)
         subjects.current = plan.keys
-        api?.replaceSubjects(plan.keys)
+        // In this order: the API allows the tracked keys as configured subjects (an added
+        // subject is allowed once tracked, a removed one still used stays allowed).
         await engine.track(change.added)
+        api?.replaceSubjects(plan.keys)
         await engine.untrack(change.removed)
         settings = plan.settings
         lastProposed = plan.proposed

@@ -198,7 +198,9 @@ struct AgentRun {
         let addresses = try usage { try settings.listenAddresses(demo: demo) }
         let proxySettings = try usage { try settings.fleetEngineProxySettings(environment: environment) }
         guard !addresses.isEmpty || proxySettings != nil else { return nil }
-        var configuration = TokenAPI.Configuration(allowList: try usage { try settings.allowList(keys: keys) }, readinessSubjects: keys)
+        // The configured subjects are the engine's tracked keys, allowed as such: no copy of them.
+        var configuration = TokenAPI.Configuration(allowList: try usage { try settings.allowList() }, readinessSubjects: keys)
+        configuration.allowsTrackedSubjects = true
         configuration.invalidateInterval = settings.invalidateInterval.seconds
         configuration.maxDynamicSubjects = settings.maxDynamicSubjects
         configuration.clientPolicy = try usage { try settings.clientPolicy() }

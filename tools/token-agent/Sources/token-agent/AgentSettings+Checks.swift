@@ -59,7 +59,7 @@ extension AgentSettings {
         }
         try checkTransport(environment: environment)
         _ = try listenAddresses(demo: false)
-        _ = try allowList(keys: [])
+        _ = try allowList()
         _ = try clientPolicy()
         if self.once && !self.listen.isEmpty { throw UsageError("\(origins.name("listen")) serves tokens while the agent runs: it does not go with --once") }
         _ = try fleetEngineProxySettings(environment: environment)
@@ -147,9 +147,11 @@ extension AgentSettings {
         return (addresses, configuration)
     }
 
-    func allowList(keys: [TokenKey]) throws(UsageError) -> SubjectAllowList {
+    /// The `--allow` patterns as the API's allow list (the configured subjects are allowed as
+    /// the engine's tracked keys: ``TokenAPI/Configuration/allowsTrackedSubjects``).
+    func allowList() throws(UsageError) -> SubjectAllowList {
         do {
-            return SubjectAllowList(subjects: Set(keys), patterns: try allowPatterns())
+            return SubjectAllowList(patterns: try allowPatterns())
         } catch {
             throw UsageError("\(origins.name("allow")) \(error)")
         }
