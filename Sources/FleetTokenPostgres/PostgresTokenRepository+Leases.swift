@@ -35,14 +35,16 @@ extension PostgresTokenRepository: RefreshLeaseStore {
             """, bindings)
     }
 
-    /// Deletes up to `limit` leases that expired before `cutoff`, in one statement.
+    /// Deletes up to `limit` leases that expired before `cutoff`, in one statement. The outer
+    /// condition repeats the expiry: a claim committed while the delete waited for its row is
+    /// re-checked against it (read committed) and kept, where the key alone would delete it.
     /// - Throws: `TokenStoreError`; on failure nothing was deleted.
     public func deleteExpiredRefreshLeases(before cutoff: Date, limit: Int) async throws(TokenStoreError) -> Int {
         var bindings = PostgresBindings()
         bindings.append(cutoff.timeIntervalSince1970)
         bindings.append(limit)
         return try await runner.count("""
-            WITH gone AS (DELETE FROM refresh_leases WHERE (kind, subject_id) IN
+            WITH gone AS (DELETE FROM refresh_leases WHERE expires_at < $1 AND (kind, subject_id) IN
                             (SELECT kind, subject_id FROM refresh_leases WHERE expires_at < $1 LIMIT $2)
                           RETURNING 1)
             SELECT count(*) FROM gone

@@ -85,6 +85,10 @@ public final class RacingRemovalStore: TokenRepository, RefreshLeaseStore, Token
     public func releaseRefreshLeases(for keys: [TokenKey], holder: String) async throws(TokenStoreError) {
         try await base.releaseRefreshLeases(for: keys, holder: holder)
     }
+    /// Forwarded to ``base``.
+    public func deleteExpiredRefreshLeases(before cutoff: Date, limit: Int) async throws(TokenStoreError) -> Int {
+        try await base.deleteExpiredRefreshLeases(before: cutoff, limit: limit)
+    }
 
     /// Forwarded to ``base``.
     public var storeName: String { base.storeName }

@@ -47,7 +47,8 @@ public protocol RefreshLeaseStore: Sendable {
 
 extension RefreshLeaseStore {
     /// Deletes nothing: for a store whose expired leases need no sweeping (they are not kept
-    /// in rows, or something else deletes them). A store that keeps them in rows implements it.
+    /// in rows, or something else deletes them). A store that keeps them in rows implements it,
+    /// and a store that wraps another forwards it (else the wrapped store's rows stay).
     public func deleteExpiredRefreshLeases(before cutoff: Date, limit: Int) async throws(TokenStoreError) -> Int { 0 }
 }
 

@@ -41,8 +41,8 @@ extension SQLiteTokenRepository: RefreshLeaseStore {
     public func deleteExpiredRefreshLeases(before cutoff: Date, limit: Int) async throws(TokenStoreError) -> Int {
         try await runner.write { db in
             try db.cachedStatement(sql: """
-                DELETE FROM refresh_leases WHERE (kind, subject_id) IN
-                  (SELECT kind, subject_id FROM refresh_leases WHERE expires_at < ? LIMIT ?)
+                DELETE FROM refresh_leases WHERE expires_at < ?1 AND (kind, subject_id) IN
+                  (SELECT kind, subject_id FROM refresh_leases WHERE expires_at < ?1 LIMIT ?2)
                 """).execute(arguments: [cutoff.timeIntervalSince1970, limit])
             return db.changesCount
         }

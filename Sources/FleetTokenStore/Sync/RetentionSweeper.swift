@@ -88,7 +88,9 @@ struct RetentionSweeper: Sendable {
     }
 
     /// One sweep over the whole table, in batches, of rows dead since before `cutoff`
-    /// (now less the retention when not given). Returns false when the store failed.
+    /// (now less the retention when not given), then of the leases expired before it. Returns
+    /// false when the store failed on the rows (a failure on the leases is retried at the next
+    /// sweep, and does not bring the rows kept for being in use back to every minute).
     @discardableResult
     func sweep(unused: @Sendable ([TokenKey]) async -> [TokenKey], before cutoff: Date? = nil) async -> Bool {
         let cutoff = cutoff ?? now().addingTimeInterval(-retention)
@@ -113,14 +115,13 @@ struct RetentionSweeper: Sendable {
                 "rows": .stringConvertible(deleted), "retention_seconds": .stringConvertible(Int(retention)),
             ])
         }
-        let leasesSwept = await sweepLeases(before: cutoff)
-        return complete && leasesSwept && !Task.isCancelled && !shutdown.isSet
+        await sweepLeases(before: cutoff)
+        return complete && !Task.isCancelled && !shutdown.isSet
     }
 
-    /// Deletes the leases that expired before `cutoff`, in batches. Returns false when the store
-    /// failed.
-    private func sweepLeases(before cutoff: Date) async -> Bool {
-        guard let leases else { return true }
+    /// Deletes the leases that expired before `cutoff`, in batches; a failure is logged.
+    private func sweepLeases(before cutoff: Date) async {
+        guard let leases else { return }
         var deleted = 0
         do {
             while !Task.isCancelled && !shutdown.isSet {
@@ -130,8 +131,8 @@ struct RetentionSweeper: Sendable {
                 await Task.yield()
             }
         } catch {
-            logger.warning("could not delete expired refresh leases; will retry", metadata: ["error": .string(error.description)])
-            return false
+            logger.warning("could not delete expired refresh leases; will retry at the next sweep", metadata: ["error": .string(error.description)])
+            return
         }
         if deleted > 0 {
             // Each was left by a process that ended while fetching (killed, or the power cut).
@@ -139,7 +140,6 @@ struct RetentionSweeper: Sendable {
                 "leases": .stringConvertible(deleted), "retention_seconds": .stringConvertible(Int(retention)),
             ])
         }
-        return true
     }
 
     /// Sleeps on the engine's clock; false when cancelled.
