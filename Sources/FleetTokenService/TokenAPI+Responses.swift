@@ -42,9 +42,15 @@ extension TokenAPI {
     /// may: the allow list decides, or the client rules alone when there are any. Every edge
     /// that hands out or uses a token (the token API, the Fleet Engine proxy) asks this.
     package func accessRefusal(_ key: TokenKey, peer: PeerIdentity?) -> String? {
+        // Tracked before the allow list is read, and again after: a reload puts a removed subject
+        // still in use into the list before it untracks it, and tracks an added one before it
+        // replaces the list, so a request decided across a reload finds it in one or the other.
+        // (A tracked subject, the common case, is then matched against no pattern.)
+        let tracked = { self.configuration.allowsTrackedSubjects && self.engine.isTracked(key) }
+        let trackedBefore = tracked()
         let (allowList, clients) = subjectsInForce.state.withLock { ($0.allowList, $0.clients) }
         if clients.isEmpty {
-            let configured = allowList.allows(key) || (configuration.allowsTrackedSubjects && engine.isTracked(key))
+            let configured = trackedBefore || allowList.allows(key) || tracked()
             return configured ? nil : "\(key) is not a configured subject and matches no allow pattern"
         }
         // Client rules decide alone: the answer names the caller and the subject it asked for,
