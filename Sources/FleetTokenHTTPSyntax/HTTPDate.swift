@@ -86,7 +86,7 @@ package enum HTTPDate {
         // year with the same last two digits.
         let thisYear = Fields.year(daysSince1970: Int((now.timeIntervalSince1970 / 86_400).rounded(.down)))
         var year = thisYear - thisYear % 100 + twoDigitYear
-        if year > thisYear + 50 { year -= 100 }
+        if year > thisYear + 50 { year -= 100 } else if year + 100 <= thisYear + 50 { year += 100 }
         return Fields(year: year, month: month, day: day, hour: hour, minute: minute, second: second)
     }
 

@@ -48,16 +48,22 @@ struct HTTPDateTests {
 
     @Test("RFC 850's two-digit year: at most 50 years ahead of now, else the century before")
     func twoDigitYears() {
-        func year(_ yy: String) -> Int? {
+        func year(_ yy: String, now: Date) -> Int? {
             HTTPDate.parse("Monday, 01-Jan-\(yy) 00:00:00 GMT", now: now).map {
                 Calendar(identifier: .gregorian).dateComponents(in: TimeZone(identifier: "GMT")!, from: $0).year!
             }
         }
-        #expect(year("94") == 1994)
-        #expect(year("26") == 2026)
-        #expect(year("76") == 2076)
-        #expect(year("77") == 1977)
-        #expect(year("00") == 2000)
+        #expect(year("94", now: now) == 1994)
+        #expect(year("26", now: now) == 2026)
+        #expect(year("76", now: now) == 2076)
+        #expect(year("77", now: now) == 1977)
+        #expect(year("00", now: now) == 2000)
+        // Late in a century, the next one's early years are at most 50 years ahead.
+        let in2072 = Date(timeIntervalSince1970: 3_219_264_000)
+        #expect(year("05", now: in2072) == 2105)
+        #expect(year("22", now: in2072) == 2122)
+        #expect(year("23", now: in2072) == 2023)
+        #expect(year("72", now: in2072) == 2072)
     }
 
     @Test("anything else is refused", arguments: [
