@@ -17,34 +17,55 @@ struct FreezingRelayKitTests {
     func stopLeavesReusedNumbersAlone() async throws {
         let target = try SilentSocket(listening: true)
         defer { target.close() }
-        // The number must come back to this test and not to another thread of the process;
-        // the kernel hands out the lowest free number, so a few rounds are enough.
+        // The number must come back to this test and not to another thread of the process. As
+        // soon as the listener's number is free, F_DUPFD claims it: it gives the lowest free number
+        // at or above the one asked for, so it takes that number or a higher one and never
+        // another thread's socket. In a full run other tests open sockets all the time and may
+        // take the number first (seen in a fresh-clone CI run: five rounds all lost); a lost round
+        // is simply tried again.
         var arranged = false
-        for _ in 0..<5 where !arranged {
+        for _ in 0..<40 where !arranged {
             let relay = try FreezingRelay(target: target.port)
             let listener = try #require(Self.listeningDescriptor(port: relay.port), "the relay's listening socket")
             let inode = Self.inode(listener)
+            // Stream socket pair: a shut-down end refuses to send (EPIPE).
+            var pair: [Int32] = [-1, -1]
+            try #require(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &pair) == 0, "a socket pair: errno \(errno)")
+            defer { close(pair[0]); close(pair[1]) }
             relay.freeze()
-            #expect(await eventually(within: 5) { Self.inode(listener) != inode },
-                    "the relay's accept loop closes its listener after freeze()")
-            // Stream socket pairs: a shut-down end refuses to send (EPIPE).
-            var held: [Int32] = []
-            defer { for descriptor in held { close(descriptor) } }
-            for _ in 0..<8 where !held.contains(listener) {
-                var pair: [Int32] = [-1, -1]
-                guard socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &pair) == 0 else { break }
-                held += pair
-            }
-            guard held.contains(listener) else {
+            let claimed = Self.claimWhenFreed(listener, formerInode: inode, with: pair[0], within: 5)
+            guard let claimed else {
                 relay.stop()
                 continue
             }
+            defer { close(claimed) }
             arranged = true
             relay.stop()
-            let sent = send(listener, "x", 1, Int32(MSG_NOSIGNAL))
+            let sent = send(claimed, "x", 1, Int32(MSG_NOSIGNAL))
             #expect(sent == 1, "the socket holding the relay's old number was shut down by stop(): errno \(errno)")
         }
-        #expect(arranged, "in five rounds another thread always took the relay's old number first")
+        #expect(arranged, "in 40 rounds another thread always took the relay's old number first")
+    }
+
+    /// Waits for `number` to stop referring to the socket with `formerInode`, then gives it a
+    /// duplicate of `socket` and returns it. Nil when the number was not freed within the time or
+    /// another thread took it first. Polls without sleeping to keep that window small.
+    static func claimWhenFreed(_ number: Int32, formerInode: UInt?, with socket: Int32, within seconds: Double) -> Int32? {
+        let deadline = Date().addingTimeInterval(seconds)
+        while Date() < deadline {
+            let current = inode(number)
+            if current == formerInode {
+                sched_yield()
+                continue
+            }
+            if current != nil { return nil }  // Freed and already taken by another thread.
+            let duplicate = fcntl(socket, F_DUPFD, number)
+            if duplicate == number { return duplicate }
+            if duplicate >= 0 { close(duplicate) }
+            return nil
+        }
+        Issue.record("the relay's accept loop did not close its listener within \(seconds) s of freeze()")
+        return nil
     }
 
     /// The inode of what `descriptor` refers to; nil once it is closed.
