@@ -61,6 +61,10 @@ public final class Child {
         posix_spawn_file_actions_addopen(&actions, 1, log, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
         posix_spawn_file_actions_adddup2(&actions, 1, 2)
         posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+        // Nothing else of this process's: without this, nginx and the agents held copies of the
+        // measurement's own sockets (its clients' and its stand-in upstream's connections), and a
+        // connection this process closed stayed open in them.
+        _ = addCloseFrom(&actions, 3)
         // The child starts with default handlers and nothing blocked, whatever this process set.
         var attributes = posix_spawnattr_t()
         posix_spawnattr_init(&attributes)
@@ -192,3 +196,8 @@ public final class Child {
     /// Everything it wrote so far.
     public var output: String { (try? String(contentsOfFile: log, encoding: .utf8)) ?? "" }
 }
+
+/// glibc's `posix_spawn_file_actions_addclosefrom_np` (2.34+), which the Glibc module does not
+/// declare.
+@_silgen_name("posix_spawn_file_actions_addclosefrom_np")
+private func addCloseFrom(_ actions: UnsafeMutablePointer<posix_spawn_file_actions_t>, _ from: Int32) -> Int32

@@ -267,24 +267,53 @@ final class Samples: @unchecked Sendable {
 /// call's time in nanoseconds, per side.
 func alternate(_ calls: [Call], count: Int, on loop: any EventLoop) async throws -> [[UInt64]] {
     let samples = Samples(sides: calls.count)
+    let progress = Progress()
     let finished = loop.makePromise(of: Void.self)
+    let total = count * calls.count
+    @Sendable func end(_ error: (any Error)?) {
+        guard !progress.ended else { return }
+        progress.ended = true
+        if let error { finished.fail(error) } else { finished.succeed(()) }
+    }
     @Sendable func step(_ index: Int) {
-        guard index < count * calls.count else { return finished.succeed(()) }
+        guard !progress.ended else { return }
+        guard index < total else { return end(nil) }
         let side = index % calls.count
         let began = monotonicNanoseconds()
         calls[side]().whenComplete { result in
             switch result {
             case .failure(let error):
-                finished.fail(error)
+                end(error)
             case .success:
                 samples.nanoseconds[side].append(monotonicNanoseconds() - began)
+                progress.completed += 1
                 step(index + 1)
             }
         }
     }
+    // A call that never gets its answer would hold the whole run forever (seen once, through
+    // nginx's gRPC relay on a machine loaded by another measurement): end with what was lost.
+    let watchdog = loop.scheduleRepeatedTask(initialDelay: Progress.patience, delay: Progress.patience) { task in
+        if progress.completed == progress.completedAtLastLook {
+            let index = progress.completed
+            end(MeasurementError("call \(index + 1) of \(total) (side \(index % calls.count + 1) of \(calls.count)) had no answer within \(Progress.patience.nanoseconds / 1_000_000_000) s"))
+        }
+        progress.completedAtLastLook = progress.completed
+        if progress.ended { task.cancel() }
+    }
     loop.execute { step(0) }
+    defer { watchdog.cancel() }
     try await finished.futureResult.get()
     return samples.nanoseconds
+}
+
+/// How far ``alternate(_:count:on:)`` has come; confined to its event loop.
+final class Progress: @unchecked Sendable {
+    /// The longest a call may go without an answer before the run ends with an error.
+    static let patience = TimeAmount.seconds(15)
+    var completed = 0
+    var completedAtLastLook = -1
+    var ended = false
 }
 
 /// What rounds of alternating calls came to.
