@@ -31,6 +31,8 @@ extension Trait where Self == ExclusiveTrait {
 /// of its test cases takes a paced slot, so a waiting suite holds none.
 public struct PacedTrait: SuiteTrait, TestTrait, TestScoping {
     public var isRecursive: Bool { true }
+    /// Whether each test case takes every slot (``alone``) rather than one.
+    let takesEverySlot: Bool
 
     /// Each test case on its own: a suite's scope would hold a slot for all of its tests.
     public func scopeProvider(for test: Test, testCase: Test.Case?) -> PacedTrait? {
@@ -42,13 +44,27 @@ public struct PacedTrait: SuiteTrait, TestTrait, TestScoping {
             try await function()
             return
         }
-        try await TestGate.paced.run { try await TestGate.$pacedHeld.withValue(true) { try await function() } }
+        let slots = takesEverySlot ? TestGate.pacedWidth : 1
+        try await TestGate.paced.run(slots: slots) { try await TestGate.$pacedHeld.withValue(true) { try await function() } }
     }
 }
 
 extension Trait where Self == PacedTrait {
     /// Waits for one of the suite's shared slots before each test case starts.
-    public static var paced: PacedTrait { PacedTrait() }
+    public static var paced: PacedTrait { PacedTrait(takesEverySlot: false) }
+
+    /// Waits for every shared slot before each test case starts: no other test of the process
+    /// runs beside it (it waits for those running to end, and those after it wait for it). For
+    /// a test that measures the whole process, such as its live heap.
+    public static var alone: PacedTrait { PacedTrait(takesEverySlot: true) }
+}
+
+extension PacedTrait {
+    /// Test cases of `.paced` and `.alone` suites running now (the caller's included): an
+    /// `.alone` test checks with it that it is.
+    public static var casesRunning: Int {
+        get async { await TestGate.paced.holders }
+    }
 }
 
 /// A FIFO async counting gate.
@@ -69,37 +85,45 @@ actor TestGate {
     }
 
     private var free: Int
-    private var waiters: [CheckedContinuation<Void, Never>] = []
+    /// Runs holding slots now.
+    private(set) var holders = 0
+    /// In arrival order; the first waits until enough slots are free, and those after it wait
+    /// behind it (a test asking for every slot is not passed by ones asking for one).
+    private var waiters: [(slots: Int, resume: CheckedContinuation<Void, Never>)] = []
 
     init(slots: Int) {
         free = slots
     }
 
-    /// Runs `body` holding one slot.
-    nonisolated func run(_ body: @Sendable () async throws -> Void) async throws {
-        await acquire()
+    /// Runs `body` holding `slots` slots (at most the gate's width).
+    nonisolated func run(slots: Int = 1, _ body: @Sendable () async throws -> Void) async throws {
+        await acquire(slots)
         do {
             try await body()
         } catch {
-            await release()
+            await release(slots)
             throw error
         }
-        await release()
+        await release(slots)
     }
 
-    private func acquire() async {
-        if free > 0 {
-            free -= 1
+    private func acquire(_ slots: Int) async {
+        if waiters.isEmpty, free >= slots {
+            free -= slots
+            holders += 1
             return
         }
-        await withCheckedContinuation { waiters.append($0) }
+        await withCheckedContinuation { waiters.append((slots, $0)) }
     }
 
-    private func release() {
-        if waiters.isEmpty {
-            free += 1
-        } else {
-            waiters.removeFirst().resume()
+    private func release(_ slots: Int) {
+        free += slots
+        holders -= 1
+        while let first = waiters.first, free >= first.slots {
+            free -= first.slots
+            holders += 1
+            waiters.removeFirst()
+            first.resume.resume()
         }
     }
 }
