@@ -23,7 +23,7 @@ package enum SocketPath {
             throw TokenAPIError(.socketDirectoryMissing, path, "the socket's directory \(directory) does not exist: create it (or have the service manager create it, as systemd's RuntimeDirectory= does)")
         }
         // Whoever may write the directory may move the socket away and put their own in its
-        // place; the sticky bit on a directory of this user's forbids that.
+        // place, or (sticky or not) take its name while the agent is stopped.
         let check = SteeringFileCheck(mode: info.mode, ownerID: info.ownerID, userID: UInt32(geteuid()))
         if let reason = check.holdingDirectoryReason(directory: directory, thing: "the socket") {
             throw TokenAPIError(.socketDirectoryUnsafe, path, "the socket's directory \(directory) \(reason)")

@@ -37,7 +37,7 @@ struct SocketPathTests {
         return descriptor
     }
 
-    @Test("the socket's directory: missing, not a directory, another user's, writable by others or its group are refused; the agent's own (sticky too) passes")
+    @Test("the socket's directory: missing, not a directory, another user's, writable by others or its group (sticky too) are refused; the agent's own passes")
     func directoryRules() throws {
         let scratch = Scratch()
         #expect(refusal(scratch.file("none/agent.sock"))?.code == .socketDirectoryMissing)
@@ -46,8 +46,11 @@ struct SocketPathTests {
 
         try directory(scratch.file("own"), mode: 0o750)
         #expect(refusal(scratch.file("own/agent.sock")) == nil)
+        // Sticky keeps others from removing the socket, not from taking its name while it is free.
         try directory(scratch.file("sticky"), mode: 0o1777)
-        #expect(refusal(scratch.file("sticky/agent.sock")) == nil, "a sticky directory of the agent's user")
+        let sticky = refusal(scratch.file("sticky/agent.sock"))
+        #expect(sticky?.code == .socketDirectoryUnsafe && sticky?.message.contains("writable by everyone (sticky, which keeps others") == true,
+                "a sticky directory of the agent's user: \(String(describing: sticky))")
 
         try directory(scratch.file("everyone"), mode: 0o777)
         let everyone = refusal(scratch.file("everyone/agent.sock"))

@@ -60,12 +60,11 @@ package struct SteeringFileCheck: Sendable, Equatable {
 
     /// True when, judged as the directory that holds a file the agent itself puts there (its
     /// Unix socket), only the agent's user (or root) can replace or take that file's name: it
-    /// belongs to one of them, and group and others may not write to it unless it is sticky and
-    /// the agent's user's own. In a sticky directory of root's (`/tmp`) anyone may still take
-    /// the name first.
-    package var isSafeHoldingDirectory: Bool {
-        !ownedByAnotherUser && (!writableByGroupOrOthers || isSticky && ownerID == userID)
-    }
+    /// belongs to one of them, and neither group nor others may write to it. Sticky or not: the
+    /// sticky bit keeps others from removing the agent's entry, not from creating one under a
+    /// name that is free, and the agent frees its socket's name whenever it stops, so another
+    /// user could listen there first and answer the agent's clients.
+    package var isSafeHoldingDirectory: Bool { !ownedByAnotherUser && !writableByGroupOrOthers }
 
     /// What is wrong with this directory as the one holding `thing`, and how to fix it, for a
     /// message that names the directory before it: `is writable by everyone, who could replace
@@ -77,7 +76,7 @@ package struct SteeringFileCheck: Sendable, Equatable {
             return "belongs to another user (uid \(ownerID)): use a directory this user owns"
         }
         let who = mode & 0o002 != 0 ? "everyone" : "its group"
-        let sticky = isSticky ? " (sticky, but not this user's: others may take \(thing)'s name first)" : ""
+        let sticky = isSticky ? " (sticky, which keeps others from removing \(thing) but not from taking its name while it is free, as it is whenever the agent stops)" : ""
         let shown = Self.shellQuoted(directory)
         return "is writable by \(who)\(sticky), who could replace \(thing): use a directory only this user can write (chmod go-w \(shown), mode 0750)"
     }
@@ -126,7 +125,7 @@ package struct SteeringFileCheck: Sendable, Equatable {
     }
 
     /// `path` as a shell word: as it is when it holds only safe characters, else single-quoted.
-    static func shellQuoted(_ path: String) -> String {
+    package static func shellQuoted(_ path: String) -> String {
         let safe = CharacterSet(charactersIn: "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789/._-+:@%,=")
         guard !path.isEmpty, path.unicodeScalars.allSatisfy(safe.contains) else {
             return "'" + path.replacingOccurrences(of: "'", with: "'\\''") + "'"

@@ -122,11 +122,14 @@ struct EdgeAccessTests {
         #expect(result.stderr.contains(message), "\(result.stderr)")
     }
 
-    @Test("a socket directory writable by its group is refused like a world-writable one; a sticky one of the agent's is fine")
+    // Sticky ones of the agent's were accepted: whoever may write one can listen on the socket's
+    // name while the agent is stopped; the agent then refuses to start and its clients reach
+    // the other user's socket.
+    @Test("a socket directory writable by its group is refused like a world-writable one, sticky or not")
     func groupWritableSocketDirectory() async throws {
         let scratch = Scratch()
         let issuer = try await IssuerProcess(scratch: scratch)
-        for (mode, refused) in [(mode_t(0o770), true), (0o777, true), (0o1770, false), (0o750, false)] {
+        for (mode, refused) in [(mode_t(0o770), true), (0o777, true), (0o1770, true), (0o1777, true), (0o750, false)] {
             let directory = scratch.file("sockets-\(String(mode, radix: 8))")
             #expect(mkdir(directory, 0o700) == 0)
             #expect(chmod(directory, mode) == 0)

@@ -69,9 +69,13 @@ struct SteeringFileCheckTests {
         }
     }
 
-    @Test("the directory holding the agent's own file (its socket): the agent's user's or root's, writable by group or others only when sticky and the agent's user's", arguments: [
-        (UInt32(0o750), UInt32(1000), true), (0o755, 0, true), (0o1777, 1000, true), (0o1770, 1000, true),
-        (0o1777, 0, false), (0o777, 1000, false), (0o770, 0, false), (0o755, 1001, false), (0o1777, 1001, false),
+    // Sticky directories were accepted when the agent's user's (a review found that anyone who
+    // may write one can take the socket's name while it is free, as it is whenever the agent
+    // stops; the agent then refuses to start and its clients reach the other user's socket).
+    @Test("the directory holding the agent's own file (its socket): the agent's user's or root's, and writable by neither group nor others, sticky or not", arguments: [
+        (UInt32(0o750), UInt32(1000), true), (0o755, 0, true), (0o700, 1000, true), (0o1755, 1000, true),
+        (0o1777, 1000, false), (0o1770, 1000, false), (0o1777, 0, false), (0o777, 1000, false), (0o770, 0, false),
+        (0o755, 1001, false), (0o1777, 1001, false),
     ])
     func holdingDirectory(_ mode: UInt32, _ owner: UInt32, _ sound: Bool) {
         let check = SteeringFileCheck(mode: 0o040000 | mode, ownerID: owner, userID: 1000)
@@ -84,11 +88,12 @@ struct SteeringFileCheckTests {
         case (false, false, true):
             #expect(reason?.hasPrefix("is writable by everyone") == true, "\(String(describing: reason))")
             #expect(reason?.contains("who could replace the socket: use a directory only this user can write (chmod go-w '/run/my agent', mode 0750)") == true)
-            #expect(reason?.contains("sticky, but not this user's") == (mode & 0o1000 != 0))
-        case (false, false, false): #expect(reason?.hasPrefix("is writable by its group, who could replace the socket") == true)
+            #expect(reason?.contains("(sticky, which keeps others from removing the socket but not from taking its name while it is free") == (mode & 0o1000 != 0))
+        case (false, false, false):
+            #expect(reason?.hasPrefix("is writable by its group") == true && reason?.contains("who could replace the socket") == true, "\(String(describing: reason))")
         }
-        // An agent running as root: its own sticky directory passes, root's being its own.
-        #expect(SteeringFileCheck(mode: 0o041777, ownerID: 0, userID: 0).isSafeHoldingDirectory)
+        // An agent running as root: /tmp is refused too, though root's own.
+        #expect(!SteeringFileCheck(mode: 0o041777, ownerID: 0, userID: 0).isSafeHoldingDirectory)
     }
 
     @Test("a path with spaces or quotes is quoted for the shell in the fix")
