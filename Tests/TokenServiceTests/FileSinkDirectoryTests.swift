@@ -128,6 +128,72 @@ struct FileSinkDirectoryTests {
         #expect(info.st_mode & 0o7777 == 0o750 && info.st_gid == getegid(), "mode \(String(info.st_mode & 0o7777, radix: 8)), gid \(info.st_gid)")
     }
 
+    // A review found the sink's directories judged by their mode bits alone: under a parent with
+    // a default ACL, the directories the sink made inherited it, and so did each token file,
+    // so the user the ACL named could read every token whatever the modes said.
+    @Test("under a parent whose default ACL names another user, the sink's directories and token files carry no ACL, and that user cannot read a token")
+    func inheritedAccessControlListIsRemoved() async throws {
+        let scratch = Scratch()
+        let parent = scratch.file("parent")
+        try UnsafeSinkLayout.directory(parent, mode: 0o755)
+        try PosixACL.set(PosixACL.namingUser(65534), name: PosixACL.defaultName, on: parent)
+        let logs = LogRecorder(label: "sink-test", level: .debug)
+        let (engine, _) = await Self.librarySink(scratch, logger: logs.logger, keys: [try TokenKey.vehicle("truck-7")])
+        let sink = TokenFileSink(engine: engine, directory: parent + "/sink", checkInterval: .milliseconds(50), logger: logs.logger)
+        try sink.prepare()
+        let file = parent + "/sink/vehicle/truck-7.jwt"
+        try await Self.running([engine, sink], logger: logs.logger) {
+            #expect(await eventually(within: 30) { FileManager.default.fileExists(atPath: file) }, "\(logs.allText)")
+        }
+        for path in [parent + "/sink", parent + "/sink/vehicle", file] {
+            #expect(PosixACL.names(on: path).isEmpty, "\(path) has \(PosixACL.names(on: path))")
+        }
+        #expect(fileMode(parent + "/sink") == 0o750 && fileMode(parent + "/sink/vehicle") == 0o750)
+        // As the user the parent's ACL names (root can make another user's process).
+        if geteuid() == 0 {
+            let reader = try RunningProcess("/usr/bin/setpriv", ["--reuid=65534", "--regid=65534", "--clear-groups", "/bin/cat", file], in: scratch)
+            let status = await reader.wait(upTo: 30)
+            #expect(status != nil && status != 0, "uid 65534 read the token file: status \(String(describing: status))")
+            #expect(reader.stdout.isEmpty)
+        }
+    }
+
+    @Test("a sink or kind directory with an ACL of its own or a default one is refused, naming it and `setfacl -b`")
+    func directoriesWithAccessControlListsAreRefused() async throws {
+        for (directory, aclName) in [("sink", PosixACL.accessName), ("sink", PosixACL.defaultName), ("sink/trip", PosixACL.defaultName)] {
+            let scratch = Scratch()
+            try UnsafeSinkLayout.directory(scratch.file("sink/trip"), mode: 0o750)
+            try PosixACL.set(PosixACL.namingUser(65534), name: aclName, on: scratch.file(directory))
+            let (_, sink) = await Self.librarySink(scratch, logger: Logger(label: "sink-test"))
+            let error = #expect(throws: TokenFileSinkError.self, "\(directory) with \(aclName)") { try sink.prepare() }
+            #expect(error?.code == .accessControlList && error?.path == scratch.file(directory), "\(String(describing: error))")
+            let text = error?.description ?? ""
+            #expect(text.contains("setfacl -b \(scratch.file(directory))"), "\(text)")
+            #expect(text.contains("default ACL") == (aclName == PosixACL.defaultName), "\(text)")
+        }
+    }
+
+    @Test("a directory above the sink that group or others may write (not sticky) is refused: they could put their own sink directory in its place; a sticky one is fine")
+    func unsafeDirectoryAboveTheSink() async throws {
+        for (mode, refused) in [(mode_t(0o777), true), (0o775, true), (0o1777, false), (0o755, false)] {
+            let scratch = Scratch()
+            let shared = scratch.file("shared")
+            try UnsafeSinkLayout.directory(shared, mode: mode)
+            let (engine, _) = await Self.librarySink(scratch, logger: Logger(label: "sink-test"))
+            let sink = TokenFileSink(engine: engine, directory: shared + "/agent/sink", logger: Logger(label: "sink-test"))
+            if refused {
+                let error = #expect(throws: TokenFileSinkError.self, "mode \(String(mode, radix: 8))") { try sink.prepare() }
+                #expect(error?.code == .writableByOthers && error?.path == shared, "\(String(describing: error))")
+                #expect(error?.description.contains("is under \(shared)") == true && error?.description.contains("could replace the sink directory") == true,
+                        "\(String(describing: error))")
+                #expect(!FileManager.default.fileExists(atPath: shared + "/agent"), "nothing is created under it")
+            } else {
+                try sink.prepare()
+                #expect(fileMode(shared + "/agent/sink") == 0o750)
+            }
+        }
+    }
+
     @Test("a symlinked kind directory: the link's target is never written nor cleaned, at start or when the link is swapped in while running")
     func symlinkTargetIsNeverTouched() async throws {
         let scratch = Scratch()
@@ -268,3 +334,43 @@ extension FileSinkDirectoryTests {
         }
     }
 }
+
+/// POSIX ACLs written as the kernel keeps them (the `system.posix_acl_*` extended attributes),
+/// since `setfacl` is not installed here.
+enum PosixACL {
+    static let accessName = "system.posix_acl_access"
+    static let defaultName = "system.posix_acl_default"
+
+    /// An ACL granting `uid` read and search (its rwx entry under an r-x mask, so the mode's
+    /// group bits stay r-x and the mode alone looks safe) beside the owner's rwx, the group's r-x
+    /// and nothing for others: version 2, then (tag, permissions, id) entries in tag order.
+    static func namingUser(_ uid: UInt32) -> [UInt8] {
+        let undefined = UInt32.max
+        let entries: [(UInt16, UInt16, UInt32)] = [(0x01, 7, undefined), (0x02, 7, uid), (0x04, 5, undefined), (0x10, 5, undefined), (0x20, 0, undefined)]
+        var bytes = littleEndian(UInt32(2))
+        for (tag, permissions, id) in entries { bytes += littleEndian(tag) + littleEndian(permissions) + littleEndian(id) }
+        return bytes
+    }
+
+    static func set(_ value: [UInt8], name: String, on path: String) throws {
+        guard setExtendedAttribute(path, name, value, value.count, 0) == 0 else {
+            throw ACLFailure(message: "setxattr \(name) on \(path): \(String(cString: strerror(errno)))")
+        }
+    }
+
+    /// The ACL attributes `path` has.
+    static func names(on path: String) -> [String] {
+        [accessName, defaultName].filter { getExtendedAttribute(path, $0, nil, 0) > 0 }
+    }
+
+    private static func littleEndian<T: FixedWidthInteger>(_ value: T) -> [UInt8] {
+        withUnsafeBytes(of: value.littleEndian) { Array($0) }
+    }
+
+    struct ACLFailure: Error { let message: String }
+}
+
+@_silgen_name("setxattr")
+private func setExtendedAttribute(_ path: UnsafePointer<CChar>, _ name: UnsafePointer<CChar>, _ value: UnsafeRawPointer, _ size: Int, _ flags: Int32) -> Int32
+@_silgen_name("getxattr")
+private func getExtendedAttribute(_ path: UnsafePointer<CChar>, _ name: UnsafePointer<CChar>, _ value: UnsafeMutableRawPointer?, _ size: Int) -> Int

@@ -15,8 +15,11 @@ import Glibc
 ///
 /// A directory is refused (``TokenFileSinkError``) when it is a symbolic link, is not a
 /// directory, belongs to a user other than this process's effective uid (root excepted), is
-/// writable by group or others, or is set-group-ID. Directories it creates get `mode` exactly
-/// (whatever the umask), made with `mkdirat` relative to their held parent.
+/// writable by group or others, is set-group-ID, or has a POSIX ACL (its own, or a default one
+/// its files would inherit). A directory above the root is refused when another user could
+/// replace what it holds (the rule for directories above a steering file). Directories it
+/// creates get `mode` exactly (whatever the umask) and no ACL (a parent's default one is
+/// removed), made with `mkdirat` relative to their held parent.
 ///
 /// A held kind directory is compared, at each use, with the entry of its name in the root: when
 /// the name now leads to something else (moved away, replaced), the held descriptor is dropped
@@ -80,9 +83,24 @@ final class SinkDirectories: Sendable {
             try Self.check(descriptor, path: root, root: root)
             return descriptor
         }
+        try judgeAncestors()
         let descriptor = try openPath(root, isRoot: true)
         held.root = descriptor
         return descriptor
+    }
+
+    /// Throws when a directory above the root could have its entries replaced by another user:
+    /// they could move the root away and put their own directory, with their own token files or
+    /// an ACL that lets them read the sink's, in its place.
+    private func judgeAncestors() throws(TokenFileSinkError) {
+        let absolute = root.hasPrefix("/") ? root : FileManager.default.currentDirectoryPath + "/" + root
+        let user = UInt32(geteuid())
+        for ancestor in SteeringFileCheck.ancestors(of: absolute) {
+            guard let (check, _) = SteeringFileCheck.examineDirectory(ancestor, userID: user),
+                  let reason = check.directoryReason(directory: ancestor, thing: "the sink directory") else { continue }
+            throw TokenFileSinkError(check.ownedByAnotherUser ? .foreignOwner : .writableByOthers, directory: root, path: ancestor,
+                                     "the sink directory \(root) \(reason)")
+        }
     }
 
     private func kindDescriptor(_ kind: TokenKind, create: Bool, _ held: inout Held) throws(TokenFileSinkError) -> Int32? {
@@ -158,8 +176,11 @@ final class SinkDirectories: Sendable {
             throw notOpened(path, code)
         }
         if created {
-            // Exactly `mode` (the umask may have cleared bits; a set-group-ID parent would have
-            // set one) and the sink's own group, not one inherited from the parent.
+            // No ACL (a parent's default one was inherited, and could let another user read
+            // the token files whatever the mode says), exactly `mode` (the umask may have
+            // cleared bits; a set-group-ID parent would have set one) and the sink's own group,
+            // not one inherited from the parent.
+            AccessControlList.remove(from: descriptor)
             fchown(descriptor, uid_t.max, getegid())
             fchmod(descriptor, mode)
         }
@@ -202,6 +223,7 @@ final class SinkDirectories: Sendable {
                                          "cannot check the sink directory \(path): \(String(cString: strerror(errno))); check the file system")
         } else {
             problem = Self.problem(owner: info.st_uid, group: info.st_gid, mode: info.st_mode, path: path, root: root, user: geteuid())
+                ?? Self.problem(acls: AccessControlList.present(on: descriptor), path: path, root: root)
         }
         guard let problem else { return }
         if closing { close(descriptor) }
@@ -235,6 +257,45 @@ final class SinkDirectories: Sendable {
                                   "the sink directory \(path) is not safe for tokens: \(problems.joined(separator: "; ")); \(fixes.joined(separator: " and ")), \(remedy)")
     }
 }
+
+extension SinkDirectories {
+    /// What makes a directory with the POSIX ACLs `acls` (their attribute names) unsafe for
+    /// tokens; nil when it has none. The mode bits do not show what an ACL grants: a named
+    /// user's entry gives that user access, and a default ACL is inherited by every token file.
+    static func problem(acls: [String], path: String, root: String) -> TokenFileSinkError? {
+        guard !acls.isEmpty else { return nil }
+        let which = acls.map { $0 == AccessControlList.defaultName ? "a default ACL, which every token file made in it would inherit" : "an ACL" }
+        let remedy = path == root ? "or choose another directory" : "or remove it and let the sink create it"
+        return TokenFileSinkError(.accessControlList, directory: root, path: path,
+                                  "the sink directory \(path) is not safe for tokens: it has \(which.joined(separator: " and ")) (`getfacl \(SteeringFileCheck.shellQuoted(path))` shows it), which can let other users read, swap or plant token files whatever its mode says; remove it with `setfacl -b \(SteeringFileCheck.shellQuoted(path))`, \(remedy)")
+    }
+}
+
+/// POSIX ACLs, kept in extended attributes: a file's own, which can grant other users access
+/// its mode bits do not show, and a directory's default one, which what is created in it
+/// inherits.
+enum AccessControlList {
+    static let accessName = "system.posix_acl_access"
+    static let defaultName = "system.posix_acl_default"
+
+    /// The ACLs `descriptor` has, by attribute name: none when it has none, or when its file
+    /// system keeps none.
+    static func present(on descriptor: Int32) -> [String] {
+        [accessName, defaultName].filter { getExtendedAttribute(descriptor, $0, nil, 0) > 0 }
+    }
+
+    /// Removes both from `descriptor`; one it does not have is no error.
+    static func remove(from descriptor: Int32) {
+        for name in [accessName, defaultName] { _ = removeExtendedAttribute(descriptor, name) }
+    }
+}
+
+/// glibc's `fgetxattr` and `fremovexattr` (<sys/xattr.h>, which the Glibc module does not
+/// import).
+@_silgen_name("fgetxattr")
+private func getExtendedAttribute(_ descriptor: Int32, _ name: UnsafePointer<CChar>, _ value: UnsafeMutableRawPointer?, _ size: Int) -> Int
+@_silgen_name("fremovexattr")
+private func removeExtendedAttribute(_ descriptor: Int32, _ name: UnsafePointer<CChar>) -> Int32
 
 extension String {
     fileprivate func leftPadded(to width: Int) -> String { String(repeating: "0", count: max(0, width - count)) + self }

@@ -11,6 +11,7 @@ package struct TokenFileSinkError: Error, Sendable, Equatable, CustomStringConve
     package struct Code: Hashable, Sendable, CustomStringConvertible {
         fileprivate enum Value: String, Sendable {
             case directoryNotCreated, directoryNotWritable, symbolicLink, notADirectory, foreignOwner, writableByOthers, setGroupID
+            case accessControlList
         }
 
         fileprivate let value: Value
@@ -33,6 +34,9 @@ package struct TokenFileSinkError: Error, Sendable, Equatable, CustomStringConve
         /// The directory is set-group-ID: files in it would take the directory's group instead
         /// of the sink's, and that group could read them.
         package static let setGroupID = Code(value: .setGroupID)
+        /// The directory has a POSIX ACL: its own, which can give other users access its mode
+        /// does not show, or a default one, which token files made in it would inherit.
+        package static let accessControlList = Code(value: .accessControlList)
 
         /// The code's name, e.g. `directoryNotWritable`.
         package var description: String { value.rawValue }
