@@ -28,6 +28,14 @@ package enum SocketPath {
         if let reason = check.holdingDirectoryReason(directory: directory, thing: "the socket") {
             throw TokenAPIError(.socketDirectoryUnsafe, path, "the socket's directory \(directory) \(reason)")
         }
+        // An ACL can let another user in whatever the mode says (a named user's entry: take the
+        // socket's name or move it), and a default one is inherited by the private directory the
+        // socket is bound in and by the socket itself (a named user could connect).
+        let acls = AccessControlList.present(at: directory)
+        if !acls.isEmpty {
+            let shown = SteeringFileCheck.shellQuoted(directory)
+            throw TokenAPIError(.socketDirectoryUnsafe, path, "the socket's directory \(directory) has \(AccessControlList.described(acls, madeInIt: "the socket")) (`getfacl \(shown)` shows it), which can let other users replace the socket or connect to it whatever the modes say: remove it with `setfacl -b \(shown)`, or use another directory")
+        }
         // Whoever may write a directory above could move the socket's directory away and put
         // their own in its place.
         let absolute = directory.hasPrefix("/") ? directory : FileManager.default.currentDirectoryPath + "/" + directory

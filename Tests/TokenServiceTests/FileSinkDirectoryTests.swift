@@ -136,7 +136,7 @@ struct FileSinkDirectoryTests {
         let scratch = Scratch()
         let parent = scratch.file("parent")
         try UnsafeSinkLayout.directory(parent, mode: 0o755)
-        try PosixACL.set(PosixACL.namingUser(65534), name: PosixACL.defaultName, on: parent)
+        try PosixACL.set(PosixACL.namingUser(65534), name: AccessControlList.defaultName, on: parent)
         let logs = LogRecorder(label: "sink-test", level: .debug)
         let (engine, _) = await Self.librarySink(scratch, logger: logs.logger, keys: [try TokenKey.vehicle("truck-7")])
         let sink = TokenFileSink(engine: engine, directory: parent + "/sink", checkInterval: .milliseconds(50), logger: logs.logger)
@@ -146,7 +146,7 @@ struct FileSinkDirectoryTests {
             #expect(await eventually(within: 30) { FileManager.default.fileExists(atPath: file) }, "\(logs.allText)")
         }
         for path in [parent + "/sink", parent + "/sink/vehicle", file] {
-            #expect(PosixACL.names(on: path).isEmpty, "\(path) has \(PosixACL.names(on: path))")
+            #expect(AccessControlList.present(at: path).isEmpty, "\(path) has \(AccessControlList.present(at: path))")
         }
         #expect(fileMode(parent + "/sink") == 0o750 && fileMode(parent + "/sink/vehicle") == 0o750)
         // As the user the parent's ACL names (root can make another user's process).
@@ -160,7 +160,7 @@ struct FileSinkDirectoryTests {
 
     @Test("a sink or kind directory with an ACL of its own or a default one is refused, naming it and `setfacl -b`")
     func directoriesWithAccessControlListsAreRefused() async throws {
-        for (directory, aclName) in [("sink", PosixACL.accessName), ("sink", PosixACL.defaultName), ("sink/trip", PosixACL.defaultName)] {
+        for (directory, aclName) in [("sink", AccessControlList.accessName), ("sink", AccessControlList.defaultName), ("sink/trip", AccessControlList.defaultName)] {
             let scratch = Scratch()
             try UnsafeSinkLayout.directory(scratch.file("sink/trip"), mode: 0o750)
             try PosixACL.set(PosixACL.namingUser(65534), name: aclName, on: scratch.file(directory))
@@ -169,7 +169,7 @@ struct FileSinkDirectoryTests {
             #expect(error?.code == .accessControlList && error?.path == scratch.file(directory), "\(String(describing: error))")
             let text = error?.description ?? ""
             #expect(text.contains("setfacl -b \(scratch.file(directory))"), "\(text)")
-            #expect(text.contains("default ACL") == (aclName == PosixACL.defaultName), "\(text)")
+            #expect(text.contains("default ACL") == (aclName == AccessControlList.defaultName), "\(text)")
         }
     }
 
@@ -335,42 +335,3 @@ extension FileSinkDirectoryTests {
     }
 }
 
-/// POSIX ACLs written as the kernel keeps them (the `system.posix_acl_*` extended attributes),
-/// since `setfacl` is not installed here.
-enum PosixACL {
-    static let accessName = "system.posix_acl_access"
-    static let defaultName = "system.posix_acl_default"
-
-    /// An ACL granting `uid` read and search (its rwx entry under an r-x mask, so the mode's
-    /// group bits stay r-x and the mode alone looks safe) beside the owner's rwx, the group's r-x
-    /// and nothing for others: version 2, then (tag, permissions, id) entries in tag order.
-    static func namingUser(_ uid: UInt32) -> [UInt8] {
-        let undefined = UInt32.max
-        let entries: [(UInt16, UInt16, UInt32)] = [(0x01, 7, undefined), (0x02, 7, uid), (0x04, 5, undefined), (0x10, 5, undefined), (0x20, 0, undefined)]
-        var bytes = littleEndian(UInt32(2))
-        for (tag, permissions, id) in entries { bytes += littleEndian(tag) + littleEndian(permissions) + littleEndian(id) }
-        return bytes
-    }
-
-    static func set(_ value: [UInt8], name: String, on path: String) throws {
-        guard setExtendedAttribute(path, name, value, value.count, 0) == 0 else {
-            throw ACLFailure(message: "setxattr \(name) on \(path): \(String(cString: strerror(errno)))")
-        }
-    }
-
-    /// The ACL attributes `path` has.
-    static func names(on path: String) -> [String] {
-        [accessName, defaultName].filter { getExtendedAttribute(path, $0, nil, 0) > 0 }
-    }
-
-    private static func littleEndian<T: FixedWidthInteger>(_ value: T) -> [UInt8] {
-        withUnsafeBytes(of: value.littleEndian) { Array($0) }
-    }
-
-    struct ACLFailure: Error { let message: String }
-}
-
-@_silgen_name("setxattr")
-private func setExtendedAttribute(_ path: UnsafePointer<CChar>, _ name: UnsafePointer<CChar>, _ value: UnsafeRawPointer, _ size: Int, _ flags: Int32) -> Int32
-@_silgen_name("getxattr")
-private func getExtendedAttribute(_ path: UnsafePointer<CChar>, _ name: UnsafePointer<CChar>, _ value: UnsafeMutableRawPointer?, _ size: Int) -> Int

@@ -3,6 +3,7 @@
 // end; these cover every branch, now that the facts come from FileFacts rather than `stat` here.
 
 import FleetTokenService
+import FleetTokenStore
 import Foundation
 import Testing
 import TestSupportKit
@@ -70,6 +71,24 @@ struct SocketPathTests {
             try directory(scratch.file("foreign-sticky"), mode: 0o1777)
             try #require(chown(scratch.file("foreign-sticky"), 65534, 65534) == 0)
             #expect(refusal(scratch.file("foreign-sticky/agent.sock"))?.code == .socketDirectoryUnsafe)
+        }
+    }
+
+    // Found by a review with the sink's ACL defect: a default ACL on the socket's directory
+    // was inherited by the private directory the socket is bound in and by the socket, so the
+    // user it named could connect whatever --socket-mode said.
+    @Test("a socket directory with an ACL of its own or a default one is refused, naming `setfacl -b`")
+    func directoryWithAccessControlList() throws {
+        for name in [AccessControlList.accessName, AccessControlList.defaultName] {
+            let scratch = Scratch()
+            try directory(scratch.file("run"), mode: 0o750)
+            #expect(refusal(scratch.file("run/agent.sock")) == nil)
+            try PosixACL.set(PosixACL.namingUser(65534), name: name, on: scratch.file("run"))
+            let refused = refusal(scratch.file("run/agent.sock"))
+            #expect(refused?.code == .socketDirectoryUnsafe, "\(name): \(String(describing: refused))")
+            #expect(refused?.message.contains("setfacl -b \(scratch.file("run"))") == true, "\(String(describing: refused))")
+            #expect(refused?.message.contains("a default ACL, which the socket would inherit") == (name == AccessControlList.defaultName),
+                    "\(String(describing: refused))")
         }
     }
 

@@ -264,38 +264,12 @@ extension SinkDirectories {
     /// user's entry gives that user access, and a default ACL is inherited by every token file.
     static func problem(acls: [String], path: String, root: String) -> TokenFileSinkError? {
         guard !acls.isEmpty else { return nil }
-        let which = acls.map { $0 == AccessControlList.defaultName ? "a default ACL, which every token file made in it would inherit" : "an ACL" }
+        let which = AccessControlList.described(acls, madeInIt: "every token file made in it")
         let remedy = path == root ? "or choose another directory" : "or remove it and let the sink create it"
         return TokenFileSinkError(.accessControlList, directory: root, path: path,
-                                  "the sink directory \(path) is not safe for tokens: it has \(which.joined(separator: " and ")) (`getfacl \(SteeringFileCheck.shellQuoted(path))` shows it), which can let other users read, swap or plant token files whatever its mode says; remove it with `setfacl -b \(SteeringFileCheck.shellQuoted(path))`, \(remedy)")
+                                  "the sink directory \(path) is not safe for tokens: it has \(which) (`getfacl \(SteeringFileCheck.shellQuoted(path))` shows it), which can let other users read, swap or plant token files whatever its mode says; remove it with `setfacl -b \(SteeringFileCheck.shellQuoted(path))`, \(remedy)")
     }
 }
-
-/// POSIX ACLs, kept in extended attributes: a file's own, which can grant other users access
-/// its mode bits do not show, and a directory's default one, which what is created in it
-/// inherits.
-enum AccessControlList {
-    static let accessName = "system.posix_acl_access"
-    static let defaultName = "system.posix_acl_default"
-
-    /// The ACLs `descriptor` has, by attribute name: none when it has none, or when its file
-    /// system keeps none.
-    static func present(on descriptor: Int32) -> [String] {
-        [accessName, defaultName].filter { getExtendedAttribute(descriptor, $0, nil, 0) > 0 }
-    }
-
-    /// Removes both from `descriptor`; one it does not have is no error.
-    static func remove(from descriptor: Int32) {
-        for name in [accessName, defaultName] { _ = removeExtendedAttribute(descriptor, name) }
-    }
-}
-
-/// glibc's `fgetxattr` and `fremovexattr` (<sys/xattr.h>, which the Glibc module does not
-/// import).
-@_silgen_name("fgetxattr")
-private func getExtendedAttribute(_ descriptor: Int32, _ name: UnsafePointer<CChar>, _ value: UnsafeMutableRawPointer?, _ size: Int) -> Int
-@_silgen_name("fremovexattr")
-private func removeExtendedAttribute(_ descriptor: Int32, _ name: UnsafePointer<CChar>) -> Int32
 
 extension String {
     fileprivate func leftPadded(to width: Int) -> String { String(repeating: "0", count: max(0, width - count)) + self }
