@@ -78,6 +78,9 @@ package final class FleetEngineUpstream: Sendable {
     /// The longest a connection may take from TCP connected (and tunnel opened) to the server's
     /// first HTTP/2 SETTINGS frame, the TLS handshake included. Default 10 s, as for the connect.
     private let setUpTimeout: TimeAmount
+    /// How long a connection has to acknowledge the PING sent when a call's time ran out on
+    /// it, before it is closed and made again (``ConnectionErrorCloser``).
+    private let livenessTimeout: TimeAmount
     /// Each event loop's connection made or being made (an entry goes when it fails or closes),
     /// and whether ``close()`` was called.
     private struct Connections: Sendable {
@@ -92,10 +95,12 @@ package final class FleetEngineUpstream: Sendable {
     /// it (`NO_PROXY` applies; a plain `http://` loopback endpoint is reached directly).
     /// - Throws: ``FleetEngineProxyError`` when `caFile` cannot be used.
     package init(endpoint: FleetEngineEndpoint, caFile: String?, proxySettings: ProxySettings = .direct,
-                 logger: Logger, setUpDelay: TimeAmount = .zero, setUpTimeout: TimeAmount = .seconds(10)) throws(FleetEngineProxyError) {
+                 logger: Logger, setUpDelay: TimeAmount = .zero, setUpTimeout: TimeAmount = .seconds(10),
+                 livenessTimeout: TimeAmount = .seconds(5)) throws(FleetEngineProxyError) {
         self.endpoint = endpoint
         self.setUpDelay = setUpDelay
         self.setUpTimeout = setUpTimeout
+        self.livenessTimeout = livenessTimeout
         // Plain HTTP/2 goes only to loopback, which a forward proxy does not reach as this
         // host's: direct. (Its server also speaks first, right after a tunnel opens.)
         self.proxy = endpoint.secure ? proxySettings.proxy(scheme: "https", host: endpoint.host, port: endpoint.port) : nil
@@ -255,7 +260,7 @@ package final class FleetEngineUpstream: Sendable {
         })
         let serverName = endpoint.host
         let sniName: String? = LoopbackHost.isAddressLiteral(serverName) ? nil : serverName
-        let (proxy, endpoint, setUpDelay, setUpTimeout) = (proxy, endpoint, setUpDelay, setUpTimeout)
+        let (proxy, endpoint, setUpDelay, setUpTimeout, livenessTimeout) = (proxy, endpoint, setUpDelay, setUpTimeout, livenessTimeout)
         return ClientBootstrap(group: loop)
             .connectTimeout(.seconds(10))
             .channelOption(.socketOption(.tcp_nodelay), value: 1)
@@ -309,7 +314,8 @@ package final class FleetEngineUpstream: Sendable {
                         let goneAway = channel.eventLoop.makePromise(of: Void.self)
                         let drain = ConnectionDrain()
                         do {
-                            try operations.addHandler(ConnectionErrorCloser(settingsDeadline: deadline, goneAway: goneAway, drain: drain))
+                            try operations.addHandler(ConnectionErrorCloser(settingsDeadline: deadline, goneAway: goneAway, drain: drain,
+                                                                            liveness: ConnectionLiveness(timeout: livenessTimeout, logger: logger, upstream: "\(endpoint)")))
                         } catch {
                             goneAway.succeed(())
                             throw error
@@ -453,18 +459,46 @@ final class InboundHolder: ChannelInboundHandler, RemovableChannelHandler {
 /// limit, or before a restart): `goneAway` completes, so that new calls connect again, and the
 /// calls in flight finish here; the connection closes when the last of them ends (``ConnectionDrain``).
 /// A stream refused because the GOAWAY came first is not the connection's failure either.
+///
+/// A call whose time ran out may have been lost with the connection itself (a path that
+/// black-holes packets: a NAT or firewall that dropped its state, a hung relay), which nothing
+/// else would notice for the quarter of an hour TCP takes to give up: every call of the loop
+/// would time out meanwhile. So a timed-out call has the connection sent a PING
+/// (``ConnectionLiveness``); without its acknowledgement in time the connection is closed and
+/// the next call connects again. A slow answer on a live connection closes nothing.
 final class ConnectionErrorCloser: ChannelInboundHandler {
     typealias InboundIn = HTTP2Frame
+    typealias OutboundOut = HTTP2Frame
 
     /// Cancelled by the server's first SETTINGS frame: until then the connection is not set up.
     private var settingsDeadline: Scheduled<Void>?
     private let goneAway: EventLoopPromise<Void>
     private let drain: ConnectionDrain
+    private let liveness: ConnectionLiveness
+    /// The PING in flight after a call timed out, and the timer that closes the connection
+    /// unless its acknowledgement comes first.
+    private var pingPending: (data: HTTP2PingData, timer: Scheduled<Void>)?
 
-    init(settingsDeadline: Scheduled<Void>, goneAway: EventLoopPromise<Void>, drain: ConnectionDrain) {
+    init(settingsDeadline: Scheduled<Void>, goneAway: EventLoopPromise<Void>, drain: ConnectionDrain, liveness: ConnectionLiveness) {
         self.settingsDeadline = settingsDeadline
         self.goneAway = goneAway
         self.drain = drain
+        self.liveness = liveness
+    }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        guard event is ConnectionLiveness.Check else { return context.fireUserInboundEventTriggered(event) }
+        // One PING at a time: calls timing out together ask once.
+        guard pingPending == nil, context.channel.isActive else { return }
+        let data = HTTP2PingData(withInteger: UInt64.random(in: 1...UInt64.max))
+        let (channel, liveness) = (context.channel, liveness)
+        let timer = context.eventLoop.assumeIsolated().scheduleTask(in: liveness.timeout) {
+            liveness.logger.warning("Fleet Engine did not acknowledge a PING after a call timed out: connection closed, made again for the next call",
+                                    metadata: ["upstream": "\(liveness.upstream)", "within": "\(FleetEngineUpstream.describeDuration(liveness.timeout))"])
+            channel.close(promise: nil)
+        }
+        pingPending = (data, timer)
+        context.writeAndFlush(wrapOutboundOut(HTTP2Frame(streamID: .rootStream, payload: .ping(data, ack: false))), promise: nil)
     }
 
     /// The connection's own frames (stream 0): the first SETTINGS ends the set-up's deadline; a
@@ -477,6 +511,9 @@ final class ConnectionErrorCloser: ChannelInboundHandler {
         case .goAway(let lastStreamID, _, _):
             goneAway.succeed(())
             if drain.goneAway(lastServed: Int(lastStreamID)) { context.close(promise: nil) }
+        case .ping(let data, ack: true) where data == pingPending?.data:
+            pingPending?.timer.cancel()
+            pingPending = nil
         default:
             break
         }
@@ -489,6 +526,8 @@ final class ConnectionErrorCloser: ChannelInboundHandler {
     }
 
     func channelInactive(context: ChannelHandlerContext) {
+        pingPending?.timer.cancel()
+        pingPending = nil
         goneAway.succeed(())
         context.fireChannelInactive()
     }
@@ -496,6 +535,17 @@ final class ConnectionErrorCloser: ChannelInboundHandler {
     func handlerRemoved(context: ChannelHandlerContext) {
         goneAway.succeed(())
     }
+}
+
+/// What a connection's liveness check after a timed-out call needs: how long the PING's
+/// acknowledgement may take, and where to log a connection given up.
+struct ConnectionLiveness: Sendable {
+    /// Sent up a connection's pipeline by a call whose time ran out on it.
+    struct Check: Sendable {}
+
+    let timeout: TimeAmount
+    let logger: Logger
+    let upstream: String
 }
 
 /// A connection's calls, and what a GOAWAY from Fleet Engine said (the last stream it serves).
@@ -606,6 +656,8 @@ final class UpstreamStreamHandler: ChannelInboundHandler {
         timer = context.eventLoop.scheduleTask(in: timeout) {
             answer.complete(.failure(UpstreamFailure.timeout))
             channel.close(promise: nil)
+            // The connection may be what lost the answer: it is asked whether it is alive.
+            channel.parent?.pipeline.fireUserInboundEventTriggered(ConnectionLiveness.Check())
         }
     }
 

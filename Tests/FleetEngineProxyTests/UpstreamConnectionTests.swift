@@ -149,6 +149,46 @@ struct UpstreamConnectionTests {
         }
     }
 
+    // Found by a review: a connection that stopped carrying anything after its set-up (a path
+    // black-holing packets, a hung relay) was never given up, since only a close or a GOAWAY
+    // cleared it: every later call of its loop timed out on it until TCP gave up, minutes later.
+    @Test("a call that times out on a connection that no longer answers anything (not even a PING) has the connection closed, and the next call connects again")
+    func deadConnectionIsReplaced() async throws {
+        let server = try await Self.plainServer { SettingsThenSilence() }
+        defer { server.close(promise: nil) }
+        let upstream = try FleetEngineUpstream(endpoint: try Self.endpoint(of: server), caFile: nil, logger: Logger(label: "test"),
+                                               livenessTimeout: .milliseconds(500))
+        defer { upstream.close() }
+        let request = Self.request(.rest, "providers/p/vehicles/v-1")
+        let first = try #require(await Self.bounded(10) { await Self.outcome(upstream, request, timeout: .milliseconds(300)) })
+        #expect(first.failure == .timeout, "\(String(describing: first.failure))")
+        #expect(await eventually(within: 10) { SettingsThenSilence.closed.withLock { $0 } == 1 },
+                "the connection that answered nothing, not even the PING, was kept")
+        _ = try #require(await Self.bounded(10) { await Self.outcome(upstream, request, timeout: .milliseconds(300)) })
+        // (The server counts on an event loop of its own, which may come after the call ended.)
+        #expect(await eventually(within: 10) { SettingsThenSilence.accepted.withLock { $0 } == 2 }, "the next call did not connect again")
+        #expect(SettingsThenSilence.pings.withLock { $0 } >= 1, "no PING was sent")
+    }
+
+    @Test("a call that times out on a live connection (Fleet Engine slow to answer, its PINGs acknowledged) leaves the connection for the next calls")
+    func slowButLiveConnectionIsKept() async throws {
+        let fake = try await Self.fake()
+        defer { fake.close() }
+        let upstream = try FleetEngineUpstream(endpoint: try FleetEngineEndpoint(parsing: fake.url), caFile: nil, logger: Logger(label: "test"),
+                                               livenessTimeout: .milliseconds(500))
+        defer { upstream.close() }
+        fake.delayAnswers(by: .seconds(2))
+        let request = Self.request(.rest, "providers/p/vehicles/v-1")
+        let slow = try #require(await Self.bounded(10) { await Self.outcome(upstream, request, timeout: .milliseconds(300)) })
+        #expect(slow.failure == .timeout, "\(String(describing: slow.failure))")
+        // Past the PING's time: a connection without its acknowledgement would be closed by now.
+        try await Task.sleep(for: .milliseconds(1500))
+        fake.delayAnswers(by: .zero)
+        let answered = try #require(await Self.bounded(10) { await Self.outcome(upstream, request, timeout: .seconds(5)) })
+        #expect(answered.failure == nil, "\(String(describing: answered.failure))")
+        #expect(fake.traffic.connections == 1 && fake.traffic.connectionsClosed == 0, "\(fake.traffic)")
+    }
+
     @Test("a rotated CA file is trusted by the next connection, without a restart")
     func rotatedCAFile() async throws {
         let pki = try TestPKI()
@@ -296,5 +336,44 @@ private final class SettingsAckFirst: ChannelInboundHandler {
         answered = true
         let ack: [UInt8] = [0, 0, 0, 4, 1, 0, 0, 0, 0]
         context.writeAndFlush(wrapOutboundOut(context.channel.allocator.buffer(bytes: ack)), promise: nil)
+    }
+}
+
+/// Sends HTTP/2's server preface (an empty SETTINGS frame) and acknowledges the client's
+/// SETTINGS, then answers nothing more, PINGs included: a connection set up, then black-holed.
+private final class SettingsThenSilence: ChannelInboundHandler {
+    typealias InboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+
+    static let accepted = Mutex(0)
+    static let closed = Mutex(0)
+    static let pings = Mutex(0)
+    private var acknowledged = false
+    private var received: [UInt8] = []
+
+    func channelActive(context: ChannelHandlerContext) {
+        Self.accepted.withLock { $0 += 1 }
+        let settings: [UInt8] = [0, 0, 0, 4, 0, 0, 0, 0, 0]
+        context.writeAndFlush(wrapOutboundOut(context.channel.allocator.buffer(bytes: settings)), promise: nil)
+        context.fireChannelActive()
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        received += Array(buffer: unwrapInboundIn(data))
+        // A PING frame's header: length 8, type 6, flags 0 (not an acknowledgement), stream 0.
+        let ping: [UInt8] = [0, 0, 8, 6, 0, 0, 0, 0, 0]
+        if received.count >= ping.count, (0...(received.count - ping.count)).contains(where: { Array(received[$0..<($0 + ping.count)]) == ping }) {
+            Self.pings.withLock { $0 += 1 }
+            received = []
+        }
+        guard !acknowledged else { return }
+        acknowledged = true
+        let ack: [UInt8] = [0, 0, 0, 4, 1, 0, 0, 0, 0]
+        context.writeAndFlush(wrapOutboundOut(context.channel.allocator.buffer(bytes: ack)), promise: nil)
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        Self.closed.withLock { $0 += 1 }
+        context.fireChannelInactive()
     }
 }
