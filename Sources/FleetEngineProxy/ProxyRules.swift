@@ -58,10 +58,15 @@ package enum ProxyRequestRules {
         return nil
     }
 
-    /// The headers sent to Fleet Engine: the caller's, less those of ``notForwarded``, plus
+    /// The headers sent to Fleet Engine: the caller's, less those of ``notForwarded`` and those
+    /// its `Connection` header names (hop-by-hop by the caller's word, RFC 9110 §7.6.1), plus
     /// `te: trailers` on gRPC (HTTP/2 allows no other `te`). The token is added by the sender.
     package static func upstreamHeaders(_ request: ProxyRequest) -> [(name: String, value: String)] {
-        var headers = request.headers.filter { !notForwarded.contains($0.name) }
+        let named = Set(request.headers.filter { $0.name == "connection" }.flatMap { field in
+            // A field name holds no white space: what is around a name is all there is to drop.
+            field.value.split(separator: ",").map { String($0.filter { $0 != " " && $0 != "\t" }).lowercased() }
+        })
+        var headers = request.headers.filter { !notForwarded.contains($0.name) && !named.contains($0.name) }
         if request.wire == .grpc { headers.append(("te", "trailers")) }
         return headers
     }
