@@ -2,7 +2,7 @@
 // read at start and on SIGHUP. A pure parser plus the difference between two lists.
 
 package import FleetTokenStore
-import Foundation
+package import Foundation
 
 /// A list of subjects to keep tokens for, as written in a subject list file.
 ///
@@ -32,6 +32,9 @@ import Foundation
 package struct SubjectListFile: Sendable, Equatable {
     /// The subjects, in the order of their first line, without duplicates.
     package let subjects: [TokenKey]
+    /// The bytes parsed, when read from a file (``init(contentsOfFile:)``): what a reload
+    /// compares the file with.
+    package private(set) var bytes: Data?
 
     /// The largest file ``init(contentsOfFile:)`` reads: 16 MiB, about 300,000 subjects.
     package static let maximumFileSize = 16 << 20
@@ -96,6 +99,7 @@ package struct SubjectListFile: Sendable, Equatable {
         } catch {
             throw SubjectListFileError(code: error.code, path: path, problems: error.problems)
         }
+        bytes = data
     }
 
     /// A list of `subjects` as they are (duplicates are dropped, first one kept).

@@ -46,6 +46,8 @@ struct AgentReloader: Sendable {
         var proposed: AgentSettings
         var settings: AgentSettings
         var file: AgentConfigFile?
+        /// The subjects file's bytes parsed for ``keys``.
+        var subjectsBytes: Data?
         var keys: [TokenKey]
         var patterns: [SubjectAllowList.Pattern]
         var clients: ClientAccessPolicy
@@ -81,7 +83,10 @@ struct AgentReloader: Sendable {
         }
         // Saving the config file and then `systemctl reload` sets off two reloads, the file
         // watch's and SIGHUP's, whichever comes first: the second reads what is in force already.
-        let read = ReloadInputs(configFile: plan.file?.path, settings: plan.settings)
+        // The bytes parsed, not a read of the files now: a file that changed since (a save
+        // caught half way, then finished) must differ from what is in force, and be applied
+        // at the next reload, rather than be taken for it.
+        let read = ReloadInputs(configFile: plan.file, subjectsBytes: plan.subjectsBytes, settings: plan.settings)
         if read == inputs && plan.fetcher == nil {
             logger.debug("\(trigger == .hangup ? "SIGHUP" : "config file changed"): the configuration is the one in force (same config file, subjects file and CA bundles); nothing to reload")
             if trigger == .hangup, serviceManager.reloading() {
@@ -132,8 +137,12 @@ struct AgentReloader: Sendable {
             throw Refusal(path: error.file.path, message: error.description, subjectsFile: error.file.key == "subjects-file")
         }
         var fileSubjects: [TokenKey] = []
+        var subjectsBytes: Data?
         if let path = applied.subjectsFile {
-            do { fileSubjects = try SubjectListFile(contentsOfFile: path).subjects } catch {
+            do {
+                let list = try SubjectListFile(contentsOfFile: path)
+                (fileSubjects, subjectsBytes) = (list.subjects, list.bytes)
+            } catch {
                 throw Refusal(path: path, message: error.description, lines: error.lines.map(String.init).joined(separator: ","), subjectsFile: true)
             }
         }
@@ -166,7 +175,7 @@ struct AgentReloader: Sendable {
                 throw Refusal(path: place, message: OperatorHints.describe(error))
             }
         }
-        return Plan(proposed: proposed, settings: applied, file: file, keys: keys, patterns: patterns, clients: clients, fetcher: fetcher,
+        return Plan(proposed: proposed, settings: applied, file: file, subjectsBytes: subjectsBytes, keys: keys, patterns: patterns, clients: clients, fetcher: fetcher,
                     trust: newTrust, restartNeeded: restartNeeded, changed: changed)
     }
 
@@ -260,15 +269,22 @@ struct TrustFiles: Equatable, Sendable {
     }
 }
 
-/// The bytes a reload reads: the config file, the subjects file and the CA bundles (header and
-/// client certificate files are followed by the provider client itself). A reload that reads
-/// the same bytes as the configuration in force applies nothing.
+/// The bytes of the configuration in force: the config file's and the subjects file's as they
+/// were parsed, and the CA bundles' (header and client certificate files are followed by the
+/// provider client itself). A reload that reads the same bytes as the configuration in force
+/// applies nothing.
 struct ReloadInputs: Equatable, Sendable {
-    /// Each file's contents by path; nil for a file that cannot be read.
+    /// Each file's contents by path; nil for a file that cannot be read, or whose parsed bytes
+    /// are not known (it then differs from whatever a reload reads, which applies it).
     let contents: [String: Data?]
 
-    init(configFile: String?, settings: AgentSettings) {
-        let paths = [configFile, settings.subjectsFile].compactMap { $0 } + settings.caFiles + settings.extraCAFiles
-        contents = Dictionary(paths.map { ($0, FileManager.default.contents(atPath: $0)) }, uniquingKeysWith: { first, _ in first })
+    /// `configFile` and `subjectsBytes` are what was parsed (a subjects file of `settings` given
+    /// without them counts as not known); the CA bundles are read now.
+    init(configFile: AgentConfigFile?, subjectsBytes: Data?, settings: AgentSettings) {
+        var contents: [String: Data?] = [:]
+        for path in settings.caFiles + settings.extraCAFiles { contents[path] = .some(FileManager.default.contents(atPath: path)) }
+        if let subjectsFile = settings.subjectsFile { contents[subjectsFile] = .some(subjectsBytes) }
+        if let configFile { contents[configFile.path] = configFile.bytes }
+        self.contents = contents
     }
 }

@@ -30,7 +30,7 @@ struct AgentRun {
         BuildInfo.register(in: registry)
         let path = storePath
 
-        var keys = try configuredSubjects()
+        var (keys, subjectsBytes) = try configuredSubjects()
         let configuredKeys = keys
         var issuer: DevTokenIssuer?
         var template = settings.providerURL
@@ -177,7 +177,7 @@ struct AgentRun {
                 defaultKeys: issuer != nil && configuredKeys.isEmpty ? keys : [], client: client, logLevel: logLevel,
                 serviceManager: serviceManager, subjects: subjects, output: output, logger: logger,
                 api: services.api?.api, settings: settings, lastProposed: settings, trust: TrustFiles(settings),
-                inputs: ReloadInputs(configFile: sources.file?.path, settings: settings))
+                inputs: ReloadInputs(configFile: sources.file, subjectsBytes: subjectsBytes, settings: settings))
             do {
                 try await LongLivedRun(engine: engine, keys: keys, output: output, logger: logger, services: services, reloader: reloader,
                                        releaseStoreMemory: releaseStoreMemory).run()
@@ -248,7 +248,7 @@ struct AgentRun {
     /// provider (no issuer is started, no address bound, no request sent), through the same
     /// functions and with the same messages; a key file refused exits 64 here, not 1.
     func checkOnly() async throws {
-        var keys = try configuredSubjects()
+        var keys = try configuredSubjects().keys
         let demo = settings.providerURL == nil
         if demo && keys.isEmpty { keys = try Self.demoSubjects() }
         try requireSubjects(keys)
@@ -280,11 +280,15 @@ struct AgentRun {
     /// option's sources, in that order), else ./tokens.sqlite.
     var storePath: String { settings.db ?? "./tokens.sqlite" }
 
-    /// The subjects of the options, then those of --subjects-file.
-    private func configuredSubjects() throws -> [TokenKey] {
+    /// The subjects of the options, then those of --subjects-file; and the bytes of the subjects
+    /// file parsed (what a reload compares it with).
+    private func configuredSubjects() throws -> (keys: [TokenKey], subjectsBytes: Data?) {
         let keys = try usage { try settings.subjectKeys() }
-        guard let subjectsFile = settings.subjectsFile else { return keys }
-        do { return SubjectSet.merged(keys, try SubjectListFile(contentsOfFile: subjectsFile).subjects) } catch {
+        guard let subjectsFile = settings.subjectsFile else { return (keys, nil) }
+        do {
+            let list = try SubjectListFile(contentsOfFile: subjectsFile)
+            return (SubjectSet.merged(keys, list.subjects), list.bytes)
+        } catch {
             throw ValidationError("\(settings.origins.name("subjects-file")): \(error)")
         }
     }

@@ -15,6 +15,8 @@ struct AgentConfigFile: Sendable {
     let lines: [String: Int]
     /// The file as swift-configuration reads it: the bytes that were checked.
     let provider: any ConfigProvider
+    /// The bytes read and applied: what a reload compares the file with (``ReloadInputs``).
+    let bytes: Data
 
     /// Reads and checks `path`. JSON is read as YAML (a JSON document is a YAML one), so
     /// `token-agent.json` gets the same checks and line numbers.
@@ -39,13 +41,13 @@ struct AgentConfigFile: Sendable {
         let name = "FileProvider<YAMLSnapshot>"
         // An empty file (or only comments) sets nothing; swift-configuration would refuse it.
         guard !lines.isEmpty else {
-            return AgentConfigFile(path: path, lines: lines, provider: InMemoryProvider(name: name, values: [:]))
+            return AgentConfigFile(path: path, lines: lines, provider: InMemoryProvider(name: name, values: [:]), bytes: data)
         }
         let secrets = Set(AgentOption.all.filter(\.secret).map(\.key))
         do {
             let snapshot = try YAMLSnapshot(data: data.bytes, providerName: name,
                                             parsingOptions: .init(secretsSpecifier: .specific(secrets)))
-            return AgentConfigFile(path: path, lines: lines, provider: CheckedFileProvider(checked: snapshot))
+            return AgentConfigFile(path: path, lines: lines, provider: CheckedFileProvider(checked: snapshot), bytes: data)
         } catch {
             // swift-configuration refuses what the check accepted: say so rather than guess.
             throw ConfigFileError(path: path, line: nil, message: "cannot be read as configuration: \(error)")
