@@ -77,7 +77,9 @@ public struct FleetEngineProxy: Sendable {
     struct PreparedCall: Sendable {
         let call: FleetEngineCall
         let key: TokenKey
-        let timeout: TimeAmount
+        /// When the caller stops waiting (its `grpc-timeout`, at most the upstream timeout, from
+        /// the call's arrival): the wait for a token, the call and its one retry all take from it.
+        let deadline: NIODeadline
     }
 
     /// The answer to `request`, which arrived on `transport` from `peer` (a Unix socket's caller;
@@ -107,7 +109,7 @@ public struct FleetEngineProxy: Sendable {
             } else {
                 token = try await self.token(for: prepared.key)
                 outcome.fingerprint = token.fingerprint.description
-                first = try await send(request, token: token, timeout: prepared.timeout, on: loop)
+                first = try await send(request, token: token, before: prepared.deadline, on: loop)
             }
             return try await retryIfRejected(request, prepared, first: first, token: token, on: loop, outcome: &outcome)
         } catch {
@@ -145,7 +147,7 @@ public struct FleetEngineProxy: Sendable {
         guard let token = api.engine.tokenIfHeld(for: prepared.key) else { return continueInTask(outcome, nil) }
         outcome.fingerprint = token.fingerprint.description
         let sent = outcome
-        startSending(request, token: token, timeout: prepared.timeout, on: loop).whenComplete { result in
+        startSending(request, token: token, before: prepared.deadline, on: loop).whenComplete { result in
             switch result {
             case .failure(let error):
                 let refusal = error as? ProxyRefusal ?? .upstream(error)
@@ -223,7 +225,7 @@ public struct FleetEngineProxy: Sendable {
         if let reason = api.dynamicCapRefusal(key) {
             throw ProxyRefusal(grpcStatus: 14, httpStatus: 503, message: "token-agent's Fleet Engine proxy: \(reason)", retryAfter: 60)
         }
-        return PreparedCall(call: call, key: key, timeout: timeLimit(request))
+        return PreparedCall(call: call, key: key, deadline: .now() + timeLimit(request))
     }
 
     /// `first`, Fleet Engine's answer to the call sent with `token`, unless it rejected the token:
@@ -246,7 +248,7 @@ public struct FleetEngineProxy: Sendable {
                 dimensions: [("protocol", request.wire.rawValue), ("method", prepared.call.method.name)], factory: metrics).increment()
         outcome.retried = true
         outcome.fingerprint = fresh.fingerprint.description
-        return try await send(request, token: fresh, timeout: prepared.timeout, on: loop)
+        return try await send(request, token: fresh, before: prepared.deadline, on: loop)
     }
 
     private func token(for key: TokenKey) async throws(ProxyRefusal) -> StoredToken {
@@ -259,9 +261,9 @@ public struct FleetEngineProxy: Sendable {
         }
     }
 
-    private func send(_ request: ProxyRequest, token: StoredToken, timeout: TimeAmount, on loop: any EventLoop) async throws(ProxyRefusal) -> ProxyResponse {
+    private func send(_ request: ProxyRequest, token: StoredToken, before deadline: NIODeadline, on loop: any EventLoop) async throws(ProxyRefusal) -> ProxyResponse {
         do {
-            return try await startSending(request, token: token, timeout: timeout, on: loop).get()
+            return try await startSending(request, token: token, before: deadline, on: loop).get()
         } catch let refusal as ProxyRefusal {
             throw refusal
         } catch {
@@ -270,11 +272,19 @@ public struct FleetEngineProxy: Sendable {
     }
 
     /// Fleet Engine's answer to `request` sent with `token` on `loop`'s connection, its headers
-    /// as the caller may see them; an upstream failure as the refusal the caller gets.
-    private func startSending(_ request: ProxyRequest, token: StoredToken, timeout: TimeAmount, on loop: any EventLoop) -> EventLoopFuture<ProxyResponse> {
+    /// as the caller may see them; an upstream failure as the refusal the caller gets. Nothing is
+    /// sent once `deadline` has passed (a wait for the token took the caller's time): the caller
+    /// has stopped waiting, and a call it gave up on (an older position) must not be applied
+    /// after it.
+    private func startSending(_ request: ProxyRequest, token: StoredToken, before deadline: NIODeadline, on loop: any EventLoop) -> EventLoopFuture<ProxyResponse> {
+        let remaining = deadline - .now()
+        guard remaining > .zero else {
+            return loop.makeFailedFuture(ProxyRefusal(grpcStatus: 4, httpStatus: 504, message:
+                "token-agent's Fleet Engine proxy: the call's deadline passed before it could be sent (waiting for the token of its subject); nothing was sent to Fleet Engine"))
+        }
         let started = ContinuousClock.now
         let (metrics, wire) = (metrics, request.wire)
-        return upstream.start(request, token: token.value, timeout: timeout, on: loop).always { _ in
+        return upstream.start(request, token: token.value, timeout: remaining, on: loop).always { _ in
             Timer(label: FleetTokenMetric.proxyUpstreamDuration.name, dimensions: [("protocol", wire.rawValue)], factory: metrics)
                 .recordNanoseconds(Int64((ContinuousClock.now - started) / .nanoseconds(1)))
         }.flatMapThrowing { response in

@@ -384,7 +384,7 @@ package final class FleetEngineUpstream: Sendable {
         fields.add(name: ":scheme", value: endpoint.secure ? "https" : "http")
         fields.add(name: ":authority", value: endpoint.authority)
         fields.add(name: ":path", value: request.target)
-        for field in ProxyRequestRules.upstreamHeaders(request) { fields.add(name: field.name, value: field.value) }
+        for field in ProxyRequestRules.upstreamHeaders(request, remaining: timeout) { fields.add(name: field.name, value: field.value) }
         // Never into HPACK's dynamic table: a later header could probe for it.
         fields.add(name: "authorization", value: "Bearer \(token)", indexing: .neverIndexed)
         let headers = fields

@@ -60,13 +60,18 @@ package enum ProxyRequestRules {
 
     /// The headers sent to Fleet Engine: the caller's, less those of ``notForwarded`` and those
     /// its `Connection` header names (hop-by-hop by the caller's word, RFC 9110 §7.6.1), plus
-    /// `te: trailers` on gRPC (HTTP/2 allows no other `te`). The token is added by the sender.
-    package static func upstreamHeaders(_ request: ProxyRequest) -> [(name: String, value: String)] {
+    /// `te: trailers` on gRPC (HTTP/2 allows no other `te`). A caller's `grpc-timeout` goes on
+    /// as the time `remaining` (what a wait for the token, or a first attempt, left of it), in
+    /// milliseconds, at least one. The token is added by the sender.
+    package static func upstreamHeaders(_ request: ProxyRequest, remaining: TimeAmount? = nil) -> [(name: String, value: String)] {
         let named = Set(request.headers.filter { $0.name == "connection" }.flatMap { field in
             // A field name holds no white space: what is around a name is all there is to drop.
             field.value.split(separator: ",").map { String($0.filter { $0 != " " && $0 != "\t" }).lowercased() }
         })
         var headers = request.headers.filter { !notForwarded.contains($0.name) && !named.contains($0.name) }
+        if let remaining, let index = headers.firstIndex(where: { $0.name == "grpc-timeout" }) {
+            headers[index].value = "\(max(1, remaining.nanoseconds / 1_000_000))m"
+        }
         if request.wire == .grpc { headers.append(("te", "trailers")) }
         return headers
     }

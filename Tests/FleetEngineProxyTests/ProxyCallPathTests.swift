@@ -63,6 +63,43 @@ struct ProxyCallPathTests {
         #expect(fake.traffic.connections == loops.count, "one connection per loop that had calls: \(fake.traffic)")
     }
 
+    // Found by a review: a wait for the token was not taken from the caller's deadline. A call
+    // whose caller had given up (DEADLINE_EXCEEDED at its end) was still sent once the token
+    // came, with the caller's whole grpc-timeout, and a retry started the time again: an older
+    // update could be applied after the caller had sent a newer one.
+    @Test("the caller's deadline covers the wait for the token: past it nothing is sent (DEADLINE_EXCEEDED); within it Fleet Engine gets the time left as grpc-timeout")
+    func deadlineCoversTheTokenWait() async throws {
+        let rig = try await InProcessProxy.make(label: "proxy-deadline-test")
+        defer { rig.close() }
+        let (engine, fake, fetcher, proxy) = (rig.engine, rig.fake, rig.fetcher, rig.proxy)
+        let loop = MultiThreadedEventLoopGroup.singleton.next()
+        func getVehicle(_ id: String, timeout: String) -> ProxyRequest {
+            var request = UpstreamConnectionTests.request(.grpc, "providers/p/vehicles/\(id)")
+            request.headers = request.headers.filter { $0.name != "grpc-timeout" } + [("grpc-timeout", timeout)]
+            return request
+        }
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { try await engine.run() }
+            // The provider holds the fetch until the caller's 300 ms have passed.
+            fetcher.close()
+            let late = Task { try await Self.call(proxy, getVehicle("v-late", timeout: "300m"), on: loop) }
+            #expect(await eventually(within: 10) { fetcher.count(try! .vehicle("v-late")) == 1 }, "the fetch did not start")
+            try await Task.sleep(for: .milliseconds(600))
+            fetcher.open()
+            let answered = try await late.value
+            #expect(answered.status == 504, "DEADLINE_EXCEEDED (500 + 4): \(answered)")
+            #expect(!fake.calls.contains { $0.resource == "providers/p/vehicles/v-late" }, "sent after the caller's deadline: \(fake.calls.map(\.resource))")
+
+            // A held token: the call goes on with what is left of the caller's 5 s.
+            let held = try await Self.call(proxy, getVehicle("v-late", timeout: "5S"), on: loop)
+            #expect(held.status == 200, "\(held)")
+            let sent = try #require(fake.calls.last { $0.resource == "providers/p/vehicles/v-late" }?.headers["grpc-timeout"])
+            let milliseconds = try #require(sent.hasSuffix("m") ? Int(sent.dropLast()) : nil, "grpc-timeout \(sent)")
+            #expect(milliseconds > 0 && milliseconds <= 5_000, "grpc-timeout \(sent)")
+            group.cancelAll()
+        }
+    }
+
     /// Runs `request` through `proxy` from `loop`, each task `inTask` asks for as a task of its own;
     /// a gRPC answer's status is 200 for `OK`, else 500 plus its gRPC code.
     /// `tasksRun` false: `inTask` refuses, as the service's queue does once it has finished.

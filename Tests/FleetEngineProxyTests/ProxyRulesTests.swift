@@ -70,6 +70,15 @@ struct ProxyRulesTests {
         #expect(!ProxyRequestRules.upstreamHeaders(Self.request(.rest)).contains { $0.name == "te" })
     }
 
+    @Test("upstream: a caller's grpc-timeout goes on as the time remaining, in milliseconds, at least one; none is added")
+    func remainingTimeout() {
+        let request = Self.request(.grpc, [("grpc-timeout", "5S")])
+        #expect(ProxyRequestRules.upstreamHeaders(request, remaining: .milliseconds(1234)).filter { $0.name == "grpc-timeout" }.map(\.value) == ["1234m"])
+        #expect(ProxyRequestRules.upstreamHeaders(request, remaining: .microseconds(10)).filter { $0.name == "grpc-timeout" }.map(\.value) == ["1m"])
+        #expect(ProxyRequestRules.upstreamHeaders(request).filter { $0.name == "grpc-timeout" }.map(\.value) == ["5S"])
+        #expect(!ProxyRequestRules.upstreamHeaders(Self.request(.grpc), remaining: .seconds(3)).contains { $0.name == "grpc-timeout" })
+    }
+
     // Found by a review: only the fixed hop-by-hop names were dropped.
     @Test("upstream: the fields a caller's Connection header names are hop-by-hop and dropped, in any case and spacing, over several Connection headers")
     func connectionNamedFields() {
