@@ -39,7 +39,16 @@ package enum SocketPath {
         // Whoever may write a directory above could move the socket's directory away and put
         // their own in its place.
         let absolute = directory.hasPrefix("/") ? directory : FileManager.default.currentDirectoryPath + "/" + directory
-        for ancestor in SteeringFileCheck.ancestors(of: absolute + "/") {
+        // Those above the directory as the path names it, and, when a link leads elsewhere,
+        // those above the directory it leads to (whoever may write one of those could move it
+        // away as well).
+        var ancestors = SteeringFileCheck.ancestors(of: absolute + "/")
+        if let resolved = realpath(directory, nil) {
+            let real = String(cString: resolved)
+            free(resolved)
+            ancestors += SteeringFileCheck.ancestors(of: real + "/").filter { !ancestors.contains($0) }
+        }
+        for ancestor in ancestors {
             guard let (check, _) = SteeringFileCheck.examineDirectory(ancestor, userID: UInt32(geteuid())) else { continue }
             if let reason = check.directoryReason(directory: ancestor, thing: "the socket") {
                 throw TokenAPIError(.socketDirectoryUnsafe, path, "the socket \(path) \(reason)")

@@ -74,6 +74,24 @@ struct SocketPathTests {
         }
     }
 
+    // Found by a review: through a link, only the directories above the path as given were
+    // judged, not those above the directory the link leads to.
+    @Test("a socket directory reached through a symbolic link: the directories above the one it leads to are judged too")
+    func directoryThroughLink() throws {
+        let scratch = Scratch()
+        try directory(scratch.file("shared"), mode: 0o777)
+        try directory(scratch.file("shared/sock"), mode: 0o750)
+        try FileManager.default.createSymbolicLink(atPath: scratch.file("run"), withDestinationPath: scratch.file("shared/sock"))
+        let refused = refusal(scratch.file("run/agent.sock"))
+        #expect(refused?.code == .socketDirectoryUnsafe && refused?.message.contains("is under \(scratch.file("shared"))") == true,
+                "\(String(describing: refused))")
+        // Led to a directory under safe ones: fine.
+        try directory(scratch.file("safe/sock"), mode: 0o750)
+        #expect(chmod(scratch.file("safe"), 0o755) == 0)
+        try FileManager.default.createSymbolicLink(atPath: scratch.file("run2"), withDestinationPath: scratch.file("safe/sock"))
+        #expect(refusal(scratch.file("run2/agent.sock")) == nil)
+    }
+
     // Found by a review with the sink's ACL defect: a default ACL on the socket's directory
     // was inherited by the private directory the socket is bound in and by the socket, so the
     // user it named could connect whatever --socket-mode said.
