@@ -63,6 +63,31 @@ struct ProxyCallPathTests {
         #expect(fake.traffic.connections == loops.count, "one connection per loop that had calls: \(fake.traffic)")
     }
 
+    // A review suspected that of calls rejected together (a key rotation under traffic), those
+    // refused by the per-key invalidation limit could read memory before the first call's
+    // invalidation dropped the rejected token, and answer the rejection. Not seen here: this
+    // pins that they do not.
+    @Test("a rotation under traffic: 50 calls rejected together are each sent once more with the one new token, and all succeed")
+    func concurrentRejections() async throws {
+        let rig = try await InProcessProxy.make(label: "proxy-rotation-test") { number in Date().addingTimeInterval(Double(number - 1) * 2) }
+        defer { rig.close() }
+        let (engine, fake, fetcher, proxy) = (rig.engine, rig.fake, rig.fetcher, rig.proxy)
+        let loops: [any EventLoop] = Array(MultiThreadedEventLoopGroup.singleton.makeIterator())
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { try await engine.run() }
+            let request = UpstreamConnectionTests.request(.grpc, "providers/p/vehicles/v-1")
+            #expect(try await Self.call(proxy, request, on: loops[0]).status == 200)
+            fake.rejectTokens(issuedBefore: Date().addingTimeInterval(1))
+            let statuses = try await withThrowingTaskGroup(of: Int.self) { calls in
+                for index in 0..<50 { calls.addTask { try await Self.call(proxy, request, on: loops[index % loops.count]).status } }
+                return try await calls.reduce(into: [Int]()) { $0.append($1) }
+            }
+            #expect(statuses.allSatisfy { $0 == 200 }, "\(statuses.filter { $0 != 200 }.count) of 50 failed: \(statuses.filter { $0 != 200 }.prefix(5))")
+            #expect(fetcher.count(try .vehicle("v-1")) == 2, "one fetch at start, one after the rotation")
+            group.cancelAll()
+        }
+    }
+
     // Found by a review: a wait for the token was not taken from the caller's deadline. A call
     // whose caller had given up (DEADLINE_EXCEEDED at its end) was still sent once the token
     // came, with the caller's whole grpc-timeout, and a retry started the time again: an older
