@@ -260,7 +260,8 @@ final class HTTP1CallHandler: ChannelInboundHandler, RemovableChannelHandler {
         }
     }
 
-    /// 413 and close: the rest of the body is not read.
+    /// 413, then the connection closed after a linger: the rest of the body is read and dropped
+    /// meanwhile (``write(_:version:keepAlive:lingering:to:)``).
     private func refuseTooLarge(_ context: ChannelHandlerContext) {
         guard let head, !refused else { return }
         refused = true
@@ -268,12 +269,23 @@ final class HTTP1CallHandler: ChannelInboundHandler, RemovableChannelHandler {
             "token-agent's Fleet Engine proxy refused the call: the request body is larger than \(ProxyRequestRules.maxBodyBytes) bytes")
         let request = ProxyRequest(wire: .rest, method: head.method.rawValue, target: head.uri, authority: head.headers.first(name: "host"),
                                    headers: head.headers.map { ($0.name.lowercased(), $0.value) }, body: ByteBuffer())
-        Self.write(calls.proxy.refusedUnread(request, refusal, peer: calls.peer), version: head.version, keepAlive: false, to: context.channel)
+        Self.write(calls.proxy.refusedUnread(request, refusal, peer: calls.peer), version: head.version, keepAlive: false,
+                   lingering: true, to: context.channel)
     }
 
-    /// Writes `response`; the future completes with the write of its end.
+    /// How long a connection refused mid-body stays open for reading (and dropping) what its
+    /// client still sends, after the answer and this end's half-close.
+    static let linger = TimeAmount.seconds(2)
+
+    /// Writes `response`; the future completes with the write of its end. Without `keepAlive`
+    /// the connection is closed after it; `lingering`, only this end is at once (a FIN after the
+    /// answer), and the rest of the connection within ``linger``: a client still sending a body
+    /// when the answer came (a 413) gets to read it. Closed at once, its unread bytes made the
+    /// kernel reset the connection, and a client that sends the whole body before reading saw
+    /// the reset, not the 413.
     @discardableResult
-    static func write(_ response: ProxyResponse, version: HTTPVersion, keepAlive: Bool, to channel: any Channel) -> EventLoopFuture<Void> {
+    static func write(_ response: ProxyResponse, version: HTTPVersion, keepAlive: Bool, lingering: Bool = false,
+                      to channel: any Channel) -> EventLoopFuture<Void> {
         var headers = HTTPHeaders(response.headers.map { ($0.name, $0.value) })
         headers.replaceOrAdd(name: "content-length", value: "\(response.body.readableBytes)")
         if !keepAlive { headers.replaceOrAdd(name: "connection", value: "close") }
@@ -281,7 +293,13 @@ final class HTTP1CallHandler: ChannelInboundHandler, RemovableChannelHandler {
         channel.write(HTTPServerResponsePart.head(head), promise: nil)
         if response.body.readableBytes > 0 { channel.write(HTTPServerResponsePart.body(.byteBuffer(response.body)), promise: nil) }
         let done = channel.writeAndFlush(HTTPServerResponsePart.end(nil))
-        if !keepAlive { done.whenComplete { _ in channel.close(promise: nil) } }
+        if !keepAlive {
+            done.whenComplete { _ in
+                guard lingering else { return channel.close(promise: nil) }
+                channel.close(mode: .output, promise: nil)
+                channel.eventLoop.scheduleTask(in: linger) { channel.close(promise: nil) }
+            }
+        }
         return done
     }
 }

@@ -82,6 +82,37 @@ extension ProxyRequestShapeTests {
         }
     }
 
+    // Found by a review: the 413 was written and the connection closed at once, with the body
+    // still coming; the kernel reset the connection for the unread bytes, and a client that
+    // sends its whole body before reading (urllib3, requests) saw the reset, not the 413.
+    @Test("a REST body past the cap sent whole before reading: the client reads the 413, not a reset")
+    func oversizedBodySentWholeReadsThe413() async throws {
+        let rig = try await InProcessProxy.make(label: "proxy-oversize-linger-test")
+        defer { rig.close() }
+        try await rig.withService { port in
+            let answer = try await offCooperativePool { () throws -> String in
+                let fd = try RawHTTP.connect(.tcp(port: port), timeout: 20)
+                defer { close(fd) }
+                let size = ProxyRequestRules.maxBodyBytes + 1024 * 1024
+                let head = "PUT /v1/providers/p/vehicles/truck-7 HTTP/1.1\r\nHost: 127.0.0.1:\(port)\r\nx-goog-api-client: gl-python/3.11\r\n"
+                    + "Content-Type: application/json\r\nContent-Length: \(size)\r\n\r\n"
+                guard RawHTTP.writeAll(fd, Array(head.utf8)) else { throw ProcessFailure(message: "write of the head: \(String(cString: strerror(errno)))") }
+                let chunk = [UInt8](repeating: UInt8(ascii: "x"), count: 1 << 20)
+                var sent = 0
+                while sent < size {
+                    let count = min(chunk.count, size - sent)
+                    guard RawHTTP.writeAll(fd, Array(chunk[..<count])) else {
+                        throw ProcessFailure(message: "write after \(sent) bytes of the body: \(String(cString: strerror(errno)))")
+                    }
+                    sent += count
+                }
+                shutdown(fd, Int32(SHUT_WR))
+                return String(decoding: try RawHTTP.readToEnd(fd), as: UTF8.self)
+            }
+            #expect(answer.hasPrefix("HTTP/1.1 413"), "\(answer.prefix(200))")
+        }
+    }
+
     @Test("a body past the 16 MiB cap is refused (REST 413 at its Content-Length, gRPC RESOURCE_EXHAUSTED as its DATA passes the cap), counted in the metric and access-logged under its method like every other call")
     func oversizedBodiesCountedAndLogged() async throws {
         let metrics = TestMetrics()
