@@ -108,6 +108,48 @@ extension SteeringFileCheck {
         for directory in ancestors(of: real) {
             try judgeDirectory(directory, path: path, role: role, userID: userID, judged: &judged)
         }
+        // ... and every other directory a link on the way is looked up in (a link reached
+        // through a link: /etc/ta/config.yaml → /srv/shared/current/config.yaml, with
+        // current → /srv/releases/v42, has /srv/shared in neither list above).
+        guard let looked = lookupDirectories(of: absolute) else {
+            throw SteeringFileReadError(code: .changed, path: path, role: role)
+        }
+        for directory in looked {
+            try judgeDirectory(directory, path: path, role: role, userID: userID, judged: &judged)
+        }
+    }
+
+    /// Every directory an entry is looked up in while the absolute `path` is resolved, symbolic
+    /// links followed as the kernel follows them (at most 40); nil when it cannot be resolved.
+    package static func lookupDirectories(of path: String) -> [String]? {
+        var remaining = ArraySlice(path.split(separator: "/").map(String.init))
+        var current = "/"
+        var directories: [String] = []
+        var links = 0
+        while let name = remaining.first {
+            remaining = remaining.dropFirst()
+            if name == "." { continue }
+            if name == ".." {
+                current = ancestors(of: current).first ?? "/"
+                continue
+            }
+            directories.append(current)
+            let next = current == "/" ? "/" + name : current + "/" + name
+            var info = stat()
+            guard lstat(next, &info) == 0 else { return nil }
+            guard info.st_mode & S_IFMT == S_IFLNK else {
+                current = next
+                continue
+            }
+            links += 1
+            var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
+            let count = readlink(next, &buffer, buffer.count - 1)
+            guard links <= 40, count > 0 else { return nil }
+            let target = String(decoding: buffer[..<count].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+            if target.hasPrefix("/") { current = "/" }
+            remaining = ArraySlice(target.split(separator: "/").map(String.init)) + remaining
+        }
+        return directories
     }
 
     private static func judgeDirectory(_ directory: String, path: String, role: String, userID: UInt32,

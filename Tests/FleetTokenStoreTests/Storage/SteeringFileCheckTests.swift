@@ -180,6 +180,32 @@ struct SteeringFileCheckTests {
         #expect(linked?.refusal?.directory == shared && linked?.path == link)
     }
 
+    // Found by a review: the directories judged were those above the path as given and those
+    // above the file it resolves to; a directory holding a link met on the way to the file (a
+    // "current" link in a deploy directory others may write) was in neither.
+    @Test("directories: one holding a link met on the way (a link reached through a link) is judged too")
+    func linkReachedThroughALink() throws {
+        let scratch = Scratch()
+        let (shared, releases, etc) = (scratch.file("shared"), scratch.file("releases/v1"), scratch.file("etc"))
+        for directory in [shared, releases, etc] { try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true) }
+        for directory in [scratch.file("releases"), releases, etc] { #expect(chmod(directory, 0o755) == 0) }
+        try "vehicle: [a]\n".write(toFile: releases + "/config.yaml", atomically: true, encoding: .utf8)
+        #expect(chmod(releases + "/config.yaml", 0o644) == 0)
+        #expect(symlink(releases, shared + "/current") == 0)
+        #expect(symlink(shared + "/current/config.yaml", etc + "/config.yaml") == 0)
+        #expect(chmod(shared, 0o755) == 0)
+        #expect(try SteeringFileCheck.read(path: etc + "/config.yaml", role: "config file") == Data("vehicle: [a]\n".utf8))
+        #expect(chmod(shared, 0o777) == 0)
+        let error = #expect(throws: SteeringFileReadError.self) { try SteeringFileCheck.read(path: etc + "/config.yaml", role: "config file") }
+        #expect(error?.refusal?.directory == shared, "\(String(describing: error))")
+        // The walk itself: each directory an entry is looked up in, links followed.
+        let looked = try #require(SteeringFileCheck.lookupDirectories(of: etc + "/config.yaml"))
+        for directory in [etc, shared, releases, scratch.path, "/"] { #expect(looked.contains(directory), "\(directory) not in \(looked)") }
+        #expect(SteeringFileCheck.lookupDirectories(of: scratch.file("missing/x")) == nil)
+        #expect(symlink(scratch.file("loop"), scratch.file("loop")) == 0)
+        #expect(SteeringFileCheck.lookupDirectories(of: scratch.file("loop")) == nil, "a link loop ends")
+    }
+
     @Test("directories: a relative path is judged from the working directory, up to /")
     func relative() throws {
         #expect(SteeringFileCheck.ancestors(of: "/a/b/c") == ["/a/b", "/a", "/"])
