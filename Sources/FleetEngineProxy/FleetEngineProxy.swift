@@ -31,6 +31,10 @@ public struct FleetEngineProxy: Sendable {
         /// The longest a call waits for Fleet Engine (each attempt), unless the caller's
         /// `grpc-timeout` is shorter. Default 60 s.
         public var upstreamTimeout: Duration = .seconds(60)
+        /// The most bytes of request bodies held at once, over all calls and connections: a
+        /// call whose body would pass it is refused (`RESOURCE_EXHAUSTED` / 503). Default 64 MiB
+        /// (Fleet Engine's requests are a few KiB; one body may have up to 16 MiB).
+        public var requestBodyBudget: Int = 64 << 20
 
         /// Reads what the proxy will read at start (the CA file, judged as every file that
         /// steers the agent), without connecting: for a configuration check.
@@ -50,6 +54,8 @@ public struct FleetEngineProxy: Sendable {
     let api: TokenAPI
     let configuration: Configuration
     let upstream: FleetEngineUpstream
+    /// Request bytes held by all calls (``Configuration/requestBodyBudget``).
+    package let bodyBudget: RequestBodyBudget
     let logger: Logger
     let metrics: any MetricsFactory
 
@@ -61,6 +67,7 @@ public struct FleetEngineProxy: Sendable {
         self.configuration = configuration
         self.upstream = try FleetEngineUpstream(endpoint: configuration.endpoint, caFile: configuration.caFile,
                                                 proxySettings: configuration.proxySettings, logger: logger)
+        self.bodyBudget = RequestBodyBudget(limit: configuration.requestBodyBudget)
         self.logger = logger
         self.metrics = metricsFactory
     }

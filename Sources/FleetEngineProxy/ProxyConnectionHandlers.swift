@@ -143,6 +143,8 @@ final class HTTP2CallHandler: ChannelInboundHandler {
                 return refuse(context, ProxyRefusal(grpcStatus: 8, httpStatus: 413, message:
                     "token-agent's Fleet Engine proxy refused the call: the request body is larger than \(ProxyRequestRules.maxBodyBytes) bytes"))
             }
+            if request!.reservation == nil { request!.reservation = BodyReservation(calls.proxy.bodyBudget) }
+            guard request!.reservation!.take(bytes.readableBytes) else { return refuse(context, .bodyBudgetSpent(calls.proxy.bodyBudget)) }
             request!.body.writeBuffer(&bytes)
             if frame.endStream { dispatch(context) }
         default:
@@ -220,6 +222,8 @@ final class HTTP1CallHandler: ChannelInboundHandler, RemovableChannelHandler {
     private let calls: ProxyCallContext
     private var head: HTTPRequestHead?
     private var body = ByteBuffer()
+    /// The body's bytes in the proxy's budget, handed to the request at its end.
+    private var reservation: BodyReservation?
     private var refused = false
 
     init(_ calls: ProxyCallContext) { self.calls = calls }
@@ -229,6 +233,7 @@ final class HTTP1CallHandler: ChannelInboundHandler, RemovableChannelHandler {
         case .head(let head):
             self.head = head
             body.clear()
+            reservation = nil
             refused = false
             if let length = head.headers.first(name: "content-length").flatMap(Int.init), length > ProxyRequestRules.maxBodyBytes {
                 refuseTooLarge(context)
@@ -236,14 +241,17 @@ final class HTTP1CallHandler: ChannelInboundHandler, RemovableChannelHandler {
         case .body(var bytes):
             guard !refused else { return }
             guard body.readableBytes + bytes.readableBytes <= ProxyRequestRules.maxBodyBytes else { return refuseTooLarge(context) }
+            if reservation == nil { reservation = BodyReservation(calls.proxy.bodyBudget) }
+            guard reservation!.take(bytes.readableBytes) else { return refuseUnread(context, .bodyBudgetSpent(calls.proxy.bodyBudget)) }
             body.writeBuffer(&bytes)
         case .end:
             guard let head, !refused else { return }
             self.head = nil
             let request = ProxyRequest(
                 wire: .rest, method: head.method.rawValue, target: head.uri, authority: head.headers.first(name: "host"),
-                headers: head.headers.map { ($0.name.lowercased(), $0.value) }, body: body)
+                headers: head.headers.map { ($0.name.lowercased(), $0.value) }, body: body, reservation: reservation)
             body = ByteBuffer()
+            reservation = nil
             let keepAlive = head.isKeepAlive
             let version = head.version
             let channel = context.channel
@@ -263,10 +271,17 @@ final class HTTP1CallHandler: ChannelInboundHandler, RemovableChannelHandler {
     /// 413, then the connection closed after a linger: the rest of the body is read and dropped
     /// meanwhile (``write(_:version:keepAlive:lingering:to:)``).
     private func refuseTooLarge(_ context: ChannelHandlerContext) {
+        refuseUnread(context, ProxyRefusal(grpcStatus: 8, httpStatus: 413, message:
+            "token-agent's Fleet Engine proxy refused the call: the request body is larger than \(ProxyRequestRules.maxBodyBytes) bytes"))
+    }
+
+    /// `refusal` before the body was read whole: answered, then the connection closed after
+    /// a linger; what the body held so far is dropped.
+    private func refuseUnread(_ context: ChannelHandlerContext, _ refusal: ProxyRefusal) {
         guard let head, !refused else { return }
         refused = true
-        let refusal = ProxyRefusal(grpcStatus: 8, httpStatus: 413, message:
-            "token-agent's Fleet Engine proxy refused the call: the request body is larger than \(ProxyRequestRules.maxBodyBytes) bytes")
+        body = ByteBuffer()
+        reservation = nil
         let request = ProxyRequest(wire: .rest, method: head.method.rawValue, target: head.uri, authority: head.headers.first(name: "host"),
                                    headers: head.headers.map { ($0.name.lowercased(), $0.value) }, body: ByteBuffer())
         Self.write(calls.proxy.refusedUnread(request, refusal, peer: calls.peer), version: head.version, keepAlive: false,

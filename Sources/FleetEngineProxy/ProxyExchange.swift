@@ -26,9 +26,13 @@ package struct ProxyRequest: Sendable {
     package var headers: [(name: String, value: String)]
     /// The body.
     package var body: ByteBuffer
+    /// The body's bytes in the proxy's budget, given back when the last copy of the request
+    /// goes (its call answered).
+    package var reservation: BodyReservation?
 
     package init(wire: ProxyWire, method: String, target: String, authority: String?,
-                 headers: [(name: String, value: String)], body: ByteBuffer) {
+                 headers: [(name: String, value: String)], body: ByteBuffer, reservation: BodyReservation? = nil) {
+        self.reservation = reservation
         self.wire = wire
         self.method = method
         self.target = target

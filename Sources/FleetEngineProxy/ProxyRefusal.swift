@@ -36,6 +36,14 @@ package struct ProxyRefusal: Error, Sendable, Equatable, CustomStringConvertible
     }
 
     /// A request the proxy cannot read: `INVALID_ARGUMENT` / 400.
+    /// The request bodies the proxy holds at once would pass its budget (many large calls at
+    /// once, or a process sending bodies it never ends).
+    static func bodyBudgetSpent(_ budget: RequestBodyBudget) -> ProxyRefusal {
+        ProxyRefusal(grpcStatus: 8, httpStatus: 503, message:
+            "token-agent's Fleet Engine proxy refused the call: the request bodies it holds at once would pass \(budget.limit) bytes; retry shortly",
+                     retryAfter: 1)
+    }
+
     package static func badRequest(_ message: String) -> ProxyRefusal {
         ProxyRefusal(grpcStatus: 3, httpStatus: 400, message: "token-agent's Fleet Engine proxy refused the call: \(message)")
     }

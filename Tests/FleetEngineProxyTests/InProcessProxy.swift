@@ -29,7 +29,8 @@ struct InProcessProxy: Sendable {
     /// A rig whose `number`th fetch (from 1) mints a token issued at `issuedAt(number)`; the
     /// proxy counts through `metrics` and, given `log`, logs there.
     static func make(label: String, issuedAt: @escaping @Sendable (Int) -> Date = { _ in Date() },
-                     metrics: any MetricsFactory = MetricsSystem.factory, log: LogRecorder? = nil) async throws -> InProcessProxy {
+                     metrics: any MetricsFactory = MetricsSystem.factory, log: LogRecorder? = nil,
+                     requestBodyBudget: Int? = nil) async throws -> InProcessProxy {
         let scratch = Scratch()
         var logger = log?.logger ?? Logger(label: label)
         if log == nil { logger.logLevel = .warning }
@@ -44,8 +45,9 @@ struct InProcessProxy: Sendable {
         let fake = try FakeFleetEngine(publicKeyPEM: signing.publicKey.pemRepresentation)
         do {
             try await fake.start()
-            let proxy = try FleetEngineProxy(api: api, configuration: .init(endpoint: try FleetEngineEndpoint(parsing: fake.url)), logger: logger,
-                                             metricsFactory: metrics)
+            var configuration = FleetEngineProxy.Configuration(endpoint: try FleetEngineEndpoint(parsing: fake.url))
+            if let requestBodyBudget { configuration.requestBodyBudget = requestBodyBudget }
+            let proxy = try FleetEngineProxy(api: api, configuration: configuration, logger: logger, metricsFactory: metrics)
             return InProcessProxy(scratch: scratch, logger: logger, fetcher: fetcher, store: store, engine: engine, fake: fake, proxy: proxy)
         } catch {
             fake.close()

@@ -82,6 +82,51 @@ extension ProxyRequestShapeTests {
         }
     }
 
+    // Found by a review: each body was capped (16 MiB) but not their sum, and HTTP/2 lets a
+    // connection open 100 streams: one local process sending bodies it never ended made the
+    // agent hold 1.6 GiB per connection, up to the out-of-memory killer.
+    @Test("the request bodies held at once are bounded over all streams and connections: past the budget a call is refused RESOURCE_EXHAUSTED / 503, and what a stream held is given back when it ends")
+    func requestBodyBudget() async throws {
+        let rig = try await InProcessProxy.make(label: "proxy-body-budget-test", requestBodyBudget: 1 << 20)
+        defer { rig.close() }
+        let budget = rig.proxy.bodyBudget
+        try await rig.withService { port in
+            let connection = try await HTTP2TestConnection.open(port: port)
+            defer { connection.close() }
+            let chunk = ByteBuffer(repeating: 0x41, count: 600 << 10)
+            // A body never ended holds 600 KiB of the 1 MiB.
+            let first = connection.channel.eventLoop.makePromise(of: HPACKHeaders.self)
+            let open = try await connection.startCall("VehicleService", "UpdateVehicle", answer: first, atEnd: false)
+            try await open.writeAndFlush(HTTP2Frame.FramePayload.data(.init(data: .byteBuffer(chunk), endStream: false))).get()
+            #expect(await eventually(within: 10) { budget.bytesHeld == 600 << 10 }, "held \(budget.bytesHeld)")
+            // Another 600 KiB, on another stream: past the budget.
+            let second = connection.channel.eventLoop.makePromise(of: HPACKHeaders.self)
+            let refused = try await connection.startCall("VehicleService", "UpdateVehicle", answer: second, atEnd: false)
+            // (The refusal may close the stream before this write completes.)
+            try? await refused.writeAndFlush(HTTP2Frame.FramePayload.data(.init(data: .byteBuffer(chunk), endStream: false))).get()
+            let got = try await HTTP2TestConnection.awaitAnswer(second, within: 10)
+            #expect(got.first(name: "grpc-status") == "8", "RESOURCE_EXHAUSTED: \(got)")
+            #expect(budget.bytesHeld == 600 << 10, "the refused call holds nothing: \(budget.bytesHeld)")
+            // The first stream ends (the caller gives up): its bytes are given back.
+            #expect(open.isActive && connection.channel.isActive, "the first stream is still open: \(open.isActive) \(connection.channel.isActive)")
+            // (Its close reports the stream's end, a cancel by RST_STREAM, as an error.)
+            try? await open.close()
+            #expect(await eventually(within: 10) { budget.bytesHeld == 0 }, "held \(budget.bytesHeld) after the stream closed")
+            // Calls answered give back what they held, REST included.
+            for _ in 0..<3 {
+                let body = "{\"name\":\"" + String(repeating: "x", count: 300 << 10) + "\"}"
+                let request = "PUT /v1/providers/p/vehicles/truck-7 HTTP/1.1\r\nHost: 127.0.0.1:\(port)\r\nx-goog-api-client: gl-python/3.11\r\n"
+                    + "Content-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\nConnection: close\r\n\r\n" + body
+                let answer = try await offCooperativePool {
+                    String(decoding: try RawHTTP.exchange(.tcp(port: port), Array(request.utf8), timeout: 20), as: UTF8.self)
+                }
+                #expect(answer.hasPrefix("HTTP/1.1 ") && !answer.hasPrefix("HTTP/1.1 503"), "\(answer.prefix(300))")
+            }
+            #expect(await eventually(within: 10) { budget.bytesHeld == 0 }, "held \(budget.bytesHeld) after the REST calls")
+        }
+        #expect(rig.fake.calls.allSatisfy { $0.method != "UpdateVehicle" || $0.wire == "rest" }, "no gRPC body past the budget was sent")
+    }
+
     // Found by a review: the 413 was written and the connection closed at once, with the body
     // still coming; the kernel reset the connection for the unread bytes, and a client that
     // sends its whole body before reading (urllib3, requests) saw the reset, not the 413.
