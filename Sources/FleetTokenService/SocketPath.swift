@@ -39,14 +39,13 @@ package enum SocketPath {
         // Whoever may write a directory above could move the socket's directory away and put
         // their own in its place.
         let absolute = directory.hasPrefix("/") ? directory : FileManager.default.currentDirectoryPath + "/" + directory
-        // Those above the directory as the path names it, and, when a link leads elsewhere,
-        // those above the directory it leads to (whoever may write one of those could move it
-        // away as well).
+        // Those above the directory as the path names it, and, when links lead elsewhere, every
+        // directory the path is looked up in (whoever may write one of those could move the
+        // socket's directory away as well, or point a link on the way at their own).
         var ancestors = SteeringFileCheck.ancestors(of: absolute + "/")
-        if let resolved = realpath(directory, nil) {
-            let real = String(cString: resolved)
-            free(resolved)
-            ancestors += SteeringFileCheck.ancestors(of: real + "/").filter { !ancestors.contains($0) }
+        let name = (path as NSString).lastPathComponent
+        if let looked = SteeringFileCheck.lookupDirectories(of: absolute + "/" + name, stoppingAtMissing: true) {
+            ancestors += looked.filter { !ancestors.contains($0) }
         }
         for ancestor in ancestors {
             guard let (check, _) = SteeringFileCheck.examineDirectory(ancestor, userID: UInt32(geteuid())) else { continue }

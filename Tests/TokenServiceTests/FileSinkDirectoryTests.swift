@@ -192,6 +192,16 @@ struct FileSinkDirectoryTests {
                 #expect(fileMode(shared + "/agent/sink") == 0o750)
             }
         }
+        // Through a link: the directories the path is looked up in count (var → shared/ta).
+        let scratch = Scratch()
+        let shared = scratch.file("shared")
+        try UnsafeSinkLayout.directory(shared + "/ta", mode: 0o755)
+        #expect(chmod(shared, 0o777) == 0)
+        try FileManager.default.createSymbolicLink(atPath: scratch.file("var"), withDestinationPath: shared + "/ta")
+        let (engine, _) = await Self.librarySink(scratch, logger: Logger(label: "sink-test"))
+        let linked = TokenFileSink(engine: engine, directory: scratch.file("var/sink"), logger: Logger(label: "sink-test"))
+        let error = #expect(throws: TokenFileSinkError.self, "through a link") { try linked.prepare() }
+        #expect(error?.code == .writableByOthers && error?.path == shared, "\(String(describing: error))")
     }
 
     @Test("a symlinked kind directory: the link's target is never written nor cleaned, at start or when the link is swapped in while running")

@@ -11,7 +11,7 @@ import TestSupportKit
 import Glibc
 #endif
 
-@Suite("Unix socket path rules")
+@Suite("Unix socket path rules", .paced)
 struct SocketPathTests {
     /// The code and message of the refusal of `path`, or nil when it passes.
     private func refusal(_ path: String) -> (code: TokenAPIError.Code, message: String)? {
@@ -90,6 +90,14 @@ struct SocketPathTests {
         #expect(chmod(scratch.file("safe"), 0o755) == 0)
         try FileManager.default.createSymbolicLink(atPath: scratch.file("run2"), withDestinationPath: scratch.file("safe/sock"))
         #expect(refusal(scratch.file("run2/agent.sock")) == nil)
+        // A link met on the way, in a directory others may write that is above neither the path
+        // nor the directory it leads to: run3 → open/current/sock, open/current → safe.
+        try directory(scratch.file("open"), mode: 0o777)
+        try FileManager.default.createSymbolicLink(atPath: scratch.file("open/current"), withDestinationPath: scratch.file("safe"))
+        try FileManager.default.createSymbolicLink(atPath: scratch.file("run3"), withDestinationPath: scratch.file("open/current/sock"))
+        let viaLink = refusal(scratch.file("run3/agent.sock"))
+        #expect(viaLink?.code == .socketDirectoryUnsafe && viaLink?.message.contains("is under \(scratch.file("open"))") == true,
+                "\(String(describing: viaLink))")
     }
 
     // Found by a review with the sink's ACL defect: a default ACL on the socket's directory

@@ -121,7 +121,9 @@ extension SteeringFileCheck {
 
     /// Every directory an entry is looked up in while the absolute `path` is resolved, symbolic
     /// links followed as the kernel follows them (at most 40); nil when it cannot be resolved.
-    package static func lookupDirectories(of path: String) -> [String]? {
+    /// With `stoppingAtMissing`, a name that does not exist (yet: what the caller will create)
+    /// ends the walk instead, with the directories so far.
+    package static func lookupDirectories(of path: String, stoppingAtMissing: Bool = false) -> [String]? {
         var remaining = ArraySlice(path.split(separator: "/").map(String.init))
         var current = "/"
         var directories: [String] = []
@@ -136,7 +138,7 @@ extension SteeringFileCheck {
             directories.append(current)
             let next = current == "/" ? "/" + name : current + "/" + name
             var info = stat()
-            guard lstat(next, &info) == 0 else { return nil }
+            guard lstat(next, &info) == 0 else { return stoppingAtMissing && errno == ENOENT ? directories : nil }
             guard info.st_mode & S_IFMT == S_IFLNK else {
                 current = next
                 continue

@@ -95,7 +95,11 @@ final class SinkDirectories: Sendable {
     private func judgeAncestors() throws(TokenFileSinkError) {
         let absolute = root.hasPrefix("/") ? root : FileManager.default.currentDirectoryPath + "/" + root
         let user = UInt32(geteuid())
-        for ancestor in SteeringFileCheck.ancestors(of: absolute) {
+        // Those above the root as its path names it, and, when links lead elsewhere, every
+        // directory the path is looked up in (the parents are opened following links).
+        var ancestors = SteeringFileCheck.ancestors(of: absolute)
+        ancestors += (SteeringFileCheck.lookupDirectories(of: absolute, stoppingAtMissing: true) ?? []).filter { !ancestors.contains($0) }
+        for ancestor in ancestors {
             guard let (check, _) = SteeringFileCheck.examineDirectory(ancestor, userID: user),
                   let reason = check.directoryReason(directory: ancestor, thing: "the sink directory") else { continue }
             throw TokenFileSinkError(check.ownedByAnotherUser ? .foreignOwner : .writableByOthers, directory: root, path: ancestor,
