@@ -478,6 +478,9 @@ final class ConnectionErrorCloser: ChannelInboundHandler {
     /// The PING in flight after a call timed out, and the timer that closes the connection
     /// unless its acknowledgement comes first.
     private var pingPending: (data: HTTP2PingData, timer: Scheduled<Void>)?
+    /// When the last PING was acknowledged: the connection is known alive for a while, and
+    /// servers answer PINGs sent too often with GOAWAY (gRPC's `too_many_pings`).
+    private var lastAcknowledged: NIODeadline?
 
     init(settingsDeadline: Scheduled<Void>, goneAway: EventLoopPromise<Void>, drain: ConnectionDrain, liveness: ConnectionLiveness) {
         self.settingsDeadline = settingsDeadline
@@ -488,11 +491,16 @@ final class ConnectionErrorCloser: ChannelInboundHandler {
 
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
         guard event is ConnectionLiveness.Check else { return context.fireUserInboundEventTriggered(event) }
-        // One PING at a time: calls timing out together ask once.
+        // One PING at a time: calls timing out together ask once; none within a while of an
+        // acknowledgement.
         guard pingPending == nil, context.channel.isActive else { return }
+        if let lastAcknowledged, .now() - lastAcknowledged < ConnectionLiveness.quietAfterAcknowledgement { return }
         let data = HTTP2PingData(withInteger: UInt64.random(in: 1...UInt64.max))
-        let (channel, liveness) = (context.channel, liveness)
+        let (channel, liveness, goneAway) = (context.channel, liveness, goneAway)
         let timer = context.eventLoop.assumeIsolated().scheduleTask(in: liveness.timeout) {
+            // No longer the loop's connection at once: a TLS close may wait for the server's
+            // close_notify, which a dead path never brings, and the next calls must not wait on it.
+            goneAway.succeed(())
             liveness.logger.warning("Fleet Engine did not acknowledge a PING after a call timed out: connection closed, made again for the next call",
                                     metadata: ["upstream": "\(liveness.upstream)", "within": "\(FleetEngineUpstream.describeDuration(liveness.timeout))"])
             channel.close(promise: nil)
@@ -514,6 +522,7 @@ final class ConnectionErrorCloser: ChannelInboundHandler {
         case .ping(let data, ack: true) where data == pingPending?.data:
             pingPending?.timer.cancel()
             pingPending = nil
+            lastAcknowledged = .now()
         default:
             break
         }
@@ -542,6 +551,9 @@ final class ConnectionErrorCloser: ChannelInboundHandler {
 struct ConnectionLiveness: Sendable {
     /// Sent up a connection's pipeline by a call whose time ran out on it.
     struct Check: Sendable {}
+
+    /// How long after a PING's acknowledgement no other is sent.
+    static let quietAfterAcknowledgement = TimeAmount.seconds(10)
 
     let timeout: TimeAmount
     let logger: Logger

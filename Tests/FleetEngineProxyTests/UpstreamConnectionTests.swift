@@ -178,14 +178,15 @@ struct UpstreamConnectionTests {
         let fake = try await Self.fake()
         defer { fake.close() }
         let upstream = try FleetEngineUpstream(endpoint: try FleetEngineEndpoint(parsing: fake.url), caFile: nil, logger: Logger(label: "test"),
-                                               livenessTimeout: .milliseconds(500))
+                                               livenessTimeout: .seconds(3))
         defer { upstream.close() }
         fake.delayAnswers(by: .seconds(2))
         let request = Self.request(.rest, "providers/p/vehicles/v-1")
         let slow = try #require(await Self.bounded(10) { await Self.outcome(upstream, request, timeout: .milliseconds(300)) })
         #expect(slow.failure == .timeout, "\(String(describing: slow.failure))")
         // Past the PING's time: a connection without its acknowledgement would be closed by now.
-        try await Task.sleep(for: .milliseconds(1500))
+        // (3 s for the acknowledgement: with 500 ms, a full run on 2 cores once took longer.)
+        try await Task.sleep(for: .milliseconds(3500))
         fake.delayAnswers(by: .zero)
         let answered = try #require(await Self.bounded(10) { await Self.outcome(upstream, request, timeout: .seconds(5)) })
         #expect(answered.failure == nil, "\(String(describing: answered.failure))")
