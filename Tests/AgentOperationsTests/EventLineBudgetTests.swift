@@ -10,7 +10,7 @@ import Testing
 import Glibc
 #endif
 
-@Suite("the event lines' budget: its rule")
+@Suite("the event lines' budget: its rule", .paced)
 struct EventLineBudgetTests {
     let t0 = Date(timeIntervalSince1970: 1_800_000_000)
 

@@ -2,10 +2,11 @@
 import FleetTokenHTTPSyntax
 import Foundation
 import Testing
+import TestSupportKit
 
 /// The provider's `Date` and `Retry-After` headers: RFC 9110's HTTP-date in all three forms,
 /// parsed without a formatter.
-@Suite("HTTP-date parsing")
+@Suite("HTTP-date parsing", .paced)
 struct HTTPDateTests {
     /// RFC 9110's example moment, 1994-11-06 08:49:37 UTC.
     let example = Date(timeIntervalSince1970: 784_111_777)

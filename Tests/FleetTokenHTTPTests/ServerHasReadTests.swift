@@ -5,7 +5,7 @@ import TestSupportKit
 import Glibc
 #endif
 
-@Suite("Test kit: RawHTTP.serverHasRead tells bytes a loopback server took from bytes still in the kernel")
+@Suite("Test kit: RawHTTP.serverHasRead tells bytes a loopback server took from bytes still in the kernel", .paced)
 struct ServerHasReadTests {
     @Test("false while the server has not read what the client wrote, true once it has; nil for a socket that is not TCP on loopback")
     func readOrNot() async throws {

@@ -44,7 +44,7 @@ public struct PacedTrait: SuiteTrait, TestTrait, TestScoping {
             try await function()
             return
         }
-        let slots = takesEverySlot ? TestGate.pacedWidth : 1
+        let slots = takesEverySlot ? TestGate.paced.width : 1
         try await TestGate.paced.run(slots: slots) { try await TestGate.$pacedHeld.withValue(true) { try await function() } }
     }
 }
@@ -53,9 +53,10 @@ extension Trait where Self == PacedTrait {
     /// Waits for one of the suite's shared slots before each test case starts.
     public static var paced: PacedTrait { PacedTrait(takesEverySlot: false) }
 
-    /// Waits for every shared slot before each test case starts: no other test of the process
-    /// runs beside it (it waits for those running to end, and those after it wait for it). For
-    /// a test that measures the whole process, such as its live heap.
+    /// Waits for every shared slot before each test case starts: no other test of a `.paced`
+    /// suite (every suite of this package) runs beside it; it waits for those running to end,
+    /// and those after it wait for it. For a test that measures the whole process, such as its
+    /// live heap.
     public static var alone: PacedTrait { PacedTrait(takesEverySlot: true) }
 }
 
@@ -84,6 +85,8 @@ actor TestGate {
         return 8 * max(1, ProcessInfo.processInfo.activeProcessorCount)
     }
 
+    /// The slots there are.
+    nonisolated let width: Int
     private var free: Int
     /// Runs holding slots now.
     private(set) var holders = 0
@@ -92,11 +95,14 @@ actor TestGate {
     private var waiters: [(slots: Int, resume: CheckedContinuation<Void, Never>)] = []
 
     init(slots: Int) {
+        width = slots
         free = slots
     }
 
-    /// Runs `body` holding `slots` slots (at most the gate's width).
+    /// Runs `body` holding `slots` slots (more than the gate's width count as all of them: a
+    /// request for more could never be granted, and every run after it would wait for ever).
     nonisolated func run(slots: Int = 1, _ body: @Sendable () async throws -> Void) async throws {
+        let slots = min(slots, width)
         await acquire(slots)
         do {
             try await body()

@@ -4,8 +4,9 @@
 @testable import FleetTokenService
 import NIOCore
 import Testing
+import TestSupportKit
 
-@Suite("token API connection idle rule")
+@Suite("token API connection idle rule", .paced)
 struct ConnectionIdleRuleTests {
     let start = NIODeadline.uptimeNanoseconds(1_000_000_000_000)
     func at(_ seconds: Int64) -> NIODeadline { start + .seconds(seconds) }

@@ -1,11 +1,12 @@
 import Foundation
 import Testing
+import TestSupportKit
 import FleetTokenStore
 
 // StoredToken keeps its fields in one shared immutable box (one retain per copy on the hit
 // path). These pin the value semantics callers rely on: a change touches only the changed copy,
 // and equality compares every field, not the box.
-@Suite("Stored tokens behave as values")
+@Suite("Stored tokens behave as values", .paced)
 struct StoredTokenTests {
     func token(_ key: TokenKey) -> StoredToken {
         StoredToken(key: key, value: "header.payload.signature",
