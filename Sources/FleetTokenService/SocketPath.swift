@@ -33,25 +33,15 @@ package enum SocketPath {
         // socket is bound in and by the socket itself (a named user could connect).
         let acls = AccessControlList.present(at: directory)
         if !acls.isEmpty {
-            let shown = SteeringFileCheck.shellQuoted(directory)
-            throw TokenAPIError(.socketDirectoryUnsafe, path, "the socket's directory \(directory) has \(AccessControlList.described(acls, madeInIt: "the socket")) (`getfacl \(shown)` shows it), which can let other users replace the socket or connect to it whatever the modes say: remove it with `setfacl -b \(shown)`, or use another directory")
+            let reason = AccessControlList.reason(acls, path: directory, madeInIt: "the socket", harm: "replace the socket or connect to it")
+            throw TokenAPIError(.socketDirectoryUnsafe, path, "the socket's directory \(directory) \(reason), or use another directory")
         }
-        // Whoever may write a directory above could move the socket's directory away and put
-        // their own in its place.
-        let absolute = directory.hasPrefix("/") ? directory : FileManager.default.currentDirectoryPath + "/" + directory
-        // Those above the directory as the path names it, and, when links lead elsewhere, every
-        // directory the path is looked up in (whoever may write one of those could move the
-        // socket's directory away as well, or point a link on the way at their own).
-        var ancestors = SteeringFileCheck.ancestors(of: absolute + "/")
+        // Whoever may write a directory on the way (above it as the path names it, or one a
+        // link leads through) could move the socket's directory away and put their own in its
+        // place, or point a link at their own.
         let name = (path as NSString).lastPathComponent
-        if let looked = SteeringFileCheck.lookupDirectories(of: absolute + "/" + name, stoppingAtMissing: true) {
-            ancestors += looked.filter { !ancestors.contains($0) }
-        }
-        for ancestor in ancestors {
-            guard let (check, _) = SteeringFileCheck.examineDirectory(ancestor, userID: UInt32(geteuid())) else { continue }
-            if let reason = check.directoryReason(directory: ancestor, thing: "the socket") {
-                throw TokenAPIError(.socketDirectoryUnsafe, path, "the socket \(path) \(reason)")
-            }
+        if let unsafe = SteeringFileCheck.unsafeDirectory(onTheWayTo: directory + "/" + name, thing: "the socket") {
+            throw TokenAPIError(.socketDirectoryUnsafe, path, "the socket \(path) \(unsafe.reason)")
         }
         guard let existing = FileFacts.of(path, followingLinks: false) else { return }
         guard existing.kind == .socket else {

@@ -31,9 +31,17 @@ package enum AccessControlList {
         for name in [accessName, defaultName] { _ = removeExtendedAttribute(descriptor, name) }
     }
 
-    /// `an ACL and a default ACL, which what is made in it would inherit`, for a message.
-    package static func described(_ names: [String], madeInIt: String) -> String {
-        names.map { $0 == defaultName ? "a default ACL, which \(madeInIt) would inherit" : "an ACL" }.joined(separator: " and ")
+    /// What the ACLs `names` (attribute names) at `path` let other users do and how to remove
+    /// them, for a message that names `path` just before: `has a default ACL, which every
+    /// token file made in it would inherit (`getfacl PATH` shows it), which can let other users
+    /// read them whatever its mode says: remove it with `setfacl -b PATH``.
+    /// - Parameters:
+    ///   - madeInIt: What would inherit a default ACL (`the socket`).
+    ///   - harm: What another user could do (`replace the socket or connect to it`).
+    package static func reason(_ names: [String], path: String, madeInIt: String, harm: String) -> String {
+        let which = names.map { $0 == defaultName ? "a default ACL, which \(madeInIt) would inherit" : "an ACL" }
+        let shown = SteeringFileCheck.shellQuoted(path)
+        return "has \(which.joined(separator: " and ")) (`getfacl \(shown)` shows it), which can let other users \(harm) whatever its mode says: remove it with `setfacl -b \(shown)`"
     }
 }
 

@@ -15,8 +15,8 @@ extension SteeringFileCheck {
     package static let defaultMaximumSize = 16 << 20
 
     /// Judges the file at `path` as it would be read now, without reading it: a symbolic link
-    /// is followed to the file it names, and the directories on the way (those of the path as
-    /// given and those of the file it resolves to) are judged too.
+    /// is followed to the file it names, and every directory on the way (each one an entry is
+    /// looked up in, links met on the way followed) is judged too.
     ///
     /// A missing file passes: reading it says so in the reader's words. Any other failure to
     /// examine it (a loop of symbolic links, a path through a file, a directory this user
@@ -87,36 +87,61 @@ extension SteeringFileCheck {
         guard check.isSafe else {
             throw SteeringFileReadError(refusal: SteeringFileError(path: path, role: role, check: check))
         }
-        // The directories the path is looked up through, as given (a relative path from the
-        // working directory) ...
-        let absolute = path.hasPrefix("/") ? path : FileManager.default.currentDirectoryPath + "/" + path
-        var judged: Set<[UInt64]> = []
-        for directory in ancestors(of: absolute) {
-            try judgeDirectory(directory, path: path, role: role, userID: userID, judged: &judged)
-        }
-        // ... and those of the file it resolves to, when symbolic links lead elsewhere. That
-        // file must be the one judged above (else the path changed meanwhile).
+        // The file judged must be the one the path leads to now (else the path changed
+        // meanwhile) ...
         guard let resolved = realpath(path, nil) else {
             throw SteeringFileReadError(code: .changed, path: path, role: role)
         }
-        let real = String(cString: resolved)
-        free(resolved)
         var now = stat()
-        guard stat(real, &now) == 0, now.st_dev == info.st_dev, now.st_ino == info.st_ino else {
+        let leadsToIt = stat(resolved, &now) == 0 && now.st_dev == info.st_dev && now.st_ino == info.st_ino
+        free(resolved)
+        guard leadsToIt else { throw SteeringFileReadError(code: .changed, path: path, role: role) }
+        // ... and every directory an entry is looked up in on the way to it (it was just
+        // traversed, so a failure now means the path changed meanwhile).
+        guard let directories = lookupDirectories(of: absolute(path)) else {
             throw SteeringFileReadError(code: .changed, path: path, role: role)
         }
-        for directory in ancestors(of: real) {
-            try judgeDirectory(directory, path: path, role: role, userID: userID, judged: &judged)
+        guard let (directory, check) = firstUnsafe(of: directories, userID: userID, passingOverUnexaminable: false) else { return }
+        guard let check else { throw SteeringFileReadError(code: .changed, path: path, role: role) }
+        throw SteeringFileReadError(refusal: SteeringFileError(path: path, role: role, check: check, directory: directory))
+    }
+
+    /// The first directory on the way to `path` (from the working directory when relative)
+    /// whose owner or mode lets another user replace what `path` names, with the check that
+    /// refused it and the reason for a message that names `thing` (`the socket`); nil when
+    /// every one is sound. What may not exist yet (the caller creates it) ends the walk, and
+    /// a directory that cannot be examined is passed over: creating or opening it fails.
+    package static func unsafeDirectory(onTheWayTo path: String, thing: String)
+        -> (directory: String, check: SteeringFileCheck, reason: String)? {
+        let absolute = absolute(path)
+        // A walk that fails (a loop of links, a directory this user cannot search) judges the
+        // directories above the path as given.
+        let directories = lookupDirectories(of: absolute, stoppingAtMissing: true) ?? ancestors(of: absolute)
+        guard let (directory, check) = firstUnsafe(of: directories, userID: UInt32(geteuid()), passingOverUnexaminable: true),
+              let check, let reason = check.directoryReason(directory: directory, thing: thing) else { return nil }
+        return (directory, check, reason)
+    }
+
+    /// The first of `directories` whose owner or mode lets another user (than `userID`)
+    /// replace its entries, each directory judged once however often it is named; nil when
+    /// all are sound. One that cannot be examined is passed over, or else returned without a
+    /// check.
+    private static func firstUnsafe(of directories: [String], userID: UInt32,
+                                    passingOverUnexaminable: Bool) -> (directory: String, check: SteeringFileCheck?)? {
+        var judged: Set<[UInt64]> = []
+        for directory in directories {
+            guard let (check, identity) = examineDirectory(directory, userID: userID) else {
+                if passingOverUnexaminable { continue }
+                return (directory, nil)
+            }
+            if judged.insert(identity).inserted && !check.isSafeDirectory { return (directory, check) }
         }
-        // ... and every other directory a link on the way is looked up in (a link reached
-        // through a link: /etc/ta/config.yaml → /srv/shared/current/config.yaml, with
-        // current → /srv/releases/v42, has /srv/shared in neither list above).
-        guard let looked = lookupDirectories(of: absolute) else {
-            throw SteeringFileReadError(code: .changed, path: path, role: role)
-        }
-        for directory in looked {
-            try judgeDirectory(directory, path: path, role: role, userID: userID, judged: &judged)
-        }
+        return nil
+    }
+
+    /// `path`, made absolute from the working directory when relative.
+    private static func absolute(_ path: String) -> String {
+        path.hasPrefix("/") ? path : FileManager.default.currentDirectoryPath + "/" + path
     }
 
     /// Every directory an entry is looked up in while the absolute `path` is resolved, symbolic
@@ -154,21 +179,9 @@ extension SteeringFileCheck {
         return directories
     }
 
-    private static func judgeDirectory(_ directory: String, path: String, role: String, userID: UInt32,
-                                       judged: inout Set<[UInt64]>) throws(SteeringFileReadError) {
-        // It was just traversed: failing now means the path changed meanwhile.
-        guard let (check, identity) = examineDirectory(directory, userID: userID) else {
-            throw SteeringFileReadError(code: .changed, path: path, role: role)
-        }
-        guard judged.insert(identity).inserted else { return }
-        guard check.isSafeDirectory else {
-            throw SteeringFileReadError(refusal: SteeringFileError(path: path, role: role, check: check, directory: directory))
-        }
-    }
-
     /// The owner and mode of the directory at `directory`, judged for `userID`, and its device
     /// and inode (to judge a directory reached twice once); nil when it cannot be examined.
-    package static func examineDirectory(_ directory: String, userID: UInt32) -> (check: SteeringFileCheck, identity: [UInt64])? {
+    private static func examineDirectory(_ directory: String, userID: UInt32) -> (check: SteeringFileCheck, identity: [UInt64])? {
         guard let facts = FileFacts.of(directory) else { return nil }
         return (SteeringFileCheck(mode: facts.mode, ownerID: facts.ownerID, userID: userID), facts.identity)
     }

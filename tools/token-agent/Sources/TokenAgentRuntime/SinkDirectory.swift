@@ -93,18 +93,11 @@ final class SinkDirectories: Sendable {
     /// they could move the root away and put their own directory, with their own token files or
     /// an ACL that lets them read the sink's, in its place.
     private func judgeAncestors() throws(TokenFileSinkError) {
-        let absolute = root.hasPrefix("/") ? root : FileManager.default.currentDirectoryPath + "/" + root
-        let user = UInt32(geteuid())
-        // Those above the root as its path names it, and, when links lead elsewhere, every
-        // directory the path is looked up in (the parents are opened following links).
-        var ancestors = SteeringFileCheck.ancestors(of: absolute)
-        ancestors += (SteeringFileCheck.lookupDirectories(of: absolute, stoppingAtMissing: true) ?? []).filter { !ancestors.contains($0) }
-        for ancestor in ancestors {
-            guard let (check, _) = SteeringFileCheck.examineDirectory(ancestor, userID: user),
-                  let reason = check.directoryReason(directory: ancestor, thing: "the sink directory") else { continue }
-            throw TokenFileSinkError(check.ownedByAnotherUser ? .foreignOwner : .writableByOthers, directory: root, path: ancestor,
-                                     "the sink directory \(root) \(reason)")
-        }
+        // Those above the root as its path names it, and every directory a link on the way
+        // leads through (the parents are opened following links).
+        guard let unsafe = SteeringFileCheck.unsafeDirectory(onTheWayTo: root, thing: "the sink directory") else { return }
+        throw TokenFileSinkError(unsafe.check.ownedByAnotherUser ? .foreignOwner : .writableByOthers, directory: root,
+                                 path: unsafe.directory, "the sink directory \(root) \(unsafe.reason)")
     }
 
     private func kindDescriptor(_ kind: TokenKind, create: Bool, _ held: inout Held) throws(TokenFileSinkError) -> Int32? {
@@ -268,10 +261,10 @@ extension SinkDirectories {
     /// user's entry gives that user access, and a default ACL is inherited by every token file.
     static func problem(acls: [String], path: String, root: String) -> TokenFileSinkError? {
         guard !acls.isEmpty else { return nil }
-        let which = AccessControlList.described(acls, madeInIt: "every token file made in it")
+        let reason = AccessControlList.reason(acls, path: path, madeInIt: "every token file made in it", harm: "read, swap or plant token files")
         let remedy = path == root ? "or choose another directory" : "or remove it and let the sink create it"
         return TokenFileSinkError(.accessControlList, directory: root, path: path,
-                                  "the sink directory \(path) is not safe for tokens: it has \(which) (`getfacl \(SteeringFileCheck.shellQuoted(path))` shows it), which can let other users read, swap or plant token files whatever its mode says; remove it with `setfacl -b \(SteeringFileCheck.shellQuoted(path))`, \(remedy)")
+                                  "the sink directory \(path) is not safe for tokens: it \(reason), \(remedy)")
     }
 }
 
