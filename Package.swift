@@ -129,6 +129,8 @@ let package = Package(
             name: "FleetTokenService",
             dependencies: [
                 "FleetTokenStore",
+                // The HTTP-date of the `Date` header.
+                "FleetTokenHTTPSyntax",
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HTTPTypes", package: "swift-http-types"),
                 .product(name: "NIOCore", package: "swift-nio"),

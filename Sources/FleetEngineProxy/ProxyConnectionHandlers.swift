@@ -143,8 +143,7 @@ final class HTTP2CallHandler: ChannelInboundHandler {
                 return refuse(context, ProxyRefusal(grpcStatus: 8, httpStatus: 413, message:
                     "token-agent's Fleet Engine proxy refused the call: the request body is larger than \(ProxyRequestRules.maxBodyBytes) bytes"))
             }
-            if request!.reservation == nil { request!.reservation = BodyReservation(calls.proxy.bodyBudget) }
-            guard request!.reservation!.take(bytes.readableBytes) else { return refuse(context, .bodyBudgetSpent(calls.proxy.bodyBudget)) }
+            guard calls.proxy.bodyBudget.take(bytes.readableBytes, for: &request!.reservation) else { return refuse(context, .bodyBudgetSpent(calls.proxy.bodyBudget)) }
             request!.body.writeBuffer(&bytes)
             if frame.endStream { dispatch(context) }
         default:
@@ -241,8 +240,7 @@ final class HTTP1CallHandler: ChannelInboundHandler, RemovableChannelHandler {
         case .body(var bytes):
             guard !refused else { return }
             guard body.readableBytes + bytes.readableBytes <= ProxyRequestRules.maxBodyBytes else { return refuseTooLarge(context) }
-            if reservation == nil { reservation = BodyReservation(calls.proxy.bodyBudget) }
-            guard reservation!.take(bytes.readableBytes) else { return refuseUnread(context, .bodyBudgetSpent(calls.proxy.bodyBudget)) }
+            guard calls.proxy.bodyBudget.take(bytes.readableBytes, for: &reservation) else { return refuseUnread(context, .bodyBudgetSpent(calls.proxy.bodyBudget)) }
             body.writeBuffer(&bytes)
         case .end:
             guard let head, !refused else { return }

@@ -28,6 +28,13 @@ package final class RequestBodyBudget: Sendable {
         }
     }
 
+    /// Counts `count` more bytes of the body `reservation` holds, starting its reservation
+    /// with its first bytes; false, counting nothing more, when the budget is spent.
+    func take(_ count: Int, for reservation: inout BodyReservation?) -> Bool {
+        if reservation == nil { reservation = BodyReservation(self) }
+        return reservation!.take(count)
+    }
+
     func give(_ count: Int) {
         held.subtract(count, ordering: .relaxed)
     }

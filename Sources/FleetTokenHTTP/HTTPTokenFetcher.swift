@@ -149,7 +149,7 @@ public final class HTTPTokenFetcher: TokenFetcher, Sendable {
             throw mapTransportError(error)
         }
         let receivedAt = Date()
-        let providerDate = response.headers.first(name: "Date").flatMap(Self.httpDate)
+        let providerDate = response.headers.first(name: "Date").flatMap { HTTPDate.parse($0) }
         return try parse(Data(buffer: body), for: key, now: providerDate ?? receivedAt, providerDate: providerDate)
     }
 
@@ -176,11 +176,6 @@ public final class HTTPTokenFetcher: TokenFetcher, Sendable {
            let seconds = Double(trimmed) {
             return min(seconds, maximumRetryAfter)
         }
-        return httpDate(trimmed).map { min(max(0, $0.timeIntervalSinceNow), maximumRetryAfter) }
-    }
-
-    /// Parses an RFC 9110 HTTP-date in any of its three forms (``HTTPDate``).
-    static func httpDate(_ value: String) -> Date? {
-        HTTPDate.parse(value)
+        return HTTPDate.parse(trimmed).map { min(max(0, $0.timeIntervalSinceNow), maximumRetryAfter) }
     }
 }

@@ -1,9 +1,12 @@
 // Provider layer: the HTTP-date of a provider's `Date` and `Retry-After` headers, parsed by
-// arithmetic. A `DateFormatter` per response (what this replaced) built an ICU calendar and
+// arithmetic; and the token API's own `Date` header, formatted. A `DateFormatter` per response (what this replaced) built an ICU calendar and
 // locale for every fetch, and kept ICU's code and data resident in an agent that needs nothing
 // else of it.
 
 package import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// RFC 9110's HTTP-date (section 5.6.7) in all three of its forms, which a recipient must
 /// accept: the IMF-fixdate every current server sends (`Sun, 06 Nov 1994 08:49:37 GMT`), and
@@ -20,6 +23,18 @@ package enum HTTPDate {
         let bytes = Array(text.utf8)
         guard let fields = imfFixdate(bytes) ?? rfc850(bytes, now: now) ?? asctime(bytes) else { return nil }
         return fields.date
+    }
+
+    /// `seconds` since 1970 as an IMF-fixdate, `Sun, 06 Nov 1994 08:49:37 GMT`: what a server
+    /// sends as its `Date`. Empty when the C library cannot place the time.
+    package static func format(_ seconds: Int) -> String {
+        var time = time_t(seconds), parts = tm()
+        guard gmtime_r(&time, &parts) != nil else { return "" }
+        func two(_ value: Int32) -> String { value < 10 ? "0\(value)" : "\(value)" }
+        // tm_wday counts from Sunday, the names from Monday.
+        let day = String(decoding: shortDayNames[(Int(parts.tm_wday) + 6) % 7], as: UTF8.self)
+        let month = String(decoding: monthNames[Int(parts.tm_mon)], as: UTF8.self)
+        return "\(day), \(two(parts.tm_mday)) \(month) \(parts.tm_year + 1900) \(two(parts.tm_hour)):\(two(parts.tm_min)):\(two(parts.tm_sec)) GMT"
     }
 
     /// The calendar fields of a parsed date, checked to name a moment that exists.

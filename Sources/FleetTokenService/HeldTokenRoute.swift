@@ -2,6 +2,7 @@
 // from the HTTP/1 parser's head, when memory holds the token and every rule lets it through;
 // anything else goes on to the conversion to HTTPTypes and the router, which decide it as before.
 
+import FleetTokenHTTPSyntax
 import FleetTokenStore
 import Foundation
 import HTTPTypes
@@ -268,24 +269,10 @@ final class HeldTokenHandler: ChannelDuplexHandler, RemovableChannelHandler {
     /// The `Date` header's value now, made once a second.
     private func httpDate() -> String {
         let now = time(nil)
-        if Int(now) != date.second { date = (Int(now), HTTPDate.format(now)) }
+        if Int(now) != date.second { date = (Int(now), HTTPDate.format(Int(now))) }
         return date.text
     }
 }
 
 @available(*, unavailable)
 extension HeldTokenHandler: Sendable {}
-
-/// The `Date` header's value: RFC 9110's IMF-fixdate.
-enum HTTPDate {
-    private static let days = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"]
-    private static let months = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
-
-    /// `seconds` since 1970 as `Sun, 29 Nov 2026 15:58:32 GMT`.
-    static func format(_ seconds: time_t) -> String {
-        guard let parts = UTCTime.parts(seconds) else { return "" }
-        let two = UTCTime.twoDigits
-        return "\(days[Int(parts.tm_wday)]), \(two(parts.tm_mday)) \(months[Int(parts.tm_mon)]) \(parts.tm_year + 1900) "
-            + "\(two(parts.tm_hour)):\(two(parts.tm_min)):\(two(parts.tm_sec)) GMT"
-    }
-}

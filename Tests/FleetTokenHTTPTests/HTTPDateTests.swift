@@ -33,7 +33,7 @@ struct HTTPDateTests {
         }
     }
 
-    @Test("every IMF-fixdate from 1600 to 9999 parses to what a formatter wrote")
+    @Test("every IMF-fixdate from 1600 to 9999 parses to what a formatter wrote, and is written as the formatter writes it")
     func matchesAFormatter() {
         // The formatter switches to the Julian calendar before 1582; HTTP dates are Gregorian.
         let first = -11_676_096_000.0, last = 253_402_300_799.0
@@ -44,6 +44,7 @@ struct HTTPDateTests {
             let date = Date(timeIntervalSince1970: seconds)
             let text = httpDate(date)
             #expect(HTTPDate.parse(text, now: now) == date, "\(text)")
+            #expect(HTTPDate.format(Int(seconds)) == text)
         }
     }
 
