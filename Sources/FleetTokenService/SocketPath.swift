@@ -17,7 +17,10 @@ package enum SocketPath {
     /// The directory must exist, belong to this user (or root) and not be writable by others,
     /// nor may any directory above it (sticky ones of this user or root excepted, as for the
     /// files that steer the agent); an existing file must be a socket nobody answers on.
-    package static func check(_ path: String) throws(TokenAPIError) {
+    ///
+    /// With `refusingALiveSocket` false (`token-agent --check-config`, which may run beside the
+    /// agent that listens there), a socket something answers on passes.
+    package static func check(_ path: String, refusingALiveSocket: Bool = true) throws(TokenAPIError) {
         let directory = (path as NSString).deletingLastPathComponent.isEmpty ? "." : (path as NSString).deletingLastPathComponent
         guard let info = FileFacts.of(directory), info.kind == .directory else {
             throw TokenAPIError(.socketDirectoryMissing, path, "the socket's directory \(directory) does not exist: create it (or have the service manager create it, as systemd's RuntimeDirectory= does)")
@@ -47,7 +50,7 @@ package enum SocketPath {
         guard existing.kind == .socket else {
             throw TokenAPIError(.notASocket, path, "\(path) exists and is not a socket: remove it or choose another path")
         }
-        if answers(path) {
+        if refusingALiveSocket && answers(path) {
             throw TokenAPIError(.socketInUse, path, "another process is listening on \(path): stop it, or choose another socket path")
         }
     }

@@ -72,6 +72,46 @@ struct StartChecksTests {
         #expect(!FileManager.default.fileExists(atPath: db))
     }
 
+    @Test("--check-config judges the sockets' and the sink's directories as a start does (its message, exit 64, nothing created); a socket the running agent answers on passes")
+    func edgeDirectories() async throws {
+        let scratch = Scratch()
+        let open = scratch.file("open")
+        try FileManager.default.createDirectory(atPath: open, withIntermediateDirectories: false)
+        #expect(chmod(open, 0o775) == 0)
+        let refused: [(name: String, arguments: [String], message: String)] = [
+            ("a socket directory its group may write", ["--listen", "unix:\(open)/api.sock"], "the socket's directory \(open) is writable by its group"),
+            ("a missing socket directory", ["--listen", "unix:\(scratch.file("missing"))/api.sock"], "does not exist"),
+            ("the proxy's socket directory its group may write", ["--fleet-engine-listen", "unix:\(open)/fleet.sock"], "the socket's directory \(open) is writable by its group"),
+            ("a sink under a directory its group may write", ["--sink", "\(open)/sink"], "the sink directory \(open)/sink is under \(open)"),
+            ("a sink directory its group may write", ["--sink", open], "the sink directory \(open) is not safe for tokens"),
+        ]
+        for (name, arguments, message) in refused {
+            let db = scratch.file("tokens.sqlite")
+            let arguments = ["--db", db, "--provider-url", Self.provider, "--vehicle", "a"] + arguments
+            let checked = try await AgentFixture.run(arguments + ["--check-config"], in: scratch)
+            #expect(checked.status == 64, "\(name): \(checked.stderr)")
+            #expect(checked.stderr.contains(message), "\(name): \(checked.stderr)")
+            #expect(!checked.stdout.contains("configuration OK"), "\(name)")
+            #expect(!FileManager.default.fileExists(atPath: "\(open)/sink"), "\(name): --check-config created the sink")
+            #expect(!FileManager.default.fileExists(atPath: db), "\(name): --check-config created the store")
+
+            let started = try await AgentFixture.run(arguments, in: scratch, timeout: 30)
+            #expect(started.status == 1, "\(name): \(started.stderr)")
+            #expect(started.stderr.split(separator: "\n").contains { $0 == Self.firstLine(checked.stderr) }, "\(name): \(started.stderr)")
+            try? FileManager.default.removeItem(atPath: db)
+        }
+
+        // Beside the agent it checks: its live socket and its sink pass.
+        let db = scratch.file("tokens.sqlite")
+        let arguments = ["--db", db, "--provider-url", Self.provider, "--vehicle", "a", "--log-level", "notice",
+                         "--listen", "unix:\(scratch.file("api.sock"))", "--sink", scratch.file("sink")]
+        let agent = try await AgentFixture.serving(arguments, environment: AgentFixture.noProxy, in: scratch)
+        let checked = try await AgentFixture.run(arguments + ["--check-config"], in: scratch)
+        #expect(checked.status == 0, "\(checked.stderr)")
+        #expect(checked.stdout == "token-agent: configuration OK\n")
+        #expect(await agent.stop() == 0)
+    }
+
     @Test("TOKEN_STORE_DB beats the config file's db: (variables beat the file); --db and TOKEN_AGENT_DB beat TOKEN_STORE_DB")
     func storeVariableBeatsFile() async throws {
         let scratch = Scratch()

@@ -57,11 +57,30 @@ final class SinkDirectories: Sendable {
     func prepare() throws(TokenFileSinkError) {
         try held.withLock { (held: inout Held) throws(TokenFileSinkError) in
             let root = try rootDescriptor(&held)
-            guard faccessat(root, ".", W_OK | X_OK, 0) == 0 else {
-                throw TokenFileSinkError(.directoryNotWritable, directory: self.root,
-                                         "cannot write in the sink directory \(self.root): \(String(cString: strerror(errno))); give this user write access, or choose another directory")
-            }
+            guard faccessat(root, ".", W_OK | X_OK, 0) == 0 else { throw notWritable(errno) }
             for kind in TokenKind.allCases { _ = try kindDescriptor(kind, create: false, &held) }
+        }
+    }
+
+    /// What ``prepare()`` would refuse, judged without creating anything and holding nothing:
+    /// the directories above the root, then the root and each kind directory that exists.
+    func inspect() throws(TokenFileSinkError) {
+        try judgeAncestors()
+        let (_, parentPath, name) = Self.split(root)
+        let parent = open(parentPath, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard parent >= 0 else {
+            // A missing parent is created at start, in a directory judged above.
+            if errno == ENOENT { return }
+            throw notOpened(parentPath, errno)
+        }
+        defer { close(parent) }
+        guard let rootDescriptor = try openChecked(in: parent, name: name, path: root, create: false, isRoot: true) else { return }
+        defer { close(rootDescriptor) }
+        guard faccessat(rootDescriptor, ".", W_OK | X_OK, 0) == 0 else { throw notWritable(errno) }
+        for kind in TokenKind.allCases {
+            if let descriptor = try openChecked(in: rootDescriptor, name: kind.rawValue, path: path(of: kind), create: false, isRoot: false) {
+                close(descriptor)
+            }
         }
     }
 
@@ -121,11 +140,7 @@ final class SinkDirectories: Sendable {
     /// missing ones with ``mode``), its last component without following a link. The last one
     /// is checked when it is the sink root.
     private func openPath(_ path: String, isRoot: Bool) throws(TokenFileSinkError) -> Int32 {
-        var trimmed = path
-        while trimmed.count > 1 && trimmed.hasSuffix("/") { trimmed.removeLast() }
-        let slash = trimmed.lastIndex(of: "/")
-        let name = slash.map { String(trimmed[trimmed.index(after: $0)...]) } ?? trimmed
-        let parent = slash.map { $0 == trimmed.startIndex ? "/" : String(trimmed[..<$0]) } ?? "."
+        let (trimmed, parent, name) = Self.split(path)
         if name.isEmpty || name == "." || name == ".." || trimmed == "/" {
             // Nothing to create; no link can stand for these names.
             let descriptor = open(trimmed, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
@@ -183,6 +198,23 @@ final class SinkDirectories: Sendable {
         }
         if checked { try Self.check(descriptor, path: path, root: root, closing: true) }
         return descriptor
+    }
+
+    /// `path` without trailing slashes, the directory it is in and its last component
+    /// (`/var/lib/sink/` → `/var/lib/sink`, `/var/lib`, `sink`; `sink` → `sink`, `.`, `sink`).
+    private static func split(_ path: String) -> (trimmed: String, parent: String, name: String) {
+        var trimmed = path
+        while trimmed.count > 1 && trimmed.hasSuffix("/") { trimmed.removeLast() }
+        let slash = trimmed.lastIndex(of: "/")
+        let name = slash.map { String(trimmed[trimmed.index(after: $0)...]) } ?? trimmed
+        let parent = slash.map { $0 == trimmed.startIndex ? "/" : String(trimmed[..<$0]) } ?? "."
+        return (trimmed, parent, name)
+    }
+
+    /// The sink directory exists but this user cannot write in it (`code`: its errno).
+    private func notWritable(_ code: Int32) -> TokenFileSinkError {
+        TokenFileSinkError(.directoryNotWritable, directory: root,
+                           "cannot write in the sink directory \(root): \(String(cString: strerror(code))); give this user write access, or choose another directory")
     }
 
     /// A directory that exists (or should) but cannot be opened.

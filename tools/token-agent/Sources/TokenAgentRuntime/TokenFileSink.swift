@@ -126,6 +126,14 @@ package struct TokenFileSink: Service, CustomStringConvertible {
         try directories.prepare()
     }
 
+    /// What ``prepare()`` would refuse at `directory`, judged without creating, changing or
+    /// holding anything: the directories above it, and it and its kind directories where they
+    /// exist (`token-agent --check-config`). One missing now is created at start.
+    /// - Throws: ``TokenFileSinkError``, as ``prepare()`` throws it.
+    package static func inspect(directory: String) throws(TokenFileSinkError) {
+        try SinkDirectories(root: directory, mode: 0o700).inspect()
+    }
+
     /// Writes the tokens held now, then follows the engine's events and the periodic check until
     /// graceful shutdown or cancellation.
     ///

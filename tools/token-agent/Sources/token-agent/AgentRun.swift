@@ -104,8 +104,7 @@ struct AgentRun {
             } catch let error as TokenStoreError {
                 await client.shutdown()
                 await issuer?.stop()
-                FileHandle.standardError.write(Data("token-agent: \(OperatorHints.describe(error))\n".utf8))
-                throw ExitCode(1)
+                throw printed(error, exitCode: 1)
             }
             return
         }
@@ -115,8 +114,7 @@ struct AgentRun {
         } catch {
             await client.shutdown()
             await issuer?.stop()
-            FileHandle.standardError.write(Data("token-agent: \(OperatorHints.describe(error))\n".utf8))
-            throw ExitCode(1)
+            throw printed(error, exitCode: 1)
         }
         if let moved = store.openReport.quarantinedTo {
             FileHandle.standardError.write(Data("token-agent: the token store was corrupt; moved it to \(moved) and started a fresh one\n".utf8))
@@ -127,8 +125,7 @@ struct AgentRun {
             store.close()
             await client.shutdown()
             await issuer?.stop()
-            FileHandle.standardError.write(Data("token-agent: \(OperatorHints.describe(error))\n".utf8))
-            throw ExitCode(1)
+            throw printed(error, exitCode: 1)
         }
         try await serve(store: store, releaseStoreMemory: { store.releaseMemory() }, closeStore: { store.close() })
 
@@ -164,8 +161,7 @@ struct AgentRun {
                 services.sink = try prepareSink(engine: engine, logger: logger)
             } catch {
                 await close()
-                FileHandle.standardError.write(Data("token-agent: \(OperatorHints.describe(error))\n".utf8))
-                throw ExitCode(1)
+                throw printed(error, exitCode: 1)
             }
             let serviceManager = ServiceManagerState(notifier: SystemdNotifier(environment: environment, logger: logger))
             services.reports = ServiceManagerReports(engine: engine, state: serviceManager, subjects: subjects, logger: logger)
@@ -258,6 +254,7 @@ struct AgentRun {
             await fetcher.shutdown()
         }
         try checkFleetEngineProxy()
+        try checkEdgeDirectories(demo: demo)
         _ = try loadKeyring(exitCode: 64)
         if PostgresStoreLocation.isPostgresURL(storePath) { _ = try postgresConfiguration(storePath) }
     }
@@ -267,6 +264,30 @@ struct AgentRun {
     private func checkFleetEngineProxy() throws {
         guard let proxySettings = try usage({ try settings.fleetEngineProxySettings(environment: environment) }) else { return }
         do { try proxySettings.configuration.check() } catch { throw fleetEngineCAFileRefused(error) }
+    }
+
+    /// The directories of the Unix sockets (`--listen`, `--fleet-engine-listen`) and of the
+    /// sink, judged as the start judges them, with its message, but nothing created, bound or
+    /// held (exit 64). A socket something answers on passes: the agent being checked may be
+    /// running there.
+    private func checkEdgeDirectories(demo: Bool) throws {
+        let proxyAddresses = try usage { try settings.fleetEngineProxySettings(environment: environment) }?.addresses ?? []
+        do {
+            for case .unix(let path) in try usage({ try settings.listenAddresses(demo: demo) }) + proxyAddresses {
+                try SocketPath.check(path, refusingALiveSocket: false)
+            }
+            if let sink = settings.sink { try TokenFileSink.inspect(directory: sink) }
+        } catch let error as TokenAPIError {
+            throw printed(error, exitCode: 64)
+        } catch let error as TokenFileSinkError {
+            throw printed(error, exitCode: 64)
+        }
+    }
+
+    /// `error` printed as the start prints it, for an exit with `exitCode`.
+    private func printed(_ error: any Error, exitCode: Int32) -> ExitCode {
+        FileHandle.standardError.write(Data("token-agent: \(OperatorHints.describe(error))\n".utf8))
+        return ExitCode(exitCode)
     }
 
     /// A `--fleet-engine-ca-file` that cannot be used, as a usage error (exit 64).
@@ -315,8 +336,7 @@ struct AgentRun {
     /// The encryption keys; a refused key file is reported and exits with `exitCode`.
     private func loadKeyring(exitCode: Int32) throws -> TokenKeyring? {
         do { return try TokenKeyring.load(files: settings.encryptionKeyFiles, environment: environment) } catch {
-            FileHandle.standardError.write(Data("token-agent: \(error)\n".utf8))
-            throw ExitCode(exitCode)
+            throw printed(error, exitCode: exitCode)
         }
     }
 
