@@ -12,7 +12,7 @@ import TokenAgentRuntime
 import FleetTokenStore
 import Logging
 
-/// The options, in the order of the README's flag table (`--help` and `--print-config` follow it).
+/// The options, in the order `--help` and `--print-config` show them.
 struct AgentOptionTable: Sendable {
     /// The one table.
     static let options = AgentOptionTable()
@@ -53,7 +53,7 @@ struct AgentOptionTable: Sendable {
         .reloadable()
     let clientKey: AgentOptionSpec<String?> = .text("client-key", help: "PEM private key of --client-cert; re-read when it changes.")
         .reloadable()
-    let proxy: AgentOptionSpec<String?> = .text("proxy", help: "Forward proxy for provider requests and the Fleet Engine proxy's calls, http://[USER:PASSWORD@]HOST:PORT, instead of HTTPS_PROXY/HTTP_PROXY.")
+    let proxy: AgentOptionSpec<String?> = .text("proxy", help: "Forward proxy for provider requests and the Fleet Engine proxy's calls, http://[USER:PASSWORD@]HOST[:PORT] (port 1080 when left out), instead of HTTPS_PROXY/HTTP_PROXY.")
         .secretValues()
     let noProxy: AgentOptionSpec<Bool> = .toggle("no-proxy", help: "Reach the provider directly, whatever HTTPS_PROXY/HTTP_PROXY say.")
     let tokenKey: AgentOptionSpec<String?> = .text("token-key", help: "JSON field (or JSON pointer such as /data/token) of the token for every kind (default VEHICLE_TOKEN_KEY, TRIP_TOKEN_KEY, DELIVERY_VEHICLE_TOKEN_KEY, TASK_TOKEN_KEY).")
@@ -97,7 +97,7 @@ struct AgentOptionTable: Sendable {
     let sink: AgentOptionSpec<String?> = .text("sink", help: "Keep each subject's current token in DIR/{kind}/{id}.jwt, replaced atomically on every refresh.")
     let sinkMode: AgentOptionSpec<String> = .text("sink-mode", default: "0640", help: "Mode of the --sink token files, in octal (default 0640).")
     let exitOnPermanentError: AgentOptionSpec<Bool> = .toggle("exit-on-permanent-error", help: "Exit with code 78 when the provider answers 401/403 to every subject --permanent-error-attempts times in a row, instead of retrying forever.")
-    let permanentErrorAttempts: AgentOptionSpec<Int> = .integer("permanent-error-attempts", default: 3, help: "Refusals in a row that count as permanent (default 3).")
+    let permanentErrorAttempts: AgentOptionSpec<Int> = .integer("permanent-error-attempts", default: 3, help: "Refusals in a row that count as permanent, 1 to 1000 (default 3).")
     let leaseDuration: AgentOptionSpec<Double> = .seconds("lease-duration", default: 30, help: "Seconds a cross-process refresh lease lasts between renewals (default 30); keep the clocks of hosts sharing a store within two thirds of it.")
 
     // Test and tuning knobs the help hides.

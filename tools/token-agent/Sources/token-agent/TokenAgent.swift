@@ -29,8 +29,8 @@ struct TokenAgent: AsyncParsableCommand {
 
             Every option can also come from a config file (--config; its keys are the long flag names) \
             or a TOKEN_AGENT_<FLAG> variable; flags win over variables, variables over the file. \
-            SIGHUP (or a change of the config file) reloads subjects, allow patterns, headers, TLS files \
-            and the log level.
+            SIGHUP (or a change of the config file) reloads subjects, allow patterns, --allow-client rules, \
+            headers, TLS files and the log level.
 
             Exit codes: 0 ok (every subject has a usable token with --once; clean stop on SIGTERM/SIGINT), \
             1 operational error (a subject without a usable token, a store or provider problem), 64 usage error, \
