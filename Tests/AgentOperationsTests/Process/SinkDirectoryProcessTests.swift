@@ -100,4 +100,25 @@ struct SinkDirectoryProcessTests {
         #expect(refused.status == 1, "exit status \(refused.status.map(String.init) ?? "none: still running after 20 s"); \(refused.stderr.suffix(2000))")
         #expect(refused.stderr.contains(sink + "/trip") && refused.stderr.contains("uid 65533"), "\(refused.stderr.suffix(2000))")
     }
+
+    @Test("--check-config as a user that is not root: a sink it could not create is refused, as a start refuses it; one it can create passes; nothing is created",
+          .enabled(if: asNobody != nil, "needs root and setpriv to run the agent as nobody"))
+    func checkConfigNeedsACreatableSink() async throws {
+        let prefix = try #require(Self.asNobody)
+        let scratch = Scratch()
+        let rootsOwn = scratch.file("roots-own"), own = scratch.file("own")
+        for directory in [rootsOwn, own] { try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true) }
+        #expect(chmod(rootsOwn, 0o755) == 0 && chmod(own, 0o750) == 0 && chown(own, 65534, 65534) == 0)
+        let base = ["--db", own + "/tokens.sqlite", "--provider-url", "https://127.0.0.1:1/fleet/{kind}/{id}", "--vehicle", "truck-7"]
+
+        let refused = try await AgentFixture.run(base + ["--sink", rootsOwn + "/sink/tokens", "--check-config"], wrapper: prefix, in: scratch)
+        #expect(refused.status == 64, "\(refused.stderr)")
+        #expect(refused.stderr.contains("cannot create the sink directory \(rootsOwn)/sink/tokens in \(rootsOwn)"), "\(refused.stderr)")
+        let started = try await Self.start(base + ["--sink", rootsOwn + "/sink/tokens"], wrapper: prefix, in: scratch)
+        #expect(started.status == 1 && started.stderr.contains("cannot create the sink directory"), "\(started.stderr.suffix(2000))")
+
+        let passed = try await AgentFixture.run(base + ["--sink", own + "/sink/tokens", "--check-config"], wrapper: prefix, in: scratch)
+        #expect(passed.status == 0 && passed.stdout == "token-agent: configuration OK\n", "\(passed.stderr)")
+        #expect(!FileManager.default.fileExists(atPath: own + "/sink") && !FileManager.default.fileExists(atPath: rootsOwn + "/sink"))
+    }
 }

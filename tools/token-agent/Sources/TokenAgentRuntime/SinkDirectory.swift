@@ -63,18 +63,28 @@ final class SinkDirectories: Sendable {
     }
 
     /// What ``prepare()`` would refuse, judged without creating anything and holding nothing:
-    /// the directories above the root, then the root and each kind directory that exists.
+    /// the directories above the root, then the root and each kind directory that exists; a
+    /// root that does not exist yet must be one this user can create.
     func inspect() throws(TokenFileSinkError) {
         try judgeAncestors()
-        let (_, parentPath, name) = Self.split(root)
-        let parent = open(parentPath, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-        guard parent >= 0 else {
-            // A missing parent is created at start, in a directory judged above.
-            if errno == ENOENT { return }
-            throw notOpened(parentPath, errno)
+        let (trimmed, parentPath, name) = Self.split(root)
+        let rootDescriptor: Int32
+        if name.isEmpty || name == "." || name == ".." || trimmed == "/" {
+            rootDescriptor = open(trimmed, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+            guard rootDescriptor >= 0 else { throw notOpened(trimmed, errno) }
+            try Self.check(rootDescriptor, path: root, root: root, closing: true)
+        } else {
+            let parent = open(parentPath, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+            guard parent >= 0 else {
+                guard errno == ENOENT else { throw notOpened(parentPath, errno) }
+                return try requireCreatable(under: parentPath)
+            }
+            defer { close(parent) }
+            guard let opened = try openChecked(in: parent, name: name, path: root, create: false, isRoot: true) else {
+                return try requireCreatable(under: parentPath)
+            }
+            rootDescriptor = opened
         }
-        defer { close(parent) }
-        guard let rootDescriptor = try openChecked(in: parent, name: name, path: root, create: false, isRoot: true) else { return }
         defer { close(rootDescriptor) }
         guard faccessat(rootDescriptor, ".", W_OK | X_OK, 0) == 0 else { throw notWritable(errno) }
         for kind in TokenKind.allCases {
@@ -198,6 +208,19 @@ final class SinkDirectories: Sendable {
         }
         if checked { try Self.check(descriptor, path: path, root: root, closing: true) }
         return descriptor
+    }
+
+    /// Throws unless this user may create what is missing of the root: the nearest directory
+    /// of `path` and those above it that exists must let it add entries.
+    private func requireCreatable(under path: String) throws(TokenFileSinkError) {
+        var existing = path
+        while access(existing, F_OK) != 0 && errno == ENOENT && existing != "/" && existing != "." {
+            existing = Self.split(existing).parent
+        }
+        guard access(existing, W_OK | X_OK) == 0 else {
+            throw TokenFileSinkError(.directoryNotCreated, directory: root, path: root,
+                                     "cannot create the sink directory \(root) in \(existing): \(String(cString: strerror(errno))); create it, or choose another directory")
+        }
     }
 
     /// `path` without trailing slashes, the directory it is in and its last component

@@ -269,12 +269,18 @@ struct AgentRun {
     /// The directories of the Unix sockets (`--listen`, `--fleet-engine-listen`) and of the
     /// sink, judged as the start judges them, with its message, but nothing created, bound or
     /// held (exit 64). A socket something answers on passes: the agent being checked may be
-    /// running there.
+    /// running there. So does a socket directory that does not exist yet, with a note: the
+    /// service manager makes it for the start (systemd's `RuntimeDirectory=`, the packaged unit's
+    /// /run/token-agent, exists only while the service runs).
     private func checkEdgeDirectories(demo: Bool) throws {
         let proxyAddresses = try usage { try settings.fleetEngineProxySettings(environment: environment) }?.addresses ?? []
         do {
             for case .unix(let path) in try usage({ try settings.listenAddresses(demo: demo) }) + proxyAddresses {
-                try SocketPath.check(path, refusingALiveSocket: false)
+                do { try SocketPath.check(path, refusingALiveSocket: false) } catch {
+                    guard error.code == .socketDirectoryMissing else { throw error }
+                    let directory = (path as NSString).deletingLastPathComponent
+                    FileHandle.standardError.write(Data("token-agent: note: the socket's directory \(directory) does not exist yet; a start needs it (systemd's RuntimeDirectory= makes it for the service)\n".utf8))
+                }
             }
             if let sink = settings.sink { try TokenFileSink.inspect(directory: sink) }
         } catch let error as TokenAPIError {
