@@ -72,7 +72,7 @@ struct StartChecksTests {
         #expect(!FileManager.default.fileExists(atPath: db))
     }
 
-    @Test("--check-config judges the sockets' and the sink's directories as a start does (its message, exit 64, nothing created); a socket the running agent answers on passes, and a socket directory not made yet passes with a note")
+    @Test("--check-config judges the sockets' and the sink's directories as a start does (its message, exit 64, nothing created) and after the key file, as a start does; a socket the running agent answers on passes, and a socket directory not made yet passes with a note")
     func edgeDirectories() async throws {
         let scratch = Scratch()
         let open = scratch.file("open")
@@ -99,6 +99,17 @@ struct StartChecksTests {
             #expect(started.stderr.split(separator: "\n").contains { $0 == Self.firstLine(checked.stderr) }, "\(name): \(started.stderr)")
             try? FileManager.default.removeItem(atPath: db)
         }
+
+        // Two faults at once: the check names the one the start stops at (the key file, read
+        // before the store opens; the sockets come after it).
+        let both = ["--db", scratch.file("tokens.sqlite"), "--provider-url", Self.provider, "--vehicle", "a",
+                    "--listen", "unix:\(open)/api.sock", "--encryption-key-file", scratch.file("missing.key")]
+        let checkedBoth = try await AgentFixture.run(both + ["--check-config"], in: scratch)
+        let startedBoth = try await AgentFixture.run(both, in: scratch, timeout: 30)
+        #expect(checkedBoth.status == 64 && startedBoth.status == 1, "\(checkedBoth.stderr)\n\(startedBoth.stderr)")
+        #expect(Self.firstLine(checkedBoth.stderr).contains("missing.key"), "\(checkedBoth.stderr)")
+        #expect(startedBoth.stderr.split(separator: "\n").contains { $0 == Self.firstLine(checkedBoth.stderr) }, "\(startedBoth.stderr)")
+        try? FileManager.default.removeItem(atPath: scratch.file("tokens.sqlite"))
 
         // A socket directory not made yet (systemd's RuntimeDirectory= makes it for the start):
         // a note, and a pass; a start without it refuses.

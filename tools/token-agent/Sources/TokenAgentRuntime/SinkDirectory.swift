@@ -67,12 +67,10 @@ final class SinkDirectories: Sendable {
     /// root that does not exist yet must be one this user can create.
     func inspect() throws(TokenFileSinkError) {
         try judgeAncestors()
-        let (trimmed, parentPath, name) = Self.split(root)
+        let (_, parentPath, name) = Self.split(root)
         let rootDescriptor: Int32
-        if name.isEmpty || name == "." || name == ".." || trimmed == "/" {
-            rootDescriptor = open(trimmed, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-            guard rootDescriptor >= 0 else { throw notOpened(trimmed, errno) }
-            try Self.check(rootDescriptor, path: root, root: root, closing: true)
+        if let unnamed = try openUnnamed(root, isRoot: true) {
+            rootDescriptor = unnamed
         } else {
             let parent = open(parentPath, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
             guard parent >= 0 else {
@@ -150,14 +148,8 @@ final class SinkDirectories: Sendable {
     /// missing ones with ``mode``), its last component without following a link. The last one
     /// is checked when it is the sink root.
     private func openPath(_ path: String, isRoot: Bool) throws(TokenFileSinkError) -> Int32 {
+        if let unnamed = try openUnnamed(path, isRoot: isRoot) { return unnamed }
         let (trimmed, parent, name) = Self.split(path)
-        if name.isEmpty || name == "." || name == ".." || trimmed == "/" {
-            // Nothing to create; no link can stand for these names.
-            let descriptor = open(trimmed, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-            guard descriptor >= 0 else { throw notOpened(trimmed, errno) }
-            if isRoot { try Self.check(descriptor, path: root, root: root, closing: true) }
-            return descriptor
-        }
         if !isRoot {
             // A parent as the path names it, links and all: the operator's choice.
             let descriptor = open(trimmed, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
@@ -167,6 +159,18 @@ final class SinkDirectories: Sendable {
         let up = try openPath(parent, isRoot: false)
         defer { close(up) }
         return try openChecked(in: up, name: name, path: isRoot ? root : trimmed, create: true, isRoot: isRoot, checked: isRoot)!
+    }
+
+    /// The directory at `path` when its last component is one no link can stand for and nothing
+    /// could create (`/`, `.`, `..`): opened as named, and checked when it is the sink root.
+    /// Nil for any other path.
+    private func openUnnamed(_ path: String, isRoot: Bool) throws(TokenFileSinkError) -> Int32? {
+        let (trimmed, _, name) = Self.split(path)
+        guard name.isEmpty || name == "." || name == ".." || trimmed == "/" else { return nil }
+        let descriptor = open(trimmed, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard descriptor >= 0 else { throw notOpened(trimmed, errno) }
+        if isRoot { try Self.check(descriptor, path: root, root: root, closing: true) }
+        return descriptor
     }
 
     /// Opens `name` in `parent` without following a link, creating it with ``mode`` when

@@ -62,7 +62,7 @@ struct AgentRun {
         ProxyReport.log(fetcherConfiguration, template: template!, logger: logger)
         // Before the store opens, as the provider's files: a Fleet Engine CA file that cannot be
         // used stops the start as a usage error.
-        do { try checkFleetEngineProxy() } catch {
+        do { _ = try checkFleetEngineProxy() } catch {
             await issuer?.stop()
             throw error
         }
@@ -253,17 +253,20 @@ struct AgentRun {
             let fetcher = try makeFetcher(try fetcherConfiguration(template: template, demo: false), logger: Logger(label: "token-agent"))
             await fetcher.shutdown()
         }
-        try checkFleetEngineProxy()
-        try checkEdgeDirectories(demo: demo)
+        // In the order of a start: the proxy's files, the key file and the store's address
+        // before the store opens, the edges' directories after.
+        let proxyAddresses = try checkFleetEngineProxy()
         _ = try loadKeyring(exitCode: 64)
         if PostgresStoreLocation.isPostgresURL(storePath) { _ = try postgresConfiguration(storePath) }
+        try checkEdgeDirectories(demo: demo, proxyAddresses: proxyAddresses)
     }
 
     /// The Fleet Engine proxy's settings and its CA file, read and judged as the proxy will read
-    /// them; nothing is connected.
-    private func checkFleetEngineProxy() throws {
-        guard let proxySettings = try usage({ try settings.fleetEngineProxySettings(environment: environment) }) else { return }
+    /// them; nothing is connected. Returns the proxy's listen addresses (none without a proxy).
+    private func checkFleetEngineProxy() throws -> [ListenAddress] {
+        guard let proxySettings = try usage({ try settings.fleetEngineProxySettings(environment: environment) }) else { return [] }
         do { try proxySettings.configuration.check() } catch { throw fleetEngineCAFileRefused(error) }
+        return proxySettings.addresses
     }
 
     /// The directories of the Unix sockets (`--listen`, `--fleet-engine-listen`) and of the
@@ -272,10 +275,10 @@ struct AgentRun {
     /// running there. So does a socket directory that does not exist yet, with a note: the
     /// service manager makes it for the start (systemd's `RuntimeDirectory=`, the packaged unit's
     /// /run/token-agent, exists only while the service runs).
-    private func checkEdgeDirectories(demo: Bool) throws {
-        let proxyAddresses = try usage { try settings.fleetEngineProxySettings(environment: environment) }?.addresses ?? []
+    private func checkEdgeDirectories(demo: Bool, proxyAddresses: [ListenAddress]) throws {
+        let addresses = try usage { try settings.listenAddresses(demo: demo) } + proxyAddresses
         do {
-            for case .unix(let path) in try usage({ try settings.listenAddresses(demo: demo) }) + proxyAddresses {
+            for case .unix(let path) in addresses {
                 do { try SocketPath.check(path, refusingALiveSocket: false) } catch {
                     guard error.code == .socketDirectoryMissing else { throw error }
                     let directory = (path as NSString).deletingLastPathComponent
@@ -283,9 +286,7 @@ struct AgentRun {
                 }
             }
             if let sink = settings.sink { try TokenFileSink.inspect(directory: sink) }
-        } catch let error as TokenAPIError {
-            throw printed(error, exitCode: 64)
-        } catch let error as TokenFileSinkError {
+        } catch {
             throw printed(error, exitCode: 64)
         }
     }
