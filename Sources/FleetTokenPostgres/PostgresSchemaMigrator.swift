@@ -31,15 +31,19 @@ struct PostgresSchemaMigrator: Sendable {
 
     var latestVersion: Int { migrations.last?.version ?? 0 }
 
+    /// The schema as a quoted identifier: the URL's rule admits SQL's reserved words
+    /// (`user`, `order`), which work only quoted.
+    private var quoted: String { "\"\(schema)\"" }
+
     /// Where the schema stands: the recorded identifiers (nil when there is no store yet).
     func applied(_ connection: PostgresConnection, logger: Logger) async throws -> Set<String>? {
         let rows = try await connection.query(
-            "SELECT to_regclass(\(schema + ".schema_migrations"))::text", logger: logger)
+            "SELECT to_regclass(\(quoted + ".schema_migrations"))::text", logger: logger)
         var exists = false
         for try await (name) in rows.decode((String?).self) { exists = name != nil }
         guard exists else { return nil }
         let identifiers = try await connection.query(
-            PostgresQuery(unsafeSQL: "SELECT identifier FROM \(schema).schema_migrations"), logger: logger)
+            PostgresQuery(unsafeSQL: "SELECT identifier FROM \(quoted).schema_migrations"), logger: logger)
         var applied: Set<String> = []
         for try await (identifier) in identifiers.decode(String.self) { applied.insert(identifier) }
         return applied
@@ -101,9 +105,9 @@ struct PostgresSchemaMigrator: Sendable {
         } else {
             guard mode.createIfMissing else { throw TokenStoreError.storeMissing(path: store) }
             for statement in [
-                "CREATE SCHEMA IF NOT EXISTS \(schema)",
+                "CREATE SCHEMA IF NOT EXISTS \(quoted)",
                 """
-                CREATE TABLE IF NOT EXISTS \(schema).schema_migrations (
+                CREATE TABLE IF NOT EXISTS \(quoted).schema_migrations (
                     identifier text PRIMARY KEY,
                     applied_at double precision NOT NULL DEFAULT extract(epoch FROM now())
                 )
@@ -117,9 +121,9 @@ struct PostgresSchemaMigrator: Sendable {
             do {
                 // The migration's statements and its record commit together or not at all.
                 // (postgres-nio speaks the extended protocol only: one statement per query.)
-                let statements = ["BEGIN", "SET LOCAL search_path TO \(schema)"]
+                let statements = ["BEGIN", "SET LOCAL search_path TO \(quoted)"]
                     + SQLStatements.split(migration.sql)
-                    + ["INSERT INTO \(schema).schema_migrations (identifier) VALUES ('\(migration.identifier)')", "COMMIT"]
+                    + ["INSERT INTO \(quoted).schema_migrations (identifier) VALUES ('\(migration.identifier)')", "COMMIT"]
                 for statement in statements {
                     _ = try await connection.query(PostgresQuery(unsafeSQL: statement), logger: logger).collect()
                 }

@@ -12,7 +12,8 @@ import Foundation
 ///   `verify-ca` (the server's certificate chains to `sslrootcert`) or `verify-full` (that,
 ///   and the certificate names the host);
 /// - `sslrootcert`: a PEM file of the CA(s) to trust (`verify-ca`, `verify-full`); without it
-///   the system's trust store is used;
+///   `verify-full` uses the system's trust store, and `verify-ca` is refused (any public
+///   certificate, for any name, would pass it);
 /// - `host`: a directory holding the server's Unix socket (`/var/run/postgresql`), instead of
 ///   a TCP host; or host names separated by `,`, in place of the URL's;
 /// - `port`: one port for every host, or one per host, separated by `,`;
@@ -194,11 +195,13 @@ public struct PostgresStoreLocation: Sendable, Equatable, CustomStringConvertibl
         guard let user = components.user, !user.isEmpty else {
             throw .malformed("no user: write postgres://USER@HOST:PORT/DATABASE")
         }
-        self.user = user.removingPercentEncoding ?? user
-        urlPassword = components.password.map { $0.removingPercentEncoding ?? $0 }
+        // URLComponents gives user, password and path percent-decoded once already: a second
+        // decoding would turn a password's literal `%41` (written `%2541`) into `A`.
+        self.user = user
+        urlPassword = components.password
         var hosts = try PostgresHostList.hosts(split.hostList)
         let path = components.path.hasPrefix("/") ? String(components.path.dropFirst()) : components.path
-        database = path.isEmpty ? self.user : (path.removingPercentEncoding ?? path)
+        database = path.isEmpty ? self.user : path
         guard !database.contains("/") else { throw .malformed("the database name contains '/'") }
         schema = Self.defaultSchema
         sslMode = .prefer
@@ -265,6 +268,12 @@ public struct PostgresStoreLocation: Sendable, Equatable, CustomStringConvertibl
         }
         if socketDirectory != nil && sslMode != .disable && sslMode != .prefer {
             throw .badParameter(name: "sslmode", expected: "disable or prefer with a Unix socket (TLS runs over TCP)")
+        }
+        // verify-ca checks the chain, not the name: against the system's roots, any public
+        // certificate for any name would pass (libpq refuses it too).
+        if sslMode == .verifyCA && sslRootCertificate == nil {
+            throw .badParameter(name: "sslmode", expected: "verify-ca with sslrootcert=PATH (the CA of your database's certificate), "
+                                + "or verify-full to check the host name against the system's trust store")
         }
     }
 

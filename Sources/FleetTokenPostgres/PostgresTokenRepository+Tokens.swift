@@ -83,7 +83,11 @@ extension PostgresTokenRepository: TokenRepository {
         }
         var kinds: [String] = [], subjects: [String] = [], values: [String] = []
         var expiries: [Double] = [], issued: [Double] = [], fetched: [Double] = [], used: [Double] = []
-        for token in latest.values {
+        // Rows are locked in the arrays' order: one order on every process (kind, then subject),
+        // not the dictionary's (seeded per process), so replicas flushing the same keys at once
+        // (after an outage, say) wait for each other instead of deadlocking.
+        let ordered = latest.values.sorted { ($0.key.kind.rawValue, $0.key.subjectID) < ($1.key.kind.rawValue, $1.key.subjectID) }
+        for token in ordered {
             kinds.append(token.key.kind.rawValue)
             subjects.append(token.key.subjectID)
             values.append(token.value)

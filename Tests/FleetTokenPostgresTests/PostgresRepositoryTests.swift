@@ -28,6 +28,19 @@ struct PostgresURLTests {
         #expect(PostgresStoreLocation.isPostgresURL("postgres://a@b/c") && !PostgresStoreLocation.isPostgresURL("/var/lib/tokens.sqlite"))
     }
 
+    // From a review: the user, password and database were percent-decoded twice (URLComponents
+    // decodes them already), so a password holding `%41`, written `%2541`, became `A`.
+    @Test("user, password and database are percent-decoded once: a literal % survives")
+    func percentDecodedOnce() throws {
+        let location = try PostgresStoreLocation(url: "postgres://fl%2541t:a%2541b%25@h/to%2541kens")
+        #expect(location.urlPassword == "a%41b%")
+        #expect(try PostgresStoreLocation(url: "postgres://u:a%2541b@h/d").urlPassword == "a%41b")
+        #expect(location.user == "fl%41t")
+        #expect(location.database == "to%41kens")
+        let defaulted = try PostgresStoreLocation(url: "postgres://fl%2541t@h")
+        #expect(defaulted.database == "fl%41t")
+    }
+
     // Issue 26: a parameter is named, never its value (a value in the wrong place may be a
     // pasted password).
     @Test("bad URLs are refused with what to write instead, naming the parameter, never echoing its value or the password", arguments: [
@@ -37,6 +50,7 @@ struct PostgresURLTests {
         ("postgres://u:pw@h/d?schema=pg_catalog", "parameter schema is not accepted", "pg_catalog"),
         ("postgres://u:pw@h/d?host=relative/dir", "parameter host is not accepted", "relative/dir"),
         ("postgres://u:pw@h/d?sslmode=verify-full&host=/run/pg", "Unix socket", nil),
+        ("postgres://u:pw@h/d?sslmode=verify-ca", "verify-ca with sslrootcert=PATH", nil),
         ("postgres://u:pw@h/d?user=xavier", "parameter user is not accepted", "xavier"),
         ("postgres://u@h/d?password=hunter2", "parameter password is not accepted", "hunter2"),
         ("postgres://u@h/d?hunter2%20hunter2=x", "(its name not shown)", "hunter2"),
