@@ -39,7 +39,8 @@ public struct TokenEncryptionKey: Sendable {
     /// a root-owned file.
     /// - Throws: ``TokenKeyFileError`` saying what is wrong with the file and how to fix it.
     public static func load(file path: String, credentialsDirectory: String? = nil) throws(TokenKeyFileError) -> TokenEncryptionKey {
-        let descriptor = open(path, O_RDONLY | O_CLOEXEC)
+        // O_NONBLOCK: a FIFO in the key's place is refused below, not waited on for ever.
+        let descriptor = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK)
         guard descriptor >= 0 else { throw .unreadable(path: path, reason: String(cString: strerror(errno))) }
         defer { close(descriptor) }
         var status = stat()
@@ -65,7 +66,7 @@ public struct TokenEncryptionKey: Sendable {
         if let decoded = Data(base64Encoded: text), decoded.count == byteCount, let key = try? TokenEncryptionKey(bytes: decoded) {
             return key
         }
-        throw .wrongLength(path: path, byteCount: bytes.count)
+        throw .wrongLength(path: path, byteCount: max(bytes.count, Int(status.st_size)))
     }
 
     /// Bytes in a key.

@@ -1,5 +1,6 @@
 import FleetTokenStoreTesting
 import Foundation
+import Synchronization
 import Testing
 import TestSupportKit
 @testable import FleetTokenStore
@@ -147,6 +148,38 @@ struct KeyFileTests {
         #expect((#expect(throws: TokenKeyFileError.self) { try TokenEncryptionKey.load(file: notBase64) })?.code == .wrongLength)
         #expect((#expect(throws: TokenKeyFileError.self) { try TokenEncryptionKey.load(file: dir.path) })?.code == .notAFile)
         #expect((#expect(throws: TokenKeyFileError.self) { try TokenEncryptionKey.load(file: dir.file("absent")) })?.code == .unreadable)
+    }
+
+    // From a review: a single read of 1,024 bytes named that as the size of a larger file.
+    @Test("a file far too long for a key is refused naming its real size")
+    func longFileSize() throws {
+        let pem = write("pem", Data(repeating: 0x41, count: 1_700))
+        let error = #expect(throws: TokenKeyFileError.self) { try TokenEncryptionKey.load(file: pem) }
+        #expect(error?.code == .wrongLength && error?.byteCount == 1_700)
+    }
+
+    // From a review: opened without O_NONBLOCK, a FIFO at the key's path blocked the open (and
+    // the agent's start with it) before the check that refuses anything but a regular file.
+    @Test("a FIFO at the key's path is refused at once as not a file, not waited on")
+    func fifoRefusedAtOnce() throws {
+        let path = dir.file("fifo.key")
+        #expect(mkfifo(path, 0o600) == 0)
+        let done = DispatchSemaphore(value: 0)
+        let code = Mutex<TokenKeyFileError.Code?>(nil)
+        let thread = Thread {
+            do { _ = try TokenEncryptionKey.load(file: path) } catch let error as TokenKeyFileError { code.withLock { $0 = error.code } } catch {}
+            done.signal()
+        }
+        thread.start()
+        let answered = done.wait(timeout: .now() + 10) == .success
+        if !answered {
+            // Let the blocked open finish, so the thread ends.
+            let writer = open(path, O_WRONLY | O_NONBLOCK)
+            _ = done.wait(timeout: .now() + 10)
+            if writer >= 0 { close(writer) }
+        }
+        #expect(answered, "the load waited on the FIFO")
+        #expect(code.withLock { $0 } == .notAFile)
     }
 
     @Test("a key file readable by group or others is refused, naming its mode and chmod 600")
