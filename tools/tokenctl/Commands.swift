@@ -88,21 +88,26 @@ struct Show: AsyncParsableCommand {
         }
     }
 
-    /// The token's value: as stored when not sealed; opened with the given keys when sealed
-    /// (nil without keys, unless --reveal asks for it). A value that does not open is a failure.
+    /// The token's value: as stored when not sealed; opened with the given keys when sealed.
+    /// One that does not open (no key given, or not its key) is a failure for --reveal; without
+    /// it, nil (the entry is shown with `sealed_with_key_id`), with a note when keys were given.
     private func opened(_ token: StoredToken) throws -> String? {
         guard let keyID = SealedTokenValue.keyID(ofStored: token.value) else { return token.value }
-        guard let keyring = try store.keyring() else {
-            if reveal { throw Failure("the token of \(token.key) is sealed with encryption key id \(keyID): give its key file with --encryption-key-file to reveal it") }
-            return nil
+        let problem: String
+        if let keyring = try store.keyring() {
+            switch SealedTokenValue.open(token.value, for: token.key, with: keyring) {
+            case .opened(let value, _), .plaintext(let value): return value
+            case .missingKey(let id):
+                problem = "the token of \(token.key) is sealed with encryption key id \(id), and no key given has that id (given: \(keyring.ids.joined(separator: ", ")))"
+            case .failed(let id):
+                problem = "the token of \(token.key) does not open with key id \(id): it was altered or copied from another row; the agent refetches it"
+            }
+            if !reveal { FileHandle.standardError.write(Data("tokenctl: note: \(problem)\n".utf8)) }
+        } else {
+            problem = "the token of \(token.key) is sealed with encryption key id \(keyID): give its key file with --encryption-key-file to reveal it"
         }
-        switch SealedTokenValue.open(token.value, for: token.key, with: keyring) {
-        case .opened(let value, _), .plaintext(let value): return value
-        case .missingKey(let id):
-            throw Failure("the token of \(token.key) is sealed with encryption key id \(id), and no key given has that id (given: \(keyring.ids.joined(separator: ", ")))")
-        case .failed(let id):
-            throw Failure("the token of \(token.key) does not open with key id \(id): it was altered or copied from another row; the agent refetches it")
-        }
+        if reveal { throw Failure(problem) }
+        return nil
     }
 
     static func text(_ value: Any) -> String {

@@ -432,6 +432,15 @@ struct EncryptionProcessTests {
         #expect(shown.status == 0, "\(shown.stderr)")
         let claims = try #require(try jsonObject(shown.stdout)["claims"] as? [String: Any])
         #expect(claims["decoded"] as? Bool == false && claims["sealed_with_key_id"] as? String == key.id, "\(shown.stdout)")
+        // With a key file, but not the value's key (a rotation's new key only, say): the entry
+        // is shown as without one, exit 0, and a note says the given keys do not open it.
+        let otherKeyShown = try await tokenctl(["--db", db, "--encryption-key-file", other.path, "show", "vehicle", "v01", "--json"], scratch)
+        #expect(otherKeyShown.status == 0, "\(otherKeyShown.stderr)")
+        let otherClaims = try #require(try jsonObject(otherKeyShown.stdout)["claims"] as? [String: Any])
+        #expect(otherClaims["decoded"] as? Bool == false && otherClaims["sealed_with_key_id"] as? String == key.id, "\(otherKeyShown.stdout)")
+        #expect(otherKeyShown.stderr.contains("note: the token of vehicle/v01 is sealed with encryption key id \(key.id), and no key given has that id"),
+                "\(otherKeyShown.stderr)")
+        #expect(!otherKeyShown.stdout.contains(v01) && !otherKeyShown.stderr.contains(v01))
         let decoded = try await tokenctl(["--db", db, "--encryption-key-file", key.path, "show", "vehicle", "v01"], scratch)
         #expect(decoded.status == 0 && decoded.stdout.contains("vehicleid=v01"), "\(decoded.stdout) \(decoded.stderr)")
 
