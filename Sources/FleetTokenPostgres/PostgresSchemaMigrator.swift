@@ -22,12 +22,20 @@ struct PostgresSchemaMigrator: Sendable {
     let migrations: [EmbeddedMigration]
     let schema: String
     let store: String
+    /// The sessions' statement timeout: each migration statement's limit, as errors name it.
+    let statementTimeout: Duration
 
-    init(schema: String, store: String, migrations: [EmbeddedMigration] = EmbeddedMigrations.postgres) {
+    init(schema: String, store: String, statementTimeout: Duration = .seconds(10),
+         migrations: [EmbeddedMigration] = EmbeddedMigrations.postgres) {
         self.migrations = migrations.sorted { $0.version < $1.version }
         self.schema = schema
         self.store = store
+        self.statementTimeout = statementTimeout
     }
+
+    /// How long an open waits for another process's migration of the schema: three statement
+    /// timeouts, so that a slow migration is waited for and a stuck one is named.
+    var lockWait: Duration { statementTimeout * 3 }
 
     var latestVersion: Int { migrations.last?.version ?? 0 }
 
@@ -63,7 +71,7 @@ struct PostgresSchemaMigrator: Sendable {
         // One migrating process per schema at a time, on every host: the others wait here and
         // then find nothing left to do. A session lock, released below or with the connection.
         let lockKey = "fleet_token_store." + schema
-        _ = try await connection.query("SELECT pg_advisory_lock(hashtext(\(lockKey)))", logger: logger).collect()
+        try await takeLock(lockKey, connection, logger: logger)
         do {
             let report = try await migrate(connection, mode: mode, logger: logger)
             _ = try? await connection.query("SELECT pg_advisory_unlock(hashtext(\(lockKey)))", logger: logger).collect()
@@ -71,6 +79,27 @@ struct PostgresSchemaMigrator: Sendable {
         } catch {
             _ = try? await connection.query("SELECT pg_advisory_unlock(hashtext(\(lockKey)))", logger: logger).collect()
             throw error
+        }
+    }
+
+    /// Takes the schema's migration lock, polling (a blocking wait would end at the statement
+    /// timeout, reported as the database not answering): a holder past ``lockWait`` is named as
+    /// what it is, with how to find it.
+    private func takeLock(_ lockKey: String, _ connection: PostgresConnection, logger: Logger) async throws {
+        let deadline = ContinuousClock.now + lockWait
+        while true {
+            var taken = false
+            let rows = try await connection.query("SELECT pg_try_advisory_lock(hashtext(\(lockKey)))", logger: logger)
+            for try await (got) in rows.decode(Bool.self) { taken = got }
+            if taken { return }
+            guard ContinuousClock.now < deadline else {
+                throw TokenStoreError.databaseUnavailable(path: store, reason:
+                    "another session has held the migration lock of schema \(schema) for over \(lockWait.components.seconds) s "
+                    + "(a migration running, or one whose process stopped mid-way): wait for it, or find it with "
+                    + "SELECT pid, state, query FROM pg_stat_activity WHERE pid IN (SELECT pid FROM pg_locks WHERE locktype = 'advisory') "
+                    + "and end it with pg_terminate_backend(pid)")
+            }
+            try await Task.sleep(for: .milliseconds(250))
         }
     }
 
@@ -129,7 +158,7 @@ struct PostgresSchemaMigrator: Sendable {
                 }
             } catch {
                 _ = try? await connection.query("ROLLBACK", logger: logger).collect()
-                let reason = PostgresFailure.storeError(error, store: store, statementTimeout: .seconds(0))
+                let reason = PostgresFailure.storeError(error, store: store, statementTimeout: statementTimeout)
                 throw TokenStoreError.migrationFailed(path: store, identifier: migration.identifier,
                                                       reason: reason.reason ?? reason.description)
             }

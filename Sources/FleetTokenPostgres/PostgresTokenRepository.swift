@@ -53,7 +53,7 @@ public final class PostgresTokenRepository: Sendable {
         self.logger = logger
         self.storeDescription = store
         self.migrator = PostgresSchemaMigrator(schema: configuration.location.schema, store: store,
-                                               migrations: configuration.migrations)
+                                               statementTimeout: configuration.statementTimeout, migrations: configuration.migrations)
         self.feed = PostgresChangeFeed(pool: pool, schema: configuration.location.schema, origin: origin,
                                        store: store, configuration: configuration, logger: logger)
     }
@@ -109,7 +109,10 @@ public final class PostgresTokenRepository: Sendable {
                                                 logger: logger.withLevelAtLeast(.warning))
         let opened: PostgresOpenReport
         do {
-            opened = try await PostgresFailure.withDeadline(configuration.connectTimeout + max(configuration.statementTimeout, .seconds(30))) {
+            // The migration lock's wait is bounded on its own (a holder past it is named), and
+            // the migrations after it by the statement timeout or 30 s, whichever is longer.
+            opened = try await PostgresFailure.withDeadline(configuration.connectTimeout + migrator.lockWait
+                                                            + max(configuration.statementTimeout, .seconds(30))) {
                 let connection = try await PostgresConnection.connect(configuration: direct, id: 0, logger: logger.withLevelAtLeast(.warning))
                 do {
                     try await sessionCheck.verify(connection) {
