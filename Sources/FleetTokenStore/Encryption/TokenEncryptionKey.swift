@@ -33,7 +33,8 @@ public struct TokenEncryptionKey: Sendable {
     /// The key in a key file: 32 raw bytes, or their base64 text (surrounding white space ignored).
     ///
     /// The file must be a regular file owned by the running user and give no access to group or
-    /// others, since whoever reads it reads every token sealed with it. A file under
+    /// others, since whoever reads it reads every token sealed with it, in directories no other
+    /// user may change (root's are trusted; a sticky one, as /tmp, too). A file under
     /// `credentialsDirectory` (systemd's `$CREDENTIALS_DIRECTORY`) is exempt from the owner and
     /// mode rules: systemd itself limits it to the service's user, and may do so with an ACL on
     /// a root-owned file.
@@ -54,6 +55,11 @@ public struct TokenEncryptionKey: Sendable {
             guard status.st_uid == geteuid() else { throw .notOwnedByUser(path: path, ownerID: status.st_uid, userID: geteuid()) }
             let mode = Int(status.st_mode & 0o777)
             guard mode & 0o077 == 0 else { throw .modeTooOpen(path: path, mode: mode) }
+            // As for steering files: a directory on the way that another user may change lets
+            // them put another file (one of this user's, or a FIFO) in the key's place.
+            if let unsafe = SteeringFileCheck.unsafeDirectory(onTheWayTo: path, thing: "the key file") {
+                throw .unsafeDirectory(path: path, reason: unsafe.reason)
+            }
         }
         // A key file is 32 bytes, or 44 characters of base64 and a newline: anything much
         // longer is the wrong file.
@@ -95,6 +101,8 @@ public struct TokenKeyFileError: Error, Sendable, Equatable, CustomStringConvert
         public static let modeTooOpen = Code(name: "modeTooOpen")
         /// The file holds neither 32 bytes nor their base64 text.
         public static let wrongLength = Code(name: "wrongLength")
+        /// A directory on the way to the file lets another user replace it.
+        public static let unsafeDirectory = Code(name: "unsafeDirectory")
         /// The code's stable name.
         public var description: String { name }
     }
@@ -103,7 +111,8 @@ public struct TokenKeyFileError: Error, Sendable, Equatable, CustomStringConvert
     public let code: Code
     /// The key file.
     public let path: String
-    /// What the system said (``Code/unreadable``).
+    /// What the system said (``Code/unreadable``), or which directory is unsafe and why
+    /// (``Code/unsafeDirectory``).
     public let reason: String?
     /// The file's permission bits (``Code/modeTooOpen``).
     package let mode: Int?
@@ -130,6 +139,7 @@ public struct TokenKeyFileError: Error, Sendable, Equatable, CustomStringConvert
     }
     static func modeTooOpen(path: String, mode: Int) -> Self { Self(.modeTooOpen, path: path, mode: mode) }
     static func wrongLength(path: String, byteCount: Int) -> Self { Self(.wrongLength, path: path, byteCount: byteCount) }
+    static func unsafeDirectory(path: String, reason: String) -> Self { Self(.unsafeDirectory, path: path, reason: reason) }
 
     /// What happened and what to do next. Never the file's content.
     public var description: String {
@@ -138,6 +148,7 @@ public struct TokenKeyFileError: Error, Sendable, Equatable, CustomStringConvert
         case .notAFile: "encryption key file \(path) is a directory or special file: give the path of the key file itself"
         case .notOwnedByUser:
             "encryption key file \(path) belongs to uid \(ownerID ?? 0), not to this user (uid \(userID ?? 0)): chown it to the user that runs this program (whoever owns it can replace the key)"
+        case .unsafeDirectory: "encryption key file \(path) \(reason ?? "is under a directory another user may change")"
         case .modeTooOpen:
             "encryption key file \(path) has mode \(String(mode ?? 0, radix: 8)), so other users can read the key to every stored token: chmod 600 it"
         default:

@@ -182,6 +182,24 @@ struct KeyFileTests {
         #expect(code.withLock { $0 } == .notAFile)
     }
 
+    // From a review: the key file's own owner and mode were checked, not the directories on
+    // its way, so another user who may change one could swap in another file of this user's.
+    @Test("a key file under a directory group or others may write (not sticky) is refused, naming the directory and chmod go-w; under a sound one it loads")
+    func unsafeDirectory() throws {
+        let open = dir.file("shared")
+        try FileManager.default.createDirectory(atPath: open, withIntermediateDirectories: false)
+        #expect(chmod(open, 0o777) == 0)
+        let path = open + "/store.key"
+        #expect(FileManager.default.createFile(atPath: path, contents: Data(count: 32)))
+        #expect(chmod(path, 0o600) == 0)
+        let error = #expect(throws: TokenKeyFileError.self) { try TokenEncryptionKey.load(file: path) }
+        #expect(error?.code == .unsafeDirectory, "\(String(describing: error))")
+        #expect(error?.description.contains("is under \(open)") == true && error?.description.contains("chmod go-w") == true,
+                "\(error?.description ?? "")")
+        #expect(chmod(open, 0o755) == 0)
+        _ = try TokenEncryptionKey.load(file: path)
+    }
+
     @Test("a key file readable by group or others is refused, naming its mode and chmod 600")
     func modeTooOpen() throws {
         for mode: mode_t in [0o644, 0o640, 0o604, 0o660] {
