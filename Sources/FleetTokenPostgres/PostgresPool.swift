@@ -63,9 +63,26 @@ final class PostgresPool: Sendable {
     /// the host in use already; else the index moved from.
     func move(to index: Int) -> Int? {
         guard hostIndex != index else { return nil }
+        return replace(with: index) { $0.hostIndex != index }?.hostIndex
+    }
+
+    /// A new client for the host in use, the old one closed, unless the pool has moved past
+    /// `generation` already; true when it renewed. For connections gone silent (a statement
+    /// with no answer at all, not even the server's own timeout, while the host takes new
+    /// connections): the pool never gives a silent connection up by itself, and a host whose
+    /// address moved (DNS-based failover) leaves every connection to its old address so.
+    func renew(from generation: Int) -> Bool {
+        let (index, now) = current.withLock { ($0.hostIndex, $0.generation) }
+        guard now == generation else { return false }
+        return replace(with: index) { $0.generation == generation } != nil
+    }
+
+    /// Replaces the client by a new one for the host at `index` when `fitting` holds for the
+    /// one running (checked under the lock); the replaced one, closed, or nil.
+    private func replace(with index: Int, if fitting: (Running) -> Bool) -> Running? {
         let (client, retired, retire) = Self.make(configurations[index], logger: logger)
         let old = current.withLock { running -> Running? in
-            guard running.hostIndex != index else { return nil }
+            guard fitting(running) else { return nil }
             defer { running = Running(client: client, hostIndex: index, retire: retire, generation: running.generation + 1) }
             return running
         }
@@ -78,7 +95,7 @@ final class PostgresPool: Sendable {
             return waiters.waiting.values.compactMap { $0 }
         }
         for waiter in waiting { waiter.resume() }
-        return old.hostIndex
+        return old
     }
 
     /// Returns at `deadline`, or throws ``PostgresFailure/HostMoved`` as soon as the pool

@@ -65,6 +65,19 @@ final class PostgresStatementRunner: Sendable {
                     retried = true
                     continue
                 }
+                // No answer at all past the statement timeout (a live server ends the statement
+                // then, with an error): the connection is silent, and so may be every other of
+                // the pool (a host whose address moved, a dropped flow). The pool starts afresh;
+                // calls waiting on the old connections run once more on the new ones.
+                // (Only when the server had the statement for its whole timeout: a call that
+                // got its connection late, or runs again after a move, ends at its deadline
+                // without saying anything of the connection.)
+                if error is PostgresFailure.DeadlinePassed, let since = leased.since, ContinuousClock.now - since >= configuration.statementTimeout,
+                   pool.renew(from: generation) {
+                    logger.warning("a statement got no answer from the token database, not even at its timeout; the pool's connections are replaced", metadata: [
+                        "store": .string(store), "statement_timeout": .stringConvertible(configuration.statementTimeout),
+                    ])
+                }
                 let failure = PostgresFailure.storeError(error, store: store, statementTimeout: configuration.statementTimeout)
                 // read_only_sql_transaction: the host is a standby now; the next call looks for the writable one.
                 if failure.sqlState == "25006" { availability.hostRefusedWrite(failure) }
@@ -128,9 +141,11 @@ final class PostgresStatementRunner: Sendable {
     }
 }
 
-/// Set once a pooled connection is leased, read by the call's timer.
+/// Set once a pooled connection is leased (when), read by the call's timer and its end.
 private final class LeaseFlag: Sendable {
-    private let leased = Atomic<Bool>(false)
-    func set() { leased.store(true, ordering: .relaxed) }
-    var isSet: Bool { leased.load(ordering: .relaxed) }
+    private let leasedAt = Mutex<ContinuousClock.Instant?>(nil)
+    func set() { leasedAt.withLock { $0 = .now } }
+    var isSet: Bool { since != nil }
+    /// When the connection was leased; nil before.
+    var since: ContinuousClock.Instant? { leasedAt.withLock { $0 } }
 }

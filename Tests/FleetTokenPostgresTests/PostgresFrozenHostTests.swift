@@ -75,6 +75,47 @@ struct PostgresFrozenHostTests {
         #expect(log.messages(at: .warning).contains { $0.contains("moved to another host") }, "\(log.messages(at: .warning))")
     }
 
+    // From a review: with one host whose open connections went silent while new ones are
+    // answered (its address moved, as with a DNS-based failover; a NAT dropped the flows), a
+    // search found the host in use fitting and kept the pool: each silent connection cost a
+    // call its whole statement timeout, and once all were held by abandoned calls, every call
+    // failed, for as long as TCP took to give them up (minutes).
+    @Test("one host whose open connections go silent while new ones are answered: the pool starts afresh after the first call with no answer, and writes land again")
+    func silentConnectionsReplaced() async throws {
+        let server = try await PostgresServer.make()
+        defer { server.stopInBackground() }
+        try await server.createDatabase("silent")
+        let relay = try FreezingRelay(target: server.port)
+        defer { relay.stop() }
+        let scratch = Scratch()
+        let passfile = try passwordFile([(relay.port, server.password)], database: "silent", in: scratch)
+        let log = LogRecorder()
+        var only = try configuration(hosts: "127.0.0.1:\(relay.port)", database: "silent", passfile: passfile)
+        only.statementTimeout = .seconds(2)
+        only.maximumConnections = 3
+        let (frozenRound, later) = try await PostgresTokenRepository.withRepository(only, logger: log.logger) { store in
+            let warm = await writeConcurrently(store, "warm", count: 6)
+            #expect(warm.allSatisfy { $0.error == nil }, "\(warm)")
+            relay.freezeOpenConnections()
+            // Calls on the silent connections get no answer; the first to reach its deadline
+            // renews the pool, and the others run once more on the new one.
+            let frozenRound = await writeConcurrently(store, "frozen", count: 6)
+            var later: [[(seconds: Double, error: String?)]] = []
+            for round in 0..<3 { later.append(await writeConcurrently(store, "later\(round)", count: 6)) }
+            return (frozenRound, later)
+        }
+        func described(_ results: [(seconds: Double, error: String?)]) -> String {
+            results.map { String(format: "%.2f s %@", $0.seconds, $0.error ?? "ok") }.joined(separator: ", ")
+        }
+        #expect(frozenRound.allSatisfy { $0.seconds < 20 }, "the round at the freeze: \(described(frozenRound))")
+        for (index, round) in later.enumerated() {
+            #expect(round.allSatisfy { $0.error == nil }, "round \(index) after it: \(described(round))")
+        }
+        let stored = "SELECT count(*) FROM fleet_token_store.tokens WHERE subject_id LIKE 'later%'"
+        #expect(try await server.psql(stored, database: "silent") == "18")
+        #expect(log.messages(at: .warning).contains { $0.contains("the pool's connections are replaced") }, "\(log.messages(at: .warning))")
+    }
+
     @Test("one host, and it loses power: a call holding a silent connection fails as unavailable within seconds, not at its statement timeout")
     func callFailsFastOnAFrozenOnlyHost() async throws {
         let server = try await PostgresServer.make()

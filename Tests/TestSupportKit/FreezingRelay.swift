@@ -27,6 +27,8 @@ public final class FreezingRelay: Sendable {
         var stopped = false
         var listenerOpen = true
         var descriptors: Set<Int32> = []
+        /// Client sides of connections frozen one by one (``freezeOpenConnections()``).
+        var frozenClients: Set<Int32> = []
         var relayed = 0
     }
 
@@ -50,6 +52,13 @@ public final class FreezingRelay: Sendable {
         }
     }
 
+    /// From now on nothing passes either way on the connections open now, which stay open;
+    /// new connections are relayed as before (a host whose address moved: the old flows go
+    /// silent, a new connection reaches the server).
+    public func freezeOpenConnections() {
+        state.withLock { state in state.frozenClients = state.descriptors }
+    }
+
     /// Closes every connection and the listener; the relay's threads end within 100 ms.
     public func stop() {
         state.withLock { state in
@@ -61,6 +70,9 @@ public final class FreezingRelay: Sendable {
     }
 
     private var frozen: Bool { state.withLock { $0.frozen } }
+
+    /// Whether the connection of `client` carries nothing now.
+    private func isFrozen(_ client: Int32) -> Bool { state.withLock { $0.frozen || $0.frozenClients.contains(client) } }
     private var stopped: Bool { state.withLock { $0.stopped } }
 
     private func acceptLoop() {
@@ -100,18 +112,19 @@ public final class FreezingRelay: Sendable {
         defer {
             state.withLock { state in
                 state.descriptors.subtract([client, upstream])
+                state.frozenClients.remove(client)
                 close(client)
                 close(upstream)
             }
         }
         var buffer = [UInt8](repeating: 0, count: 16 * 1024)
         while !stopped {
-            if frozen {
+            if isFrozen(client) {
                 usleep(100_000)
                 continue
             }
             var fds = [pollfd(fd: client, events: Int16(POLLIN), revents: 0), pollfd(fd: upstream, events: Int16(POLLIN), revents: 0)]
-            guard poll(&fds, 2, 100) > 0, !frozen else { continue }
+            guard poll(&fds, 2, 100) > 0, !isFrozen(client) else { continue }
             for (from, to) in [(fds[0], upstream), (fds[1], client)] where from.revents != 0 {
                 let count = read(from.fd, &buffer, buffer.count)
                 guard count > 0 else { return }
