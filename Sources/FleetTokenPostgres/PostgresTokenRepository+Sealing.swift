@@ -86,4 +86,10 @@ extension PostgresTokenRepository: TokenSealingStore {
     /// Nothing: PostgreSQL keeps a replaced row version until vacuuming reuses its space, which
     /// only the server's administrator controls (`VACUUM FULL tokens` rewrites the table).
     public func discardReplacedValues() async throws(TokenStoreError) {}
+
+    /// False, always: ``discardReplacedValues()`` has nothing to do here, so no clean-up is
+    /// ever owed and none is recorded (no statement runs). Replaced row versions are the
+    /// server's vacuuming's to clear.
+    /// - Throws: Nothing; typed as the requirement is.
+    public func replacedValuesAwaitDiscard() async throws(TokenStoreError) -> Bool { false }
 }

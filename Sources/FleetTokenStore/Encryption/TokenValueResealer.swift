@@ -45,18 +45,28 @@ public struct TokenValueResealer: Sendable {
     /// Opens the store for an engine: refuses it when it holds values sealed with keys
     /// `keyring` lacks (every sealed value, without a keyring), then, with a keyring, seals
     /// the values an older store kept as they were and clears the storage's copies of them.
-    /// Returns what was sealed (nil without a keyring).
+    /// A clean-up an earlier run owes (cut by a crash or a power cut after its last batch, or
+    /// failed: see ``TokenSealingStore/replacedValuesAwaitDiscard()``) is run too, keyring or
+    /// not, even when no value is left to seal; when none is owed, checking costs one small
+    /// read. Returns what was sealed (nil without a keyring).
     /// - Throws: ``TokenStoreError`` with code ``TokenStoreError/Code/encryptionKeyMissing``
-    ///   naming the missing key ids; or when the store cannot be read or written.
+    ///   naming the missing key ids; or when the store cannot be read or written, or the
+    ///   clean-up fails (it stays owed, for the next start).
     @discardableResult
     public func prepare(keyring: TokenKeyring?) async throws(TokenStoreError) -> Report? {
         try await requireKeys(keyring)
-        guard let keyring else { return nil }
+        guard let keyring else {
+            try await discardReplacedValues(replacedNow: 0)
+            return nil
+        }
         let ids = try await store.valueKeyIDs()
-        guard ids.contains(plaintextKeyID) else { return Report() }
+        guard ids.contains(plaintextKeyID) else {
+            try await discardReplacedValues(replacedNow: 0)
+            return Report()
+        }
         logger.notice("sealing the token values this store kept unencrypted", metadata: ["key_id": .string(keyring.primary.id)])
         let report = try await reseal(under: keyring, only: plaintextKeyID)
-        try await store.discardReplacedValues()
+        try await discardReplacedValues(replacedNow: report.resealedTotal)
         logger.notice("sealed the store's unencrypted token values", metadata: [
             "sealed": "\(report.resealedTotal)", "key_id": .string(keyring.primary.id),
         ])
@@ -75,16 +85,40 @@ public struct TokenValueResealer: Sendable {
                                     keyGiven: keyring != nil)
     }
 
-    /// Rewrites every value not under `keyring`'s primary key under it (`tokenctl rekey`).
-    /// Values that do not open are counted and left alone.
-    /// - Throws: ``TokenStoreError`` when the store cannot be read or written; batches
-    ///   written before stay written.
+    /// Rewrites every value not under `keyring`'s primary key under it (`tokenctl rekey`),
+    /// then clears the storage's copies of the values it replaced (plaintext ones, and those
+    /// sealed with the keys being retired), and any clean-up an earlier run owes. Values that
+    /// do not open are counted and left alone.
+    /// - Throws: ``TokenStoreError`` when the store cannot be read or written, or the clean-up
+    ///   fails (it stays owed, for the next start or rekey); batches written before stay
+    ///   written.
     public func rekey(_ keyring: TokenKeyring) async throws(TokenStoreError) -> Report {
         let before = try await store.valueKeyCounts()[keyring.primary.id] ?? 0
         var report = try await reseal(under: keyring, only: nil)
         report.alreadyPrimary = before
-        if report.resealed[plaintextKeyID] != nil { try await store.discardReplacedValues() }
+        try await discardReplacedValues(replacedNow: report.resealedTotal)
         return report
+    }
+
+    /// Clears the storage's copies of replaced values when this run replaced some
+    /// (`replacedNow`), or when the store records a clean-up owed since an earlier run; when
+    /// neither, it costs one small read and rewrites nothing.
+    /// - Throws: ``TokenStoreError`` when the store cannot be read or the clean-up fails; the
+    ///   error is logged with what to do, and the clean-up stays owed.
+    private func discardReplacedValues(replacedNow: Int) async throws(TokenStoreError) {
+        if replacedNow == 0 {
+            guard try await store.replacedValuesAwaitDiscard() else { return }
+            logger.notice("clearing the store's old copies of replaced token values: an earlier run's clean-up did not finish",
+                          metadata: ["store": .string(store.storeName)])
+        }
+        do throws(TokenStoreError) {
+            try await store.discardReplacedValues()
+        } catch {
+            let hint = error.code == .diskFull ? ": first free space on its disk of about the store's size" : ""
+            logger.error("could not clear the store's old copies of replaced token values (they may remain in its free space and log); the next start or rekey tries again\(hint)",
+                         metadata: ["store": .string(store.storeName), "error": .string(error.description)])
+            throw error
+        }
     }
 
     /// Rewrites under the primary key the values under `only` (every other key id when nil).

@@ -1,5 +1,6 @@
 // Storage layer: SQLiteTokenRepository as a TokenSealingStore: which keys sealed the stored
-// values (the `value_key_id` column of V0003), and the value-only rewrites of sealing and rekey.
+// values (the `value_key_id` column of V0003), the value-only rewrites of sealing and rekey, and
+// the clean-up of their old copies, owed in the file's header until it has run (DiscardOwedRecord).
 import Foundation
 import GRDB
 import Logging
@@ -59,8 +60,9 @@ extension SQLiteTokenRepository: TokenSealingStore {
         }
     }
 
-    /// Replaces values still as read, in one transaction.
-    /// - Throws: ``TokenStoreError``; on failure nothing was changed.
+    /// Replaces values still as read, in one transaction, which also records that the old
+    /// values' copies (free space, write-ahead log) await ``discardReplacedValues()``.
+    /// - Throws: ``TokenStoreError``; on failure nothing was changed, the record included.
     public func replaceValues(_ replacements: [TokenValueReplacement]) async throws(TokenStoreError) -> Set<TokenKey> {
         guard !replacements.isEmpty else { return [] }
         return try await runner.write(inline: false) { db in
@@ -70,8 +72,18 @@ extension SQLiteTokenRepository: TokenSealingStore {
                 try statement.execute(arguments: [replacement.new, replacement.key.kind.rawValue, replacement.key.subjectID, replacement.old])
                 if db.changesCount > 0 { replaced.insert(replacement.key) }
             }
+            // Committed with the values or not at all: no crash can leave them replaced and
+            // their clean-up forgotten.
+            if !replaced.isEmpty { try DiscardOwedRecord.noteReplacement(db) }
             return replaced
         }
+    }
+
+    /// Whether a clean-up of replaced values is owed: one read of the file header's
+    /// `user_version` (see ``replaceValues(_:)``), whatever the store's size.
+    /// - Throws: ``TokenStoreError`` when the store cannot be read.
+    public func replacedValuesAwaitDiscard() async throws(TokenStoreError) -> Bool {
+        try await runner.read { db in try DiscardOwedRecord.read(db).isOwed }
     }
 
     /// Removes `key`'s token while its value is still `value`, in one transaction: cleared in
@@ -93,19 +105,37 @@ extension SQLiteTokenRepository: TokenSealingStore {
 
     /// Rewrites the store file without the free space that held replaced values (VACUUM),
     /// then empties the write-ahead log, which still holds them, as far as other processes'
-    /// open reads allow (what remains is overwritten as the log is reused).
-    /// - Throws: ``TokenStoreError`` when the store cannot be rewritten.
+    /// open reads allow, and clears the record that this was owed. A log that another
+    /// process's read kept from being emptied stays owed: the next call empties it without a
+    /// second rewrite. A replacement another process committed meanwhile keeps its record.
+    /// - Throws: ``TokenStoreError`` when the store cannot be rewritten (a `VACUUM` needs free
+    ///   space on the store's disk of about the store's size); the clean-up stays owed.
     public func discardReplacedValues() async throws(TokenStoreError) {
-        do {
-            try await pool.vacuum()
-        } catch {
-            throw TokenStoreError(error, path: path, busyTimeout: configuration.busyTimeout)
+        let owed = try await runner.read { db in try DiscardOwedRecord.read(db) }
+        var left = owed
+        if !owed.fileRewritten {
+            do {
+                try await pool.vacuum()
+            } catch {
+                throw TokenStoreError(error, path: path, busyTimeout: configuration.busyTimeout)
+            }
+            if owed.isOwed, try await runner.write({ db in try DiscardOwedRecord.replace(owed, with: owed.rewritten, db) }) {
+                left = owed.rewritten
+            }
         }
         do {
             try await pool.writeWithoutTransaction { db in _ = try db.checkpoint(.truncate) }
         } catch {
-            logger.warning("could not empty the token store's write-ahead log while other processes read it; it is overwritten as it is reused",
+            let outlook = left.isOwed ? "the next start (or rekey) empties it" : "it is overwritten as it is reused"
+            logger.warning("could not empty the token store's write-ahead log while other processes read it; \(outlook)",
                            metadata: ["store": .string(path), "error": "\(error)"])
+            return
+        }
+        guard left.isOwed else { return }
+        let cleared = left
+        if try await runner.write({ db in try DiscardOwedRecord.replace(cleared, with: .nothingOwed, db) }), owed.fileRewritten {
+            logger.notice("emptied the token store's write-ahead log, which another process's read had kept from an earlier clean-up",
+                          metadata: ["store": .string(path)])
         }
     }
 }

@@ -22,6 +22,15 @@ struct TokenValueResealerTests {
         ["", "-wal", "-shm"].reduce(into: Data()) { bytes, suffix in bytes += FileManager.default.contents(atPath: path + suffix) ?? Data() }
     }
 
+    /// The JWT header and dot every plaintext value here starts with, which no sealed value
+    /// (base64 and colons) holds: one search finds any plaintext value left on disk.
+    var plaintextMark: Data { Data((String(value(try! .vehicle("any")).prefix { $0 != "." }) + ".").utf8) }
+
+    /// The SQLite store's record of a clean-up owed: its file header's `user_version`.
+    func discardRecord(_ store: SQLiteTokenRepository) async throws -> Int {
+        try await store.pool.read { db in try Int.fetchOne(db, sql: "PRAGMA user_version") ?? 0 }
+    }
+
     @Test("a store with sealed values opened without their key is refused, naming the key id and count, and left unchanged")
     func missingKeyRefused() async throws {
         let store = try openStore(path)
@@ -101,6 +110,77 @@ struct TokenValueResealerTests {
         #expect(try await reader.entries(for: all).values.allSatisfy { $0.token?.value == value($0.key) })
     }
 
+    // The premise, checked below as well: the failed clean-up leaves the log holding every value
+    // as upserted (one transaction of ~110 pages, the sealing batches ~200 more: under SQLite's
+    // 1,000-page auto-checkpoint, so nothing folded or reused it). Before the clean-up was
+    // recorded, the next open found no plaintext id, skipped it, and the values stayed there.
+    @Test("a clean-up cut short after the last sealing batch (VACUUM failing on a full disk, a crash) stays owed in the store: the next open runs it though no plaintext is left, then owes nothing")
+    func interruptedCleanUpRunsAtNextOpen() async throws {
+        let store = try openStore(path)
+        defer { store.close() }
+        let all = keys(1_200)
+        try await store.upsert(all.map(stored))
+        let keyring = TokenKeyring(primary: .random())
+
+        let failing = FailingAfter(base: store, discardFailures: 1)
+        let error = await #expect(throws: TokenStoreError.self) {
+            try await TokenValueResealer(store: failing, logger: log.logger).prepare(keyring: keyring)
+        }
+        #expect(error?.code == .diskFull && failing.discards == 1)
+        #expect(log.messages(at: .error).contains { $0.contains("the next start or rekey tries again") && $0.contains("free space on its disk") },
+                "\(log.messages(at: .error))")
+        // Every value is sealed, so no plaintext id is left to find; yet plaintext is on disk.
+        #expect(try await store.valueKeyCounts() == [keyring.primary.id: 1_200])
+        #expect(storeBytes().range(of: plaintextMark) != nil, "premise: the cut clean-up left plaintext on disk")
+        #expect(try await store.replacedValuesAwaitDiscard())
+        #expect(try await discardRecord(store) > 0)
+
+        // The next open, on the store itself: nothing to seal, and the owed clean-up runs.
+        let report = try await TokenValueResealer(store: store, logger: log.logger).prepare(keyring: keyring)
+        #expect(report?.resealed == [:])
+        let bytes = storeBytes()
+        #expect(bytes.range(of: plaintextMark) == nil, "a plaintext token is still on disk after the next open")
+        let found = all.enumerated().filter { $0.offset % 40 == 0 }.map(\.element).filter { key in
+            bytes.range(of: Data(value(key).utf8)) != nil || bytes.range(of: Data(value(key).split(separator: ".")[2].utf8)) != nil
+        }
+        #expect(found.isEmpty, "plaintext tokens or signatures still on disk: \(found)")
+        #expect(log.messages(at: .notice).contains { $0.contains("an earlier run's clean-up did not finish") })
+        #expect(try await store.replacedValuesAwaitDiscard() == false)
+        #expect(try await discardRecord(store) == 0)
+        let opened = try await EncryptedTokenRepository(base: store, keyring: keyring, logger: log.logger).entries(for: all)
+        #expect(all.allSatisfy { opened[$0]?.token == stored($0) })
+
+        // A third open owes nothing: one read, no clean-up.
+        let counting = FailingAfter(base: store)
+        #expect(try await TokenValueResealer(store: counting, logger: log.logger).prepare(keyring: keyring)?.resealed == [:])
+        #expect(counting.discards == 0)
+    }
+
+    @Test("a log another process's read kept from being emptied stays owed, without a second rewrite: the next open empties it")
+    func logKeptByReaderEmptiedAtNextOpen() async throws {
+        let store = try openStore(path, configure: { $0.busyTimeout = 0.3 }, logger: log.logger)
+        defer { store.close() }
+        let all = keys(300)
+        try await store.upsert(all.map(stored))
+        let shell = try SQLiteShell(path: path)
+        defer { shell.quit() }
+        // Another process reads, on the snapshot before sealing, until it commits.
+        _ = try shell.execute("BEGIN; SELECT count(*) FROM tokens;")
+        let keyring = TokenKeyring(primary: .random())
+        let report = try await TokenValueResealer(store: store, logger: log.logger).prepare(keyring: keyring)
+        #expect(report?.resealed == [plaintextKeyID: 300])
+        #expect(log.messages(at: .warning).contains { $0.contains("the next start (or rekey) empties it") }, "\(log.messages(at: .warning))")
+        // The file was rewritten; only emptying the log is owed.
+        #expect(try await discardRecord(store) < 0)
+        #expect(try await store.replacedValuesAwaitDiscard())
+
+        _ = try shell.execute("COMMIT;")
+        #expect(try await TokenValueResealer(store: store, logger: log.logger).prepare(keyring: keyring)?.resealed == [:])
+        #expect(log.messages(at: .notice).contains { $0.contains("emptied the token store's write-ahead log") })
+        #expect(try await discardRecord(store) == 0)
+        #expect(storeBytes().range(of: plaintextMark) == nil, "a plaintext token is still on disk")
+    }
+
     @Test("rekey moves every value under the primary key and counts where each came from; values it cannot open stay")
     func rekey() async throws {
         let store = try openStore(path)
@@ -135,16 +215,24 @@ struct TokenValueResealerTests {
     }
 }
 
-/// A store whose value rewrites fail after `batches` of them, as a crash would stop them.
+/// A store whose value rewrites fail after `batches` of them, as a crash would stop them, and
+/// whose first `discardFailures` clean-ups fail, as a `VACUUM` on a full disk does; it counts
+/// the clean-ups asked of it.
 private final class FailingAfter: TokenRepository, TokenSealingStore {
     let base: SQLiteTokenRepository
     let done = Mutex(0)
     let batches: Int
+    let discardFailures: Int
+    let discardCalls = Mutex(0)
 
-    init(base: SQLiteTokenRepository, batches: Int) {
+    init(base: SQLiteTokenRepository, batches: Int = .max, discardFailures: Int = 0) {
         self.base = base
         self.batches = batches
+        self.discardFailures = discardFailures
     }
+
+    /// How many clean-ups were asked of this store, failed ones included.
+    var discards: Int { discardCalls.withLock { $0 } }
 
     var storeName: String { base.storeName }
     func valueKeyIDs() async throws(TokenStoreError) -> Set<String> { try await base.valueKeyIDs() }
@@ -157,7 +245,12 @@ private final class FailingAfter: TokenRepository, TokenSealingStore {
         if count > batches { throw .diskFull(path: base.path) }
         return try await base.replaceValues(replacements)
     }
-    func discardReplacedValues() async throws(TokenStoreError) { try await base.discardReplacedValues() }
+    func discardReplacedValues() async throws(TokenStoreError) {
+        let call = discardCalls.withLock { $0 += 1; return $0 }
+        if call <= discardFailures { throw .diskFull(path: base.path) }
+        try await base.discardReplacedValues()
+    }
+    func replacedValuesAwaitDiscard() async throws(TokenStoreError) -> Bool { try await base.replacedValuesAwaitDiscard() }
     func removeToken(for key: TokenKey, ifValue value: String) async throws(TokenStoreError) -> Bool {
         try await base.removeToken(for: key, ifValue: value)
     }
