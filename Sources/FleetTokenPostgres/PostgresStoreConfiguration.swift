@@ -31,6 +31,11 @@ public struct PostgresStoreConfiguration: Sendable {
     public var feedReconnectInitial: Duration = .milliseconds(200)
     /// The longest wait between the change feed's reconnect attempts.
     public var feedReconnectMaximum: Duration = .seconds(5)
+    /// How often the change feed proves its LISTEN connection alive: a `SELECT 1` there, to be
+    /// answered within ``statementTimeout``, or the connection is lost (reconnect, `.unknown`).
+    /// Nothing else is sent on it, and a flow a NAT dropped or a host that lost power gives no
+    /// error by itself. Not public: tests shorten it.
+    var feedProbeInterval: Duration = .seconds(15)
     /// The environment the password is looked up in (`PGPASSWORD`, `PGPASSFILE`, `HOME`).
     public var environment: [String: String] = ProcessInfo.processInfo.environment
     /// The migrations applied (tests replace them to build older and newer schemas).

@@ -324,6 +324,53 @@ struct PostgresFeedTests {
         }
     }
 
+    // From a review: after its first SELECT 1, nothing was ever sent on the LISTEN connection,
+    // so one whose flow a NAT dropped (or whose host lost power) gave no error, ever: the feed
+    // said it listened for good, logged nothing, and no change (a purge) reached this replica
+    // again, nor the .unknown that has it re-read what others wrote meanwhile.
+    @Test("a LISTEN connection gone silent is found by the feed's own check within seconds and re-established: logged, .unknown, then changes again")
+    func silentConnectionReestablished() async throws {
+        let (server, database, direct) = try await freshDatabase()
+        let relay = try FreezingRelay(target: server.port)
+        defer { relay.stop() }
+        let scratch = Scratch()
+        let passfile = try passwordFile([(relay.port, server.password)], database: database, in: scratch)
+        var relayed = try configuration(hosts: "127.0.0.1:\(relay.port)", database: database, passfile: passfile)
+        // Short for the test: a check every 250 ms, each to be answered within 3 s.
+        relayed.feedProbeInterval = .milliseconds(250)
+        relayed.statementTimeout = .seconds(3)
+        relayed.feedReconnectInitial = .milliseconds(50)
+        let log = LogRecorder()
+        let lossLogged = { log.messages(at: .warning).contains { $0.contains("change feed lost its connection") } }
+        // The other repository (straight to the server, the generous timeouts) makes the schema.
+        try await PostgresTokenRepository.withRepository(direct, logger: logger) { other in
+            try await PostgresTokenRepository.withRepository(relayed, logger: log.logger) { store in
+                let recorder = StreamRecorder(store.changes())
+                let work = Task { await store.runBackgroundWork() }
+                defer { work.cancel() }
+                #expect(await eventually(within: 30) { store.isListening })
+                let first = try TokenKey.vehicle("before-silence")
+                try await other.upsert(token(first, expiresIn: 600))
+                #expect(await eventually(within: 10) { recorder.elements.contains(.upserted(first)) }, "\(recorder.elements)")
+                let unknownsBefore = recorder.elements.filter { $0 == .unknown }.count
+
+                // The feed's connection (the only one this store holds) carries nothing more
+                // either way and stays open: no FIN, no RST. New connections are relayed.
+                let relayedBefore = relay.relayedConnections
+                relay.freezeOpenConnections()
+                // On the old code nothing ever noticed: no warning, isListening true for good.
+                #expect(await eventually(within: 15) { lossLogged() }, "warnings: \(log.messages(at: .warning))")
+                #expect(await eventually(within: 30) {
+                    store.isListening && recorder.elements.filter { $0 == .unknown }.count > unknownsBefore
+                }, "listening: \(store.isListening), changes: \(recorder.elements)")
+                let second = try TokenKey.vehicle("after-silence")
+                try await other.upsert(token(second, expiresIn: 600))
+                #expect(await eventually(within: 10) { recorder.elements.contains(.upserted(second)) }, "\(recorder.elements)")
+                #expect(relay.relayedConnections > relayedBefore, "the feed listens on a new connection")
+            }
+        }
+    }
+
     @Test("two engines without run() on one database fetch a missing key once; the waiter ends through the feed")
     func twoEnginesOneFetch() async throws {
         let (_, _, configuration) = try await freshDatabase()
