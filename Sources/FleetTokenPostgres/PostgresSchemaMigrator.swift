@@ -95,8 +95,10 @@ struct PostgresSchemaMigrator: Sendable {
             guard ContinuousClock.now < deadline else {
                 throw TokenStoreError.databaseUnavailable(path: store, reason:
                     "another session has held the migration lock of schema \(schema) for over \(lockWait.components.seconds) s "
-                    + "(a migration running, or one whose process stopped mid-way): wait for it, or find it with "
-                    + "SELECT pid, state, query FROM pg_stat_activity WHERE pid IN (SELECT pid FROM pg_locks WHERE locktype = 'advisory') "
+                    + "(a migration running, or one whose process stopped mid-way): wait for it, or find it, in this database, with "
+                    + "SELECT pid, state, query FROM pg_stat_activity WHERE pid IN (SELECT pid FROM pg_locks WHERE locktype = 'advisory' "
+                    + "AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+                    + "AND objid = (hashtext('\(lockKey)')::bigint & 4294967295)::oid) "
                     + "and end it with pg_terminate_backend(pid)")
             }
             try await Task.sleep(for: .milliseconds(250))

@@ -14,6 +14,8 @@ final class PostgresStatementRunner: Sendable {
     private let store: String
     private let logger: Logger
     private let closed = Atomic<Bool>(false)
+    /// Calls that ended at their deadline while their statements still ran (see ``SilenceSuspects``).
+    private let suspects = Mutex(SilenceSuspects())
     /// The schema and the statement timeout, set on each pooled connection at its first use.
     let session: PostgresSessionSettings
 
@@ -43,6 +45,7 @@ final class PostgresStatementRunner: Sendable {
     /// is bounded by the statement timeout (the server ends the statement then too).
     func perform<T: Sendable>(_ operation: @escaping @Sendable (PostgresConnection) async throws -> T) async throws(TokenStoreError) -> T {
         guard !closed.load(ordering: .relaxed) else { throw .closed(path: store) }
+        renewIfSilent()
         try availability.admit()
         // One deadline for the call, a retry after a move included.
         let deadline = ContinuousClock.now + configuration.statementTimeout + .seconds(1)
@@ -65,18 +68,12 @@ final class PostgresStatementRunner: Sendable {
                     retried = true
                     continue
                 }
-                // No answer at all past the statement timeout (a live server ends the statement
-                // then, with an error): the connection is silent, and so may be every other of
-                // the pool (a host whose address moved, a dropped flow). The pool starts afresh;
-                // calls waiting on the old connections run once more on the new ones.
-                // (Only when the server had the statement for its whole timeout: a call that
-                // got its connection late, or runs again after a move, ends at its deadline
-                // without saying anything of the connection.)
-                if error is PostgresFailure.DeadlinePassed, let since = leased.since, ContinuousClock.now - since >= configuration.statementTimeout,
-                   pool.renew(from: generation) {
-                    logger.warning("a statement got no answer from the token database, not even at its timeout; the pool's connections are replaced", metadata: [
-                        "store": .string(store), "statement_timeout": .stringConvertible(configuration.statementTimeout),
-                    ])
+                // Past its deadline on a connection the server had for its whole statement
+                // timeout: a suspect, judged by a later call (a slow server answers meanwhile; a
+                // silent connection never does).
+                if error is PostgresFailure.DeadlinePassed, let since = leased.since, ContinuousClock.now - since >= configuration.statementTimeout {
+                    let judgeAt = ContinuousClock.now + configuration.statementTimeout * 2 + .seconds(1)
+                    suspects.withLock { $0.add(generation: generation, operation: leased, judgeAt: judgeAt) }
                 }
                 let failure = PostgresFailure.storeError(error, store: store, statementTimeout: configuration.statementTimeout)
                 // read_only_sql_transaction: the host is a standby now; the next call looks for the writable one.
@@ -84,6 +81,17 @@ final class PostgresStatementRunner: Sendable {
                 throw failure
             }
         }
+    }
+
+    /// Renews the pool when a suspect's operation still runs at its judging time: its
+    /// connection is silent, and so may be every other of the pool (a host whose address moved,
+    /// a dropped flow), which the pool never gives up by itself. Calls waiting on the old
+    /// connections run once more on the new ones.
+    private func renewIfSilent() {
+        guard let generation = suspects.withLock({ $0.silentGeneration(now: .now) }), pool.renew(from: generation) else { return }
+        logger.warning("a statement got no answer from the token database long past its timeout; the pool's connections are replaced", metadata: [
+            "store": .string(store), "statement_timeout": .stringConvertible(configuration.statementTimeout),
+        ])
     }
 
     /// One attempt of ``perform(_:)`` on `client`, until `deadline`, or until the pool moves
@@ -97,6 +105,7 @@ final class PostgresStatementRunner: Sendable {
         return try await PostgresFailure.race({
             try await client.withConnection { connection in
                 leased.set()
+                defer { leased.finish() }
                 try await session.prepare(connection, generation: generation, logger: logger)
                 return try await operation(connection)
             }
@@ -141,11 +150,53 @@ final class PostgresStatementRunner: Sendable {
     }
 }
 
-/// Set once a pooled connection is leased (when), read by the call's timer and its end.
-private final class LeaseFlag: Sendable {
+/// Set once a pooled connection is leased (when), and once the operation on it has ended
+/// (however: a call past its deadline leaves it running); read by the call's timer, its end
+/// and ``SilenceSuspects``.
+final class LeaseFlag: Sendable {
     private let leasedAt = Mutex<ContinuousClock.Instant?>(nil)
+    private let ended = Atomic<Bool>(false)
     func set() { leasedAt.withLock { $0 = .now } }
+    func finish() { ended.store(true, ordering: .relaxed) }
     var isSet: Bool { since != nil }
     /// When the connection was leased; nil before.
     var since: ContinuousClock.Instant? { leasedAt.withLock { $0 } }
+    /// The operation on the connection has ended.
+    var isFinished: Bool { ended.load(ordering: .relaxed) }
+}
+
+/// Calls that ended at their deadline while their operation still ran, on a connection the
+/// server had for at least its statement timeout. A live server ends each statement by then,
+/// with an error; an operation still running when judged (two statement timeouts and a second
+/// later: one statement begun just before the deadline, and one more, may still end on a slow
+/// server) is on a silent connection. Judged at later calls' start: no task of its own.
+struct SilenceSuspects: Sendable {
+    struct Suspect: Sendable {
+        let generation: Int
+        let operation: LeaseFlag
+        let judgeAt: ContinuousClock.Instant
+    }
+
+    /// At most this many wait (the oldest go first): one found silent renews the whole pool.
+    static let limit = 32
+    private(set) var waiting: [Suspect] = []
+
+    mutating func add(generation: Int, operation: LeaseFlag, judgeAt: ContinuousClock.Instant) {
+        if waiting.count >= Self.limit { waiting.removeFirst() }
+        waiting.append(Suspect(generation: generation, operation: operation, judgeAt: judgeAt))
+    }
+
+    /// The pool generation of a suspect whose operation still runs at its judging time, if
+    /// any; every suspect judged (due, or ended) is dropped.
+    mutating func silentGeneration(now: ContinuousClock.Instant) -> Int? {
+        guard !waiting.isEmpty else { return nil }
+        var silent: Int?
+        waiting.removeAll { suspect in
+            if suspect.operation.isFinished { return true }
+            guard now >= suspect.judgeAt else { return false }
+            silent = max(silent ?? suspect.generation, suspect.generation)
+            return true
+        }
+        return silent
+    }
 }

@@ -15,8 +15,16 @@ struct PostgresMigrationLockTests {
     let logger = Logger(label: "migration-lock")
 
     /// The advisory lock an open of the default schema takes, as a statement for psql.
-    static let takeLock = "SELECT pg_advisory_lock(hashtext('fleet_token_store.\(PostgresStoreLocation.defaultSchema)'))"
-    static let lockGranted = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+    static let lockName = "hashtext('fleet_token_store.\(PostgresStoreLocation.defaultSchema)')"
+    static let takeLock = "SELECT pg_advisory_lock(\(lockName))"
+    /// That lock, held in this test's database: the server is shared with other tests, whose
+    /// own migration locks (in their databases) must not be seen, or ended.
+    static let thisLock = """
+        FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1
+          AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+          AND objid = (\(lockName)::bigint & 4294967295)::oid
+        """
+    static let lockGranted = "SELECT count(*) \(thisLock)"
 
     // The open's wait was one statement under the 10 s statement timeout, so a second host
     // waiting for a slow migration was told the database ran past its timeout.
@@ -42,7 +50,7 @@ struct PostgresMigrationLockTests {
         let text = refused?.description ?? ""
         #expect(text.contains("another session has held the migration lock of schema \(PostgresStoreLocation.defaultSchema)"), "\(text)")
         #expect(text.contains("pg_terminate_backend") && !text.contains("statement timeout"), "\(text)")
-        _ = try await server.psql("SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted", database: database)
+        _ = try await server.psql("SELECT pg_terminate_backend(pid) \(Self.thisLock)", database: database)
         _ = await stuck.value
         try await PostgresTokenRepository.withRepository(configuration, logger: logger) { _ in }
     }

@@ -106,4 +106,6 @@ public final class RacingRemovalStore: TokenRepository, RefreshLeaseStore, Token
     }
     /// Forwarded to ``base``.
     public func discardReplacedValues() async throws(TokenStoreError) { try await base.discardReplacedValues() }
+    /// Forwarded to ``base``.
+    public func replacedValuesAwaitDiscard() async throws(TokenStoreError) -> Bool { try await base.replacedValuesAwaitDiscard() }
 }

@@ -89,8 +89,9 @@ struct Show: AsyncParsableCommand {
     }
 
     /// The token's value: as stored when not sealed; opened with the given keys when sealed.
-    /// One that does not open (no key given, or not its key) is a failure for --reveal; without
-    /// it, nil (the entry is shown with `sealed_with_key_id`), with a note when keys were given.
+    /// One whose key was not given is a failure for --reveal; without it, nil (the entry is
+    /// shown with `sealed_with_key_id`), with a note when other keys were given. One that does
+    /// not open with its own key (altered, copied from another row) is a failure either way.
     private func opened(_ token: StoredToken) throws -> String? {
         guard let keyID = SealedTokenValue.keyID(ofStored: token.value) else { return token.value }
         let problem: String
@@ -100,7 +101,8 @@ struct Show: AsyncParsableCommand {
             case .missingKey(let id):
                 problem = "the token of \(token.key) is sealed with encryption key id \(id), and no key given has that id (given: \(keyring.ids.joined(separator: ", ")))"
             case .failed(let id):
-                problem = "the token of \(token.key) does not open with key id \(id): it was altered or copied from another row; the agent refetches it"
+                // Not a key missing: the value itself is wrong, which show reports as a failure.
+                throw Failure("the token of \(token.key) does not open with key id \(id): it was altered or copied from another row; the agent refetches it")
             }
             if !reveal { FileHandle.standardError.write(Data("tokenctl: note: \(problem)\n".utf8)) }
         } else {

@@ -48,25 +48,26 @@ public struct TokenValueResealer: Sendable {
     /// A clean-up an earlier run owes (cut by a crash or a power cut after its last batch, or
     /// failed: see ``TokenSealingStore/replacedValuesAwaitDiscard()``) is run too, keyring or
     /// not, even when no value is left to seal; when none is owed, checking costs one small
-    /// read. Returns what was sealed (nil without a keyring).
+    /// read. A clean-up that fails (a `VACUUM` needs free space of about the store's size) is
+    /// logged and stays owed, for the next start: the store serves meanwhile. Returns what was
+    /// sealed (nil without a keyring).
     /// - Throws: ``TokenStoreError`` with code ``TokenStoreError/Code/encryptionKeyMissing``
-    ///   naming the missing key ids; or when the store cannot be read or written, or the
-    ///   clean-up fails (it stays owed, for the next start).
+    ///   naming the missing key ids; or when the store cannot be read or written.
     @discardableResult
     public func prepare(keyring: TokenKeyring?) async throws(TokenStoreError) -> Report? {
         try await requireKeys(keyring)
         guard let keyring else {
-            try await discardReplacedValues(replacedNow: 0)
+            try await discardReplacedValues(replacedNow: 0, failing: false)
             return nil
         }
         let ids = try await store.valueKeyIDs()
         guard ids.contains(plaintextKeyID) else {
-            try await discardReplacedValues(replacedNow: 0)
+            try await discardReplacedValues(replacedNow: 0, failing: false)
             return Report()
         }
         logger.notice("sealing the token values this store kept unencrypted", metadata: ["key_id": .string(keyring.primary.id)])
         let report = try await reseal(under: keyring, only: plaintextKeyID)
-        try await discardReplacedValues(replacedNow: report.resealedTotal)
+        try await discardReplacedValues(replacedNow: report.resealedTotal, failing: false)
         logger.notice("sealed the store's unencrypted token values", metadata: [
             "sealed": "\(report.resealedTotal)", "key_id": .string(keyring.primary.id),
         ])
@@ -96,16 +97,18 @@ public struct TokenValueResealer: Sendable {
         let before = try await store.valueKeyCounts()[keyring.primary.id] ?? 0
         var report = try await reseal(under: keyring, only: nil)
         report.alreadyPrimary = before
-        try await discardReplacedValues(replacedNow: report.resealedTotal)
+        try await discardReplacedValues(replacedNow: report.resealedTotal, failing: true)
         return report
     }
 
     /// Clears the storage's copies of replaced values when this run replaced some
     /// (`replacedNow`), or when the store records a clean-up owed since an earlier run; when
-    /// neither, it costs one small read and rewrites nothing.
-    /// - Throws: ``TokenStoreError`` when the store cannot be read or the clean-up fails; the
-    ///   error is logged with what to do, and the clean-up stays owed.
-    private func discardReplacedValues(replacedNow: Int) async throws(TokenStoreError) {
+    /// neither, it costs one small read and rewrites nothing. A clean-up that fails is logged
+    /// with what to do and stays owed; it is thrown only when `failing` (rekey: the operator
+    /// asked for it and waits for its outcome; a start goes on serving instead).
+    /// - Throws: ``TokenStoreError`` when the store cannot be read, or, when `failing`, the
+    ///   clean-up fails.
+    private func discardReplacedValues(replacedNow: Int, failing: Bool) async throws(TokenStoreError) {
         if replacedNow == 0 {
             guard try await store.replacedValuesAwaitDiscard() else { return }
             logger.notice("clearing the store's old copies of replaced token values: an earlier run's clean-up did not finish",
@@ -117,7 +120,7 @@ public struct TokenValueResealer: Sendable {
             let hint = error.code == .diskFull ? ": first free space on its disk of about the store's size" : ""
             logger.error("could not clear the store's old copies of replaced token values (they may remain in its free space and log); the next start or rekey tries again\(hint)",
                          metadata: ["store": .string(store.storeName), "error": .string(error.description)])
-            throw error
+            if failing { throw error }
         }
     }
 

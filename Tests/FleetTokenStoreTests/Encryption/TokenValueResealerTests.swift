@@ -122,11 +122,10 @@ struct TokenValueResealerTests {
         try await store.upsert(all.map(stored))
         let keyring = TokenKeyring(primary: .random())
 
+        // A start goes on serving: the failure is logged, and stays owed.
         let failing = FailingAfter(base: store, discardFailures: 1)
-        let error = await #expect(throws: TokenStoreError.self) {
-            try await TokenValueResealer(store: failing, logger: log.logger).prepare(keyring: keyring)
-        }
-        #expect(error?.code == .diskFull && failing.discards == 1)
+        let first = try await TokenValueResealer(store: failing, logger: log.logger).prepare(keyring: keyring)
+        #expect(first?.resealed == [plaintextKeyID: 1_200] && failing.discards == 1)
         #expect(log.messages(at: .error).contains { $0.contains("the next start or rekey tries again") && $0.contains("free space on its disk") },
                 "\(log.messages(at: .error))")
         // Every value is sealed, so no plaintext id is left to find; yet plaintext is on disk.
@@ -134,6 +133,14 @@ struct TokenValueResealerTests {
         #expect(storeBytes().range(of: plaintextMark) != nil, "premise: the cut clean-up left plaintext on disk")
         #expect(try await store.replacedValuesAwaitDiscard())
         #expect(try await discardRecord(store) > 0)
+
+        // A rekey, which the operator waits on, fails when the clean-up does (still owed).
+        let failingRekey = FailingAfter(base: store, discardFailures: 1)
+        let rekeyError = await #expect(throws: TokenStoreError.self) {
+            try await TokenValueResealer(store: failingRekey, logger: log.logger).rekey(keyring)
+        }
+        #expect(rekeyError?.code == .diskFull && failingRekey.discards == 1)
+        #expect(try await store.replacedValuesAwaitDiscard())
 
         // The next open, on the store itself: nothing to seal, and the owed clean-up runs.
         let report = try await TokenValueResealer(store: store, logger: log.logger).prepare(keyring: keyring)
