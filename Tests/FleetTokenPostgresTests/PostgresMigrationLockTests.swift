@@ -68,6 +68,6 @@ struct PostgresMigrationLockTests {
         #expect(error?.code == .migrationFailed && error?.migrationIdentifier == "V0098__slow")
         let text = error?.description ?? ""
         #expect(text.contains("statement timeout (1.0 seconds)"), "\(text)")
-        #expect(text.contains("pg_dump --schema-only"), "\(text)")
+        #expect(text.contains("pg_dump's schema-only dump"), "\(text)")
     }
 }

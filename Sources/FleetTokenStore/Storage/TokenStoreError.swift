@@ -232,7 +232,7 @@ public struct TokenStoreError: Error, Sendable, Equatable, CustomStringConvertib
         case .corrupt:
             "token store \(path) is corrupt (\(detail ?? "")): the agent moves it aside to <name>.corrupt-<time> and starts fresh; tokens are refetched"
         case .migrationFailed:
-            "migration \(migrationIdentifier ?? "") of token store \(path) failed and was rolled back (\(reason ?? "")); the previous schema is intact: report this with the store file (for PostgreSQL, the output of pg_dump --schema-only of its schema)"
+            "migration \(migrationIdentifier ?? "") of token store \(path) failed and was rolled back (\(reason ?? "")); the previous schema is intact: report this with the store file (for PostgreSQL, pg_dump's schema-only dump of its schema)"
         case .diskFull:
             "the disk holding token store \(path) is full: nothing was half-written; free space, then the next refresh stores again"
         case .busy:
